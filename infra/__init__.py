@@ -1,0 +1,1 @@
+"""The ``ldpipe`` command line and (later) the embedded broker runner."""

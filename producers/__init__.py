@@ -1,0 +1,1 @@
+"""The client side: datasets of simulated devices and the in-memory simulation harness."""

@@ -1,0 +1,1 @@
+"""What every party must agree on: the hash family, the mechanisms and their payloads."""

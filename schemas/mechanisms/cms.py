@@ -1,0 +1,115 @@
+"""Apple's Count Mean Sketch (Apple §4.1, Alg. 2-4).
+
+A device picks a function j, one-hot encodes ``h_j(d)`` as an m-bit vector and flips every bit
+with probability ``1 / (1 + e^{eps/2})`` (Alg. 2). The server counts set bits per cell; the
+estimate (Alg. 4) equals GCMS eq. 4 with ``p = e^{eps/2}/(1+e^{eps/2})``, ``q = 1 - p``.
+Variance: Pan §3.6's corrections (see ``variance.py``), not Apple's Thm 4.2 as printed.
+
+Report values: ``uint8[n, ceil(m/8)]``, the m bits packed little-endian within each byte.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import numpy.typing as npt
+
+from schemas.mechanisms.base import FloatArray, Reports, Sketch, SketchMechanism
+from schemas.mechanisms.variance import ContributionModel
+
+__all__ = ["CountMeanSketch", "pack_bits", "scatter_bits", "unpack_bits"]
+
+_CHUNK_CELLS = 1 << 24
+
+
+def pack_bits(bits: npt.NDArray[np.bool_]) -> npt.NDArray[np.uint8]:
+    return np.packbits(bits, axis=1, bitorder="little")
+
+
+def unpack_bits(packed: npt.NDArray[np.uint8], width: int) -> npt.NDArray[np.bool_]:
+    return np.unpackbits(packed, axis=1, count=width, bitorder="little").view(np.bool_)
+
+
+def scatter_bits(sketch: Sketch, rows: npt.NDArray[np.int64], packed: npt.NDArray[np.uint8]) -> None:
+    """``counts[rows[i], c] += bit[i, c]`` for every set bit, chunked, via one flat ``add.at``."""
+    k, m = sketch.shape
+    flat_counts = sketch.counts.reshape(-1)
+    step = max(1, _CHUNK_CELLS // m)
+    for start in range(0, len(rows), step):
+        bits = unpack_bits(packed[start : start + step], m)
+        idx = np.flatnonzero(bits)
+        local_rows = idx // m
+        offsets = (rows[start : start + step] - np.arange(len(bits), dtype=np.int64)) * m
+        np.add.at(flat_counts, idx + offsets[local_rows], 1)
+
+
+@dataclass(frozen=True)
+class CountMeanSketch(SketchMechanism):
+    """CMS with ``epsilon``, ``k`` functions into ``[m]``.
+
+    >>> cms = CountMeanSketch(epsilon=4.0, k=1024, m=1024)
+    >>> round(cms.effective_epsilon, 6)
+    4.0
+    """
+
+    name: ClassVar[str] = "cms"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+
+    @property
+    def p(self) -> float:
+        """Probability the true bit is 1 (its flip probability is ``1 - p``)."""
+        e = np.exp(self.epsilon / 2.0)
+        return float(e / (1.0 + e))
+
+    @property
+    def q(self) -> float:
+        """Probability any other bit is 1 (Apple Alg. 2 flip probability)."""
+        return 1.0 - self.p
+
+    @property
+    def effective_epsilon(self) -> float:
+        # two bits differ between neighbouring inputs, each contributing ln(p/q) (Apple Thm 4.1)
+        return float(2.0 * np.log(self.p / self.q))
+
+    @property
+    def message_bits(self) -> int:
+        return self.row_bits + self.m
+
+    def contribution(self) -> ContributionModel:
+        p, q = self.p, self.q
+        return ContributionModel(p, p * (1 - p), q, q * (1 - q), self.family.collision, self.k)
+
+    def perturb(self, codes: npt.ArrayLike, rng: np.random.Generator) -> Reports:
+        rows, cells = self.choose_rows(codes, rng)
+        n = rows.size
+        packed = np.empty((n, (self.m + 7) // 8), dtype=np.uint8)
+        step = max(1, _CHUNK_CELLS // self.m)
+        for start in range(0, n, step):
+            block = cells[start : start + step]
+            bits = rng.random((block.size, self.m)) < self.q
+            # the one-hot bit is 1 before flipping, so after flipping it is 1 w.p. p = 1 - q
+            bits[np.arange(block.size), block] = ~bits[np.arange(block.size), block]
+            packed[start : start + step] = pack_bits(bits)
+        return Reports(rows, packed)
+
+    def accumulate(self, sketch: Sketch, reports: Reports) -> None:
+        self.check_sketch(sketch)
+        scatter_bits(sketch, reports.rows, reports.values)
+        self._add_rows(sketch, reports.rows)
+
+    def output_probability(self, reports: Reports, cells: npt.ArrayLike) -> FloatArray:
+        bits = unpack_bits(reports.values, self.m)
+        cells_arr = np.asarray(cells, dtype=np.int64)
+        ones = bits.sum(axis=1)
+        true_bit = bits[np.arange(len(bits)), cells_arr]
+        other_ones = ones - true_bit
+        other_zeros = (self.m - 1) - other_ones
+        p, q = self.p, self.q
+        return np.where(true_bit, p, 1 - p) * q**other_ones * (1 - q) ** other_zeros
+
+    def params(self) -> dict[str, Any]:
+        return {**self.base_params(), "p": self.p, "q": self.q}

@@ -1,0 +1,201 @@
+"""Generalized Count Mean Sketch (GCMS paper §4.1, Alg. 1-3; privacy Thm 2, eq. 5).
+
+A device picks a function j, puts ``r = h_j(d)`` in its message with probability p, and fills
+the message up to s distinct indices drawn uniformly from ``[m] \\ {r}`` (Alg. 1). Any other
+index is included with probability ``q = (s - p)/(m - 1)`` (eq. 3). The server adds 1 to
+``counts[j, x]`` for every index (Alg. 2) and estimates with eq. 4.
+
+Privacy (eq. 5): ``eps = |ln(p (m - s) / ((1 - p) s))|``. Parameters are resolved from what is
+given: with only eps, p takes CMS's split ``e^{eps/2}/(1+e^{eps/2})``; s is then the smallest
+integer meeting eps (``ceil(m / (1 + (1/p - 1) e^eps))``, the last line of Alg. 4); with only s,
+p is the largest meeting eps.
+
+Report values: ``int64[n, s]``, the message's indices in ascending order.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import numpy.typing as npt
+
+from schemas.mechanisms.base import FloatArray, IntArray, Reports, Sketch, SketchMechanism, require
+from schemas.mechanisms.variance import ContributionModel
+
+__all__ = [
+    "GeneralizedCountMeanSketch",
+    "sample_subsets",
+    "subset_epsilon",
+    "subset_max_p",
+    "subset_min_s",
+]
+
+_EPS_SLACK = 1e-9
+_FLOYD_MAX_S = 64
+
+
+def subset_epsilon(p: float, s: int, m: int) -> float:
+    """GCMS eq. 5: the LDP epsilon of inclusion probability p with s of m indices."""
+    if p >= 1.0:
+        return math.inf
+    return abs(math.log(p * (m - s) / ((1.0 - p) * s)))
+
+
+def subset_max_p(epsilon: float, s: int, m: int) -> float:
+    """Largest p with ``subset_epsilon(p, s, m) <= epsilon``."""
+    e = math.exp(epsilon)
+    return e * s / (m - s + e * s)
+
+
+def subset_min_s(epsilon: float, p: float, m: int) -> int:
+    """Smallest integer s with ``subset_epsilon(p, s, m) <= epsilon`` (Alg. 4, last line)."""
+    raw = m / (1.0 + (1.0 / p - 1.0) * math.exp(epsilon))
+    s = math.ceil(raw - 1e-12)
+    return min(max(s, 1), m - 1)
+
+
+def sample_subsets(
+    excluded: IntArray, size: int, m: int, rng: np.random.Generator
+) -> IntArray:
+    """``size`` distinct indices per row drawn uniformly from ``[m] \\ {excluded[i]}``.
+
+    Floyd's algorithm vectorized over rows for small sizes, random keys + argpartition else.
+    """
+    n = excluded.size
+    universe = m - 1  # draw from [0, m-1) then skip the excluded value
+    if size == 0:
+        return np.empty((n, 0), dtype=np.int64)
+    if size <= _FLOYD_MAX_S:
+        chosen = np.empty((n, size), dtype=np.int64)
+        for col, top in enumerate(range(universe - size, universe)):
+            draw = rng.integers(0, top + 1, size=n, dtype=np.int64)
+            taken = (chosen[:, :col] == draw[:, None]).any(axis=1)
+            chosen[:, col] = np.where(taken, top, draw)
+    else:
+        keys = rng.random((n, universe))
+        chosen = np.argpartition(keys, size - 1, axis=1)[:, :size].astype(np.int64)
+    return chosen + (chosen >= excluded[:, None])
+
+
+@dataclass(frozen=True)
+class GeneralizedCountMeanSketch(SketchMechanism):
+    """GCMS with inclusion probability ``p`` and message size ``s`` (resolved if omitted)."""
+
+    name: ClassVar[str] = "gcms"
+    p: float | None = None
+    s: int | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._resolve()
+        p, s = self.inclusion, self.size
+        require(0.0 < p < 1.0, f"{self.name} needs 0 < p < 1, got p={p}; p = 1 gives no privacy")
+        require(
+            1 <= s <= self.m - 1,
+            f"{self.name} needs 1 <= s <= m - 1 = {self.m - 1}, got s={s}; lower s or raise m",
+        )
+        require(
+            p > s / self.m,
+            f"{self.name} needs p > s/m (= {s / self.m:.4g}) so the true index is favoured; "
+            f"got p={p}; raise p or lower s",
+        )
+        eff = subset_epsilon(p, s, self.m)
+        require(
+            eff <= self.epsilon + _EPS_SLACK,
+            f"{self.name} with p={p}, s={s}, m={self.m} gives epsilon={eff:.6g} (GCMS eq. 5) "
+            f"above the requested {self.epsilon}; use p <= {subset_max_p(self.epsilon, s, self.m):.6g} "
+            f"or s >= {subset_min_s(self.epsilon, p, self.m)}",
+        )
+
+    def _resolve(self) -> None:
+        p, s = self.p, self.s
+        if p is not None:
+            require(0.0 < p < 1.0, f"{self.name} needs 0 < p < 1, got p={p}")
+        if s is not None:
+            require(
+                isinstance(s, int | np.integer) and 1 <= s <= self.m - 1,
+                f"{self.name} needs an integer 1 <= s <= m - 1 = {self.m - 1}, got s={s}",
+            )
+        if p is None and s is None:
+            e = math.exp(self.epsilon / 2.0)
+            p = e / (1.0 + e)
+        if s is None:
+            assert p is not None
+            s = subset_min_s(self.epsilon, p, self.m)
+        if p is None:
+            p = subset_max_p(self.epsilon, int(s), self.m)
+        object.__setattr__(self, "p", float(p))
+        object.__setattr__(self, "s", int(s))
+
+    @property
+    def inclusion(self) -> float:
+        assert self.p is not None
+        return self.p
+
+    @property
+    def size(self) -> int:
+        assert self.s is not None
+        return self.s
+
+    @property
+    def q(self) -> float:
+        """GCMS eq. 3: inclusion probability of any index other than the true one."""
+        return (self.size - self.inclusion) / (self.m - 1)
+
+    @property
+    def effective_epsilon(self) -> float:
+        return subset_epsilon(self.inclusion, self.size, self.m)
+
+    @property
+    def message_bits(self) -> int:
+        return self.row_bits + self.size * max(1, math.ceil(math.log2(self.m)))
+
+    def contribution(self) -> ContributionModel:
+        p, q = self.inclusion, self.q
+        return ContributionModel(p, p * (1 - p), q, q * (1 - q), self.family.collision, self.k)
+
+    def variance_paper(
+        self, true_counts: npt.ArrayLike, n: float, sum_sq_others: npt.ArrayLike | None = None
+    ) -> FloatArray:
+        """GCMS Theorem 3 exactly as printed, kept for comparison (it drops a covariance).
+
+        ``Var[C] = f(p - p^2/k) + (n - f)(a1 - a1^2/k - a2) + a2 * S`` (see docs/gcms-variance.md).
+        """
+        p, q, m, k = self.inclusion, self.q, self.m, self.k
+        f = np.asarray(true_counts, dtype=np.float64)
+        s_sq = n - f if sum_sq_others is None else np.asarray(sum_sq_others, dtype=np.float64)
+        a1 = (p + (m - 1) * q) / m
+        a2 = (p - q) ** 2 * (1 - 1 / m) / (k * m)
+        var_c = f * (p - p * p / k) + (n - f) * (a1 - a1 * a1 / k - a2) + a2 * s_sq
+        return np.asarray(var_c / ((p - q) ** 2 * (1 - 1 / m) ** 2), dtype=np.float64)
+
+    def perturb(self, codes: npt.ArrayLike, rng: np.random.Generator) -> Reports:
+        rows, cells = self.choose_rows(codes, rng)
+        n, s = rows.size, self.size
+        include = rng.random(n) < self.inclusion
+        others = sample_subsets(cells, s, self.m, rng)
+        # a device that includes r keeps only s - 1 of the others: replace the last one by r
+        others[:, s - 1] = np.where(include, cells, others[:, s - 1])
+        others.sort(axis=1)
+        return Reports(rows, others)
+
+    def accumulate(self, sketch: Sketch, reports: Reports) -> None:
+        self.check_sketch(sketch)
+        flat = (reports.rows * self.m)[:, None] + reports.values
+        np.add.at(sketch.counts.reshape(-1), flat.reshape(-1), 1)
+        self._add_rows(sketch, reports.rows)
+
+    def output_probability(self, reports: Reports, cells: npt.ArrayLike) -> FloatArray:
+        cells_arr = np.asarray(cells, dtype=np.int64)
+        hit = (reports.values == cells_arr[:, None]).any(axis=1)
+        m, s, p = self.m, self.size, self.inclusion
+        with_r = p / math.comb(m - 1, s - 1)
+        without_r = (1.0 - p) / math.comb(m - 1, s)
+        return np.where(hit, with_r, without_r)
+
+    def params(self) -> dict[str, Any]:
+        return {**self.base_params(), "p": self.inclusion, "s": self.size, "q": self.q}
+

@@ -1,0 +1,110 @@
+"""One variance model for every sketch mechanism.
+
+Every ldpipe mechanism estimates f(d) from ``C(d) = sum_j counts[j, h_j(d)]``. Each report adds
+one term ``Y`` to ``C(d)``: when the report's hash of its own item equals ``h_j(d)`` (always for a
+holder of d, with probability ``gamma`` for anyone else) ``Y`` has mean ``a`` and variance
+``var_a``; otherwise mean ``b`` and variance ``var_b``. With that, for n reports and ``f = f(d)``:
+
+* estimator (GCMS eq. 4; Pan eq. 8 with ``m' = 1/gamma``)::
+
+      f_hat = (C - n*mu) / ((a - b)(1 - gamma)),   mu = gamma*a + (1 - gamma)*b
+
+* variance over the randomizers *and* the draw of the k hash functions (the corrected form of
+  GCMS Thm 3 in DESIGN.md, generalized; derived in ``docs/variance.md``)::
+
+      Var[C] = f*var_a + (n-f)*(gamma*var_a + (1-gamma)*var_b + gamma(1-gamma)(a-b)^2 - alpha2)
+               + alpha2 * S,     alpha2 = gamma(1-gamma)(a-b)^2 / k,   S = sum_{d' != d} f(d')^2
+
+  It splits into the variance Pan's Cor. 3.3 gives for a perfectly pairwise-independent family,
+  and the collision bias of a fixed set of k functions, whose variance is Pan Thm 3.10 (eq. 20):
+  ``S * gamma / (k (1 - gamma))`` = ``S / (k (m - 1))`` when ``gamma = 1/m``.
+
+For OUE (no hashing) ``gamma = 0``; for GCMS/CMS/RR ``a, b`` are inclusion probabilities; for
+HCMS ``Y`` is a +-1 product with ``a = 2p - 1, b = 0``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["ContributionModel"]
+
+FloatArray = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class ContributionModel:
+    """Mean and variance of one report's term in ``C(d)``, on a hit and on a miss."""
+
+    hit_mean: float
+    hit_var: float
+    miss_mean: float
+    miss_var: float
+    collision: float
+    rows: int
+
+    @property
+    def other_mean(self) -> float:
+        """Mean term of a report whose item is not d (``alpha_1`` of GCMS Thm 3)."""
+        g = self.collision
+        return g * self.hit_mean + (1.0 - g) * self.miss_mean
+
+    @property
+    def scale(self) -> float:
+        """Denominator of the estimator: ``(a - b)(1 - gamma)``."""
+        return (self.hit_mean - self.miss_mean) * (1.0 - self.collision)
+
+    @property
+    def other_var(self) -> float:
+        """Variance of a non-holder's term under a random hash function (mixture over hits)."""
+        g = self.collision
+        gap = self.hit_mean - self.miss_mean
+        return g * self.hit_var + (1.0 - g) * self.miss_var + g * (1.0 - g) * gap * gap
+
+    @property
+    def alpha2(self) -> float:
+        """Covariance of two reports of one item d' != d that chose the same random function."""
+        g = self.collision
+        gap = self.hit_mean - self.miss_mean
+        return g * (1.0 - g) * gap * gap / self.rows
+
+    def estimate(self, totals: npt.ArrayLike, n: float) -> FloatArray:
+        """Unbiased counts from ``C(d)`` (GCMS eq. 4, Pan eq. 8)."""
+        return (np.asarray(totals, dtype=np.float64) - n * self.other_mean) / self.scale
+
+    def variance(
+        self, f: npt.ArrayLike, n: float, sum_sq_others: npt.ArrayLike | None = None
+    ) -> FloatArray:
+        """Var[f_hat] in counts^2 over randomizers and hash draws (see module docstring).
+
+        ``sum_sq_others`` is ``sum_{d' != d} f(d')^2``; None means "every other report holds a
+        distinct item" (S = n - f), the floor of S, where the collision term vanishes.
+        """
+        f_arr = np.asarray(f, dtype=np.float64)
+        others = n - f_arr
+        s = others if sum_sq_others is None else np.asarray(sum_sq_others, dtype=np.float64)
+        var_c = (
+            f_arr * self.hit_var
+            + others * (self.other_var - self.alpha2)
+            + self.alpha2 * s
+        )
+        return np.asarray(var_c / self.scale**2, dtype=np.float64)
+
+    def collision_bias_variance(self, sum_sq_others: npt.ArrayLike) -> FloatArray:
+        """Variance over hash draws of the bias a fixed set of k functions gives (Pan Thm 3.10)."""
+        g = self.collision
+        s = np.asarray(sum_sq_others, dtype=np.float64)
+        return np.asarray(s * g / (self.rows * (1.0 - g)), dtype=np.float64)
+
+    def min_rows_for_negligible_bias(self, n: float, tau: float = 0.1, delta: float = 0.05) -> float:
+        """Smallest k with P[bias^2 <= tau Var] >= 1 - delta in the worst case S = n^2 (Pan Thm 3.11).
+
+        Chebyshev on the bias (mean 0, variance ``n^2 gamma / (k(1-gamma))``) against the
+        variance of an absent item with a perfect family, ``n * other_var / scale^2``.
+        """
+        g = self.collision
+        floor_var = n * self.other_var / self.scale**2
+        return float(n * n * g / ((1.0 - g) * delta * tau * floor_var))

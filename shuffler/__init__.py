@@ -1,0 +1,1 @@
+"""The shuffler: strips metadata, permutes windows, republishes exactly-once (pipeline issue)."""

@@ -118,8 +118,11 @@ class HashFamily:
     seed: int
     k: int
     m: int
+    prime: int = MERSENNE_61  # the wire format fixes 2^61 - 1; small primes are for analysis
 
     def __post_init__(self) -> None:
+        if self.prime != MERSENNE_61 and not 2 < self.prime < (1 << 31):
+            raise ValueError(f"prime must be 2^61 - 1 or a prime below 2^31, got {self.prime}")
         if not 0 <= self.seed <= _MAX_SEED:
             raise ValueError(f"hash seed must be an unsigned 64-bit integer, got {self.seed}")
         if not 1 <= self.k <= _MAX_ROWS:
@@ -135,15 +138,22 @@ class HashFamily:
         for j in range(self.k):
             digest = hashlib.sha256(prefix + j.to_bytes(4, "little")).digest()
             out[j] = (_word61(digest, 0), _word61(digest, 8), _word61(digest, 16))
+        if self.prime != MERSENNE_61:
+            out %= np.uint64(self.prime)
         return out
 
     @cached_property
     def collision(self) -> float:
         """Collision probability of two distinct items under a random function (1/m')."""
-        return collision_probability(self.m)
+        return collision_probability(self.m, self.prime)
 
     def _evaluate(self, coeffs: npt.NDArray[np.uint64], keys: Keys) -> npt.NDArray[np.int64]:
         c0, c1, c2 = coeffs[..., 0], coeffs[..., 1], coeffs[..., 2]
+        if self.prime != MERSENNE_61:  # products of values below 2^31 fit in 64 bits
+            prime = np.uint64(self.prime)
+            x = keys % prime
+            value = ((c2 * x + c1) % prime * x + c0) % prime
+            return (value % np.uint64(self.m)).astype(np.int64)
         value = _addmod(_mulmod(c2, keys), c1)
         value = _addmod(_mulmod(value, keys), c0)
         return (value % np.uint64(self.m)).astype(np.int64)

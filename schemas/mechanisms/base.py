@@ -6,6 +6,7 @@ plus per-row totals, so one snapshot format and one query path serve all of them
 
 from __future__ import annotations
 
+import math
 import secrets
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -26,6 +27,7 @@ __all__ = [
     "Reports",
     "SketchMechanism",
     "Sketch",
+    "check_epsilon",
     "require",
     "secure_rng",
 ]
@@ -38,6 +40,14 @@ def require(condition: bool, message: str) -> None:
     """Raise ``ValueError(message)`` unless ``condition``: parameter validation in one line."""
     if not condition:
         raise ValueError(message)
+
+
+def check_epsilon(epsilon: float) -> None:
+    """Refuse an epsilon that is not a positive finite number."""
+    require(
+        isinstance(epsilon, int | float) and math.isfinite(epsilon) and epsilon > 0,
+        f"epsilon must be a positive finite number, got {epsilon}",
+    )
 
 
 def secure_rng() -> np.random.Generator:
@@ -256,10 +266,7 @@ class SketchMechanism(Mechanism, ABC):
     _family: HashFamily = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        require(
-            bool(np.isfinite(self.epsilon)) and self.epsilon > 0,
-            f"epsilon must be a positive finite number, got {self.epsilon}",
-        )
+        check_epsilon(self.epsilon)
         object.__setattr__(self, "_family", HashFamily(self.seed, self.k, self.m))
 
     @property

@@ -34,7 +34,7 @@ __all__ = [
 ]
 
 _EPS_SLACK = 1e-9
-_FLOYD_MAX_S = 64
+_BITMAP_CELLS = 1 << 24
 
 
 def subset_epsilon(p: float, s: int, m: int) -> float:
@@ -62,21 +62,23 @@ def sample_subsets(
 ) -> IntArray:
     """``size`` distinct indices per row drawn uniformly from ``[m] \\ {excluded[i]}``.
 
-    Floyd's algorithm vectorized over rows for small sizes, random keys + argpartition else.
+    Floyd's algorithm (each step draws t in [0, j] and takes j if t is taken), vectorized over
+    rows with a membership bitmap, so the cost is O(n * size) numpy work in ``size`` steps.
     """
     n = excluded.size
     universe = m - 1  # draw from [0, m-1) then skip the excluded value
-    if size == 0:
-        return np.empty((n, 0), dtype=np.int64)
-    if size <= _FLOYD_MAX_S:
-        chosen = np.empty((n, size), dtype=np.int64)
+    chosen = np.empty((size, n), dtype=np.int64)  # column-major while filling
+    step = max(1, _BITMAP_CELLS // max(universe, 1))
+    for start in range(0, n, step):
+        stop = min(n, start + step)
+        base = np.arange(stop - start, dtype=np.int64) * universe
+        taken = np.zeros((stop - start) * universe, dtype=np.bool_)
         for col, top in enumerate(range(universe - size, universe)):
-            draw = rng.integers(0, top + 1, size=n, dtype=np.int64)
-            taken = (chosen[:, :col] == draw[:, None]).any(axis=1)
-            chosen[:, col] = np.where(taken, top, draw)
-    else:
-        keys = rng.random((n, universe))
-        chosen = np.argpartition(keys, size - 1, axis=1)[:, :size].astype(np.int64)
+            draw = rng.integers(0, top + 1, size=stop - start, dtype=np.int64)
+            pick = np.where(taken[base + draw], top, draw)
+            taken[base + pick] = True
+            chosen[col, start:stop] = pick
+    chosen = chosen.T
     return chosen + (chosen >= excluded[:, None])
 
 
@@ -177,8 +179,11 @@ class GeneralizedCountMeanSketch(SketchMechanism):
         n, s = rows.size, self.size
         include = rng.random(n) < self.inclusion
         others = sample_subsets(cells, s, self.m, rng)
-        # a device that includes r keeps only s - 1 of the others: replace the last one by r
-        others[:, s - 1] = np.where(include, cells, others[:, s - 1])
+        # a device that includes r keeps s - 1 of the others: dropping a uniformly chosen one
+        # of a uniform s-subset leaves a uniform (s-1)-subset (Alg. 1, steps b-c)
+        drop = rng.integers(0, s, size=n)
+        at = np.arange(n)
+        others[at, drop] = np.where(include, cells, others[at, drop])
         others.sort(axis=1)
         return Reports(rows, others)
 

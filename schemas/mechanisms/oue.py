@@ -18,7 +18,14 @@ from typing import Any, ClassVar
 import numpy as np
 import numpy.typing as npt
 
-from schemas.mechanisms.base import FloatArray, Mechanism, Reports, Sketch, require
+from schemas.mechanisms.base import (
+    FloatArray,
+    Mechanism,
+    Reports,
+    Sketch,
+    check_epsilon,
+    require,
+)
 from schemas.mechanisms.cms import pack_bits, unpack_bits
 from schemas.mechanisms.variance import ContributionModel
 
@@ -39,10 +46,7 @@ class OptimizedUnaryEncoding(Mechanism):
     _index: dict[str, int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        require(
-            math.isfinite(self.epsilon) and self.epsilon > 0,
-            f"epsilon must be a positive finite number, got {self.epsilon}",
-        )
+        check_epsilon(self.epsilon)
         require(len(self.dictionary) >= 2, "oue needs a dictionary of at least 2 items")
         index = {item: i for i, item in enumerate(self.dictionary)}
         require(

@@ -26,7 +26,14 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 import numpy.typing as npt
 
-from schemas.mechanisms.base import FloatArray, Reports, Sketch, SketchMechanism, require
+from schemas.mechanisms.base import (
+    FloatArray,
+    Reports,
+    Sketch,
+    SketchMechanism,
+    check_epsilon,
+    require,
+)
 from schemas.mechanisms.variance import ContributionModel
 
 __all__ = ["Objective", "RandomizedResponseCountMeanSketch", "optimal_width"]
@@ -70,6 +77,7 @@ class RandomizedResponseCountMeanSketch(SketchMechanism):
     dictionary_size: int | None = None
 
     def __post_init__(self) -> None:
+        check_epsilon(self.epsilon)
         require(self.objective in ("mse", "l2"), f"objective must be 'mse' or 'l2', got {self.objective!r}")
         if self.m == 0:
             object.__setattr__(

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# ldpipe's two commands for a new machine (Python 3.11 + pip is all it needs):
+#   ./dev.sh demo            set up .venv and run the main job
+#   ./dev.sh test            set up .venv and run lint, type checks and the default test suite
+#   ./dev.sh test --slow     the slow statistical sweeps (CI runs both)
+set -euo pipefail
+cd "$(dirname "$0")"
+VENV="${LDPIPE_VENV:-.venv}"
+PY="${PYTHON:-python3}"
+
+setup() {
+    if [ ! -x "$VENV/bin/python" ]; then
+        echo "== creating $VENV" >&2
+        "$PY" -m venv "$VENV"
+    fi
+    local stamp="$VENV/.ldpipe-installed"
+    if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+        echo "== installing ldpipe and its dependencies into $VENV" >&2
+        "$VENV/bin/python" -m pip install --quiet --upgrade pip >&2
+        "$VENV/bin/python" -m pip install --quiet -e ".[broker,test]" >&2
+        touch "$stamp"
+    fi
+}
+
+cmd="${1:-}"
+shift || true
+case "$cmd" in
+    demo)
+        setup
+        exec "$VENV/bin/ldpipe" demo "$@"
+        ;;
+    test)
+        setup
+        if [ "${1:-}" = "--slow" ]; then
+            shift
+            exec "$VENV/bin/python" -m pytest -m slow -n 2 "$@"
+        fi
+        echo "== ruff" >&2
+        "$VENV/bin/ruff" check .
+        echo "== mypy" >&2
+        "$VENV/bin/mypy"
+        echo "== pytest (default suite)" >&2
+        exec "$VENV/bin/python" -m pytest -m "not slow" -n 2 "$@"
+        ;;
+    setup)
+        setup
+        ;;
+    *)
+        echo "usage: ./dev.sh demo | test [--slow] | setup" >&2
+        exit 2
+        ;;
+esac

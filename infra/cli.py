@@ -1,0 +1,48 @@
+"""``ldpipe``: one command line for every service and tool.
+
+Each subcommand lives in a small module with ``add_parser(subparsers)`` and ``run(args)``;
+this file only wires them and turns validation errors into one clear line and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from infra import demo_cmd, simulate_cmd
+
+__all__ = ["main"]
+
+_COMMANDS = (demo_cmd, simulate_cmd)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ldpipe",
+        description="Private telemetry with local differential privacy sketches.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for command in _COMMANDS:
+        command.add_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return int(args.run(args))
+    except ValueError as exc:  # validation errors name the problem and the fix
+        print(f"ldpipe {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

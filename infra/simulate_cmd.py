@@ -69,7 +69,8 @@ def _print_table(result: SimulationResult) -> None:
         f"  params={json.dumps(result.params)}",
         file=out,
     )
-    print(f"{'item':>16} {'true':>8} {'mean est':>10} {'emp. MSE':>12} {'theory var':>12} {'ratio':>6}")
+    header = ("item", "true", "mean est", "emp. MSE", "theory var", "ratio")
+    print("{:>16} {:>8} {:>10} {:>12} {:>12} {:>6}".format(*header))
     for item in result.items:
         ratio = item.empirical_mse / item.theoretical_variance
         print(
@@ -78,8 +79,8 @@ def _print_table(result: SimulationResult) -> None:
         )
     print(
         f"max empirical MSE {summary['max_empirical_mse']:.1f}, max theoretical variance "
-        f"{summary['max_theoretical_variance']:.1f}, mean MSE/theory {summary['mean_mse_ratio']:.3f}"
-        f"  ({result.seconds:.1f} s)"
+        f"{summary['max_theoretical_variance']:.1f}, "
+        f"mean MSE/theory {summary['mean_mse_ratio']:.3f}  ({result.seconds:.1f} s)"
     )
 
 

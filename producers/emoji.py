@@ -13,8 +13,14 @@ from functools import cache
 __all__ = ["emoji_dictionary"]
 
 # the main emoji blocks: emoticons, pictographs, transport, supplemental, symbols & pictographs-A
-_BLOCKS = ((0x1F300, 0x1F5FF), (0x1F600, 0x1F64F), (0x1F680, 0x1F6FF), (0x1F900, 0x1F9FF),
-           (0x1FA70, 0x1FAFF), (0x2600, 0x26FF))
+_BLOCKS = (
+    (0x1F300, 0x1F5FF),
+    (0x1F600, 0x1F64F),
+    (0x1F680, 0x1F6FF),
+    (0x1F900, 0x1F9FF),
+    (0x1FA70, 0x1FAFF),
+    (0x2600, 0x26FF),
+)
 
 
 @cache

@@ -92,13 +92,15 @@ def _mulmod(a: Keys, b: Keys) -> Keys:
         + (lo & _P)
     )
     s = (s & _P) + (s >> np.uint64(61))
-    return np.where(s >= _P, s - _P, s)
+    reduced: Keys = np.where(s >= _P, s - _P, s)
+    return reduced
 
 
 def _addmod(a: Keys, b: Keys) -> Keys:
     s = a + b
     s = (s & _P) + (s >> np.uint64(61))
-    return np.where(s >= _P, s - _P, s)
+    reduced: Keys = np.where(s >= _P, s - _P, s)
+    return reduced
 
 
 def collision_probability(m: int, prime: int = MERSENNE_61) -> float:

@@ -25,8 +25,8 @@ __all__ = [
     "FrequencyEstimates",
     "Mechanism",
     "Reports",
-    "SketchMechanism",
     "Sketch",
+    "SketchMechanism",
     "check_epsilon",
     "require",
     "secure_rng",
@@ -76,7 +76,7 @@ class Reports:
     def __len__(self) -> int:
         return len(self.rows)
 
-    def take(self, index: npt.ArrayLike) -> Reports:
+    def take(self, index: npt.NDArray[np.integer[Any]] | npt.NDArray[np.bool_]) -> Reports:
         """The reports at ``index`` (an int array or boolean mask)."""
         return Reports(self.rows[index], self.values[index])
 
@@ -250,7 +250,9 @@ class Mechanism(ABC):
         var = float(self.contribution().collision_bias_variance(s))
         return float(np.sqrt(var / delta))
 
-    def min_rows_for_negligible_bias(self, n: float, tau: float = 0.1, delta: float = 0.05) -> float:
+    def min_rows_for_negligible_bias(
+        self, n: float, tau: float = 0.1, delta: float = 0.05
+    ) -> float:
         """Pan Thm 3.11: the k below which collision bias may dominate (warn when k is smaller)."""
         return self.contribution().min_rows_for_negligible_bias(n, tau, delta)
 
@@ -280,7 +282,9 @@ class SketchMechanism(Mechanism, ABC):
     def encode(self, items: Sequence[str | bytes]) -> npt.NDArray[np.uint64]:
         return item_keys(items)
 
-    def choose_rows(self, codes: npt.ArrayLike, rng: np.random.Generator) -> tuple[IntArray, IntArray]:
+    def choose_rows(
+        self, codes: npt.ArrayLike, rng: np.random.Generator
+    ) -> tuple[IntArray, IntArray]:
         """Each device picks a function uniformly (Apple Alg. 2 line 1) and hashes its item."""
         keys = np.asarray(codes, dtype=np.uint64).reshape(-1)
         rows = rng.integers(0, self.k, size=keys.size, dtype=np.int64)

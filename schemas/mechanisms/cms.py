@@ -32,9 +32,11 @@ def unpack_bits(packed: npt.NDArray[np.uint8], width: int) -> npt.NDArray[np.boo
     return np.unpackbits(packed, axis=1, count=width, bitorder="little").view(np.bool_)
 
 
-def scatter_bits(sketch: Sketch, rows: npt.NDArray[np.int64], packed: npt.NDArray[np.uint8]) -> None:
+def scatter_bits(
+    sketch: Sketch, rows: npt.NDArray[np.int64], packed: npt.NDArray[np.uint8]
+) -> None:
     """``counts[rows[i], c] += bit[i, c]`` for every set bit, chunked, via one flat ``add.at``."""
-    k, m = sketch.shape
+    _k, m = sketch.shape
     flat_counts = sketch.counts.reshape(-1)
     step = max(1, _CHUNK_CELLS // m)
     for start in range(0, len(rows), step):
@@ -109,7 +111,8 @@ class CountMeanSketch(SketchMechanism):
         other_ones = ones - true_bit
         other_zeros = (self.m - 1) - other_ones
         p, q = self.p, self.q
-        return np.where(true_bit, p, 1 - p) * q**other_ones * (1 - q) ** other_zeros
+        prob: FloatArray = np.where(true_bit, p, 1 - p) * q**other_ones * (1 - q) ** other_zeros
+        return prob
 
     def params(self) -> dict[str, Any]:
         return {**self.base_params(), "p": self.p, "q": self.q}

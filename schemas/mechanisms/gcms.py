@@ -57,9 +57,7 @@ def subset_min_s(epsilon: float, p: float, m: int) -> int:
     return min(max(s, 1), m - 1)
 
 
-def sample_subsets(
-    excluded: IntArray, size: int, m: int, rng: np.random.Generator
-) -> IntArray:
+def sample_subsets(excluded: IntArray, size: int, m: int, rng: np.random.Generator) -> IntArray:
     """``size`` distinct indices per row drawn uniformly from ``[m] \\ {excluded[i]}``.
 
     Floyd's algorithm (each step draws t in [0, j] and takes j if t is taken), vectorized over
@@ -108,7 +106,8 @@ class GeneralizedCountMeanSketch(SketchMechanism):
         require(
             eff <= self.epsilon + _EPS_SLACK,
             f"{self.name} with p={p}, s={s}, m={self.m} gives epsilon={eff:.6g} (GCMS eq. 5) "
-            f"above the requested {self.epsilon}; use p <= {subset_max_p(self.epsilon, s, self.m):.6g} "
+            f"above the requested {self.epsilon}; use "
+            f"p <= {subset_max_p(self.epsilon, s, self.m):.6g} "
             f"or s >= {subset_min_s(self.epsilon, p, self.m)}",
         )
 
@@ -203,4 +202,3 @@ class GeneralizedCountMeanSketch(SketchMechanism):
 
     def params(self) -> dict[str, Any]:
         return {**self.base_params(), "p": self.inclusion, "s": self.size, "q": self.q}
-

@@ -47,7 +47,8 @@ def _normalized_variance(
     other_var = other_mean - other_mean**2
     alpha2 = gamma * (1 - gamma) * gap**2 / k
     var_c = lam * p * (1 - p) + (1 - lam) * (other_var + alpha2 * excess)
-    return var_c / (gap * (1 - gamma)) ** 2
+    normalized: np.ndarray = var_c / (gap * (1 - gamma)) ** 2
+    return normalized
 
 
 def optimal_parameters(
@@ -65,7 +66,10 @@ def optimal_parameters(
     every other report holds a distinct item (the collision covariance then cancels); a
     population where others hold items as frequent as the target has about ``lambda n``.
     """
-    require(0.0 <= target_frequency <= 1.0, f"target frequency must be in [0, 1], got {target_frequency}")
+    require(
+        0.0 <= target_frequency <= 1.0,
+        f"target frequency must be in [0, 1], got {target_frequency}",
+    )
     require(m >= 3, f"ocms needs m >= 3, got m={m}")
     if method == "paper":
         res = minimize_scalar(
@@ -88,14 +92,19 @@ def optimal_parameters(
     values = _normalized_variance(
         grid_p, sizes[:, None], m, k, target_frequency, gamma, excess_concentration
     )
-    s_idx, p_idx = np.unravel_index(np.argmin(values), values.shape)
+    s_idx, p_idx = (int(i) for i in np.unravel_index(np.argmin(values), values.shape))
     s_best = int(sizes[s_idx])
     lo_p = grid_p[s_idx, max(p_idx - 1, 0)] if p_idx > 0 else lo[s_idx] + 1e-12
     hi_p = grid_p[s_idx, min(p_idx + 1, _GRID - 1)]
     res = minimize_scalar(
         lambda x: float(
             _normalized_variance(
-                np.array(x), np.array(float(s_best)), m, k, target_frequency, gamma,
+                np.array(x),
+                np.array(float(s_best)),
+                m,
+                k,
+                target_frequency,
+                gamma,
                 excess_concentration,
             )
         ),

@@ -110,7 +110,8 @@ class OptimizedUnaryEncoding(Mechanism):
         sketch.row_totals[0] += len(reports)
 
     def column_totals(self, sketch: Sketch, codes: npt.ArrayLike) -> FloatArray:
-        return sketch.counts[0, np.asarray(codes, dtype=np.int64)].astype(np.float64)
+        totals: FloatArray = sketch.counts[0, np.asarray(codes, dtype=np.int64)].astype(np.float64)
+        return totals
 
     def output_probability(self, reports: Reports, cells: npt.ArrayLike) -> FloatArray:
         bits = unpack_bits(reports.values, self.m)
@@ -119,7 +120,8 @@ class OptimizedUnaryEncoding(Mechanism):
         other_ones = bits.sum(axis=1) - true_bit
         other_zeros = (self.m - 1) - other_ones
         q = self.q
-        return 0.5 * q**other_ones * (1 - q) ** other_zeros
+        prob: FloatArray = 0.5 * q**other_ones * (1 - q) ** other_zeros
+        return prob
 
     def params(self) -> dict[str, Any]:
         return {"k": 1, "m": self.m, "p": self.p, "q": self.q}

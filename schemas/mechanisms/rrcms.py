@@ -6,10 +6,12 @@ RR). m is chosen for an objective unless given:
 
 * ``objective="mse"`` (MSE-OCMS, Thm 3.6 / eq. 15): the closest integer to
   ``1 + Delta_MSE / (f* e^eps + 1 - f*)`` when ``f* <= 1/2``, else to ``1 + e^{eps/2}``
-  (Cor. 3.4 for the default ``f* = 1``), ``Delta_MSE = e^{eps/2} sqrt([(1-f*)e^eps + f*][f* e^eps + 1 - f*])``;
+  (Cor. 3.4 for the default ``f* = 1``), with
+  ``Delta_MSE = e^{eps/2} sqrt([(1-f*)e^eps + f*][f* e^eps + 1 - f*])``;
 * ``objective="l2"`` (l-OCMS, Thm 3.7): the closest integer to
-  ``1 + Delta_l / (e^eps + d - 1)``, ``Delta_l = e^{eps/2} sqrt((e^eps + d - 1)(d e^eps - e^eps + 1))``
-  for dictionary size d, or ``1 + e^eps`` (Cor. 3.5) when d is unknown.
+  ``1 + Delta_l / (e^eps + d - 1)`` with
+  ``Delta_l = e^{eps/2} sqrt((e^eps + d - 1)(d e^eps - e^eps + 1))`` for dictionary size d,
+  or ``1 + e^eps`` (Cor. 3.5) when d is unknown.
 
 The estimator is Pan's g(x) of eq. 8 with ``m' = 1 / c`` where c is the exact collision
 probability of the hash family (Lemma 3.2), as every ldpipe sketch estimator is.
@@ -42,14 +44,19 @@ Objective = Literal["mse", "l2"]
 
 
 def optimal_width(
-    epsilon: float, objective: Objective = "mse", f_star: float = 1.0, dictionary_size: int | None = None
+    epsilon: float,
+    objective: Objective = "mse",
+    f_star: float = 1.0,
+    dictionary_size: int | None = None,
 ) -> int:
     """Pan's optimized m: eq. 15 (Thm 3.6) for "mse", Thm 3.7 / Cor. 3.5 for "l2"."""
     e = math.exp(epsilon)
     if objective == "mse":
         require(0.0 <= f_star <= 1.0, f"f* must be in [0, 1], got {f_star}")
         if f_star <= 0.5:
-            delta = math.sqrt(e) * math.sqrt(((1 - f_star) * e + f_star) * (f_star * e + 1 - f_star))
+            delta = math.sqrt(e) * math.sqrt(
+                ((1 - f_star) * e + f_star) * (f_star * e + 1 - f_star)
+            )
             raw = 1.0 + delta / (f_star * e + 1 - f_star)
         else:
             raw = 1.0 + math.sqrt(e)
@@ -63,7 +70,7 @@ def optimal_width(
             raw = 1.0 + delta / (e + d - 1)
     else:
         raise ValueError(f"objective must be 'mse' or 'l2', got {objective!r}")
-    return max(2, int(math.floor(raw + 0.5)))
+    return max(2, math.floor(raw + 0.5))
 
 
 @dataclass(frozen=True)
@@ -78,10 +85,15 @@ class RandomizedResponseCountMeanSketch(SketchMechanism):
 
     def __post_init__(self) -> None:
         check_epsilon(self.epsilon)
-        require(self.objective in ("mse", "l2"), f"objective must be 'mse' or 'l2', got {self.objective!r}")
+        require(
+            self.objective in ("mse", "l2"),
+            f"objective must be 'mse' or 'l2', got {self.objective!r}",
+        )
         if self.m == 0:
             object.__setattr__(
-                self, "m", optimal_width(self.epsilon, self.objective, self.f_star, self.dictionary_size)
+                self,
+                "m",
+                optimal_width(self.epsilon, self.objective, self.f_star, self.dictionary_size),
             )
         super().__post_init__()
 

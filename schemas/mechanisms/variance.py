@@ -86,11 +86,7 @@ class ContributionModel:
         f_arr = np.asarray(f, dtype=np.float64)
         others = n - f_arr
         s = others if sum_sq_others is None else np.asarray(sum_sq_others, dtype=np.float64)
-        var_c = (
-            f_arr * self.hit_var
-            + others * (self.other_var - self.alpha2)
-            + self.alpha2 * s
-        )
+        var_c = f_arr * self.hit_var + others * (self.other_var - self.alpha2) + self.alpha2 * s
         return np.asarray(var_c / self.scale**2, dtype=np.float64)
 
     def collision_bias_variance(self, sum_sq_others: npt.ArrayLike) -> FloatArray:
@@ -99,8 +95,10 @@ class ContributionModel:
         s = np.asarray(sum_sq_others, dtype=np.float64)
         return np.asarray(s * g / (self.rows * (1.0 - g)), dtype=np.float64)
 
-    def min_rows_for_negligible_bias(self, n: float, tau: float = 0.1, delta: float = 0.05) -> float:
-        """Smallest k with P[bias^2 <= tau Var] >= 1 - delta in the worst case S = n^2 (Pan Thm 3.11).
+    def min_rows_for_negligible_bias(
+        self, n: float, tau: float = 0.1, delta: float = 0.05
+    ) -> float:
+        """Smallest k with P[bias^2 <= tau Var] >= 1 - delta when S = n^2 (Pan Thm 3.11).
 
         Chebyshev on the bias (mean 0, variance ``n^2 gamma / (k(1-gamma))``) against the
         variance of an absent item with a perfect family, ``n * other_var / scale^2``.

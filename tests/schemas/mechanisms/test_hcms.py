@@ -17,5 +17,5 @@ def test_fast_transform_equals_the_hadamard_matrix(m: int, rng: np.random.Genera
 
 
 def test_m_must_be_a_power_of_two() -> None:
-    with pytest.raises(ValueError, match="power of two.*m=128"):
+    with pytest.raises(ValueError, match=r"power of two.*m=128"):
         build_mechanism("hcms", epsilon=1.0, m=100)

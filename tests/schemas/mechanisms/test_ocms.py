@@ -12,12 +12,7 @@ from producers.simulate import simulate
 from schemas.mechanisms import OptimalCountMeanSketch, build_mechanism, optimal_parameters
 from schemas.mechanisms.gcms import subset_epsilon, subset_max_p
 
-CASES = [
-    (eps, m, lam)
-    for eps in (1.0, 2.0, 5.0)
-    for m in (20, 256)
-    for lam in (0.5, 0.1, 0.001)
-]
+CASES = [(eps, m, lam) for eps in (1.0, 2.0, 5.0) for m in (20, 256) for lam in (0.5, 0.1, 0.001)]
 
 
 def verified_variance(p: float, s: int, m: int, k: int, lam: float, n: int = 100_000) -> float:
@@ -26,7 +21,9 @@ def verified_variance(p: float, s: int, m: int, k: int, lam: float, n: int = 100
 
 
 @pytest.mark.parametrize(("eps", "m", "lam"), CASES)
-def test_exact_optimizer_is_feasible_and_no_worse_than_paper(eps: float, m: int, lam: float) -> None:
+def test_exact_optimizer_is_feasible_and_no_worse_than_paper(
+    eps: float, m: int, lam: float
+) -> None:
     k = 64
     p, s = optimal_parameters(eps, m, lam, k=k)
     assert 1 <= s <= m - 1 and s / m < p < 1

@@ -46,7 +46,9 @@ def all_outputs(mech: Mechanism) -> Reports:
     elif mech.name == "hcms":
         values = np.array([(col, sign) for col in range(m) for sign in (-1, 1)], dtype=np.int64)
     elif mech.name in ("gcms", "ocms"):
-        values = np.array(list(itertools.combinations(range(m), mech.params()["s"])), dtype=np.int64)
+        values = np.array(
+            list(itertools.combinations(range(m), mech.params()["s"])), dtype=np.int64
+        )
     else:
         values = np.arange(m, dtype=np.int64)[:, None]
     return Reports(np.zeros(len(values), dtype=np.int64), values)

@@ -46,7 +46,7 @@ def run(name: str, trials: int = TRIALS, seed: int = 5) -> tuple[Mechanism, Simu
     pop = population()
     names = [pop.items[i] for i in pop.top(4)] + ["never-seen-item"]
     if name == "oue":
-        names = names[:-1] + [pop.items[-1]]
+        names = [*names[:-1], pop.items[-1]]
     pop, evaluate = evaluation_indices(pop, items=names)
     mech = mechanism(name, pop)
     return mech, simulate(mech, pop, trials=trials, seed=seed, evaluate=evaluate, progress=False)
@@ -57,7 +57,7 @@ MECHANISMS = ["cms", "hcms", "gcms", "ocms", "rrcms", "oue"]
 
 @pytest.mark.parametrize("name", MECHANISMS)
 def test_unbiased_and_variance_matches_theory(name: str) -> None:
-    mech, result = run(name)
+    _mech, result = run(name)
     T = result.trials
     for item in result.items:
         sigma = math.sqrt(item.theoretical_variance)

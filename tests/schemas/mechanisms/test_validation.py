@@ -25,7 +25,7 @@ def test_oue_epsilon_and_dictionary() -> None:
     with pytest.raises(ValueError, match="duplicate"):
         build_mechanism("oue", epsilon=1.0, dictionary=["a", "a"])
     mech = build_mechanism("oue", epsilon=1.0, dictionary=["a", "b"])
-    with pytest.raises(ValueError, match="not in the OUE dictionary.*use a sketch mechanism"):
+    with pytest.raises(ValueError, match=r"not in the OUE dictionary.*use a sketch mechanism"):
         mech.encode(["zebra"])
 
 
@@ -43,7 +43,9 @@ def test_sketch_shape_and_seed(options: dict[str, int], message: str) -> None:
 
 
 def test_gcms_refuses_parameters_above_the_budget_and_names_the_fix() -> None:
-    with pytest.raises(ValueError, match=r"gives epsilon=.*above the requested 1.0.*use p <= .* or s >= "):
+    with pytest.raises(
+        ValueError, match=r"gives epsilon=.*above the requested 1.0.*use p <= .* or s >= "
+    ):
         build_mechanism("gcms", epsilon=1.0, m=64, p=0.9, s=2)
     with pytest.raises(ValueError, match="0 < p < 1"):
         build_mechanism("gcms", epsilon=1.0, p=1.0)

@@ -1,0 +1,112 @@
+"""The ``ldpipe simulate`` and ``ldpipe demo`` contracts, through the real entry point."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from infra.cli import main
+
+MECHS = ["cms", "hcms", "gcms", "ocms", "rrcms", "oue"]
+
+
+@pytest.mark.parametrize("mechanism", MECHS)
+def test_simulate_json_contract(mechanism: str, capsys: pytest.CaptureFixture[str]) -> None:
+    args = [
+        "simulate",
+        "--mechanism",
+        mechanism,
+        "--epsilon",
+        "2",
+        "--dataset",
+        "zipf:d=300,a=1.5",
+        "--n",
+        "3000",
+        "--trials",
+        "3",
+        "--seed",
+        "1",
+        "--top",
+        "4",
+        "--json",
+    ]
+    if mechanism in ("cms", "hcms", "gcms", "ocms", "rrcms"):
+        args += ["--k", "64"]
+    if mechanism == "ocms":
+        args += ["--target-frequency", "0.05"]
+    assert main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["mechanism"] == mechanism
+    assert out["n"] == 3000 and out["trials"] == 3
+    assert 0 < out["epsilon"] <= 2 + 1e-9
+    assert {"k", "m"} <= set(out["params"])
+    assert len(out["items"]) == 4
+    for item in out["items"]:
+        assert set(item) >= {
+            "item",
+            "true_count",
+            "mean_estimate",
+            "empirical_mse",
+            "theoretical_variance",
+        }
+    assert set(out["summary"]) == {
+        "max_empirical_mse",
+        "max_theoretical_variance",
+        "mean_mse_ratio",
+    }
+
+
+def test_simulate_items_option_includes_unseen_items(capsys: pytest.CaptureFixture[str]) -> None:
+    assert (
+        main(
+            [
+                "simulate",
+                "--mechanism",
+                "rrcms",
+                "--epsilon",
+                "3",
+                "--dataset",
+                "zipf:d=50,a=1",
+                "--n",
+                "2000",
+                "--trials",
+                "2",
+                "--items",
+                "zipf-000001,brand-new",
+                "--json",
+                "--objective",
+                "l2",
+            ]
+        )
+        == 0
+    )
+    out = json.loads(capsys.readouterr().out)
+    assert [i["item"] for i in out["items"]] == ["zipf-000001", "brand-new"]
+    assert out["items"][1]["true_count"] == 0
+    assert out["params"]["objective"] == "l2"
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--mechanism", "cms", "--p", "0.7"], "cms does not take p"),
+        (["--mechanism", "gcms", "--p", "0.99", "--s", "1"], "above the requested"),
+        (["--mechanism", "hcms", "--m", "100"], "power of two"),
+        (["--mechanism", "cms", "--trials", "0"], "--trials must be >= 1"),
+    ],
+)
+def test_simulate_errors_are_one_clear_line(
+    extra: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["simulate", "--epsilon", "1", "--dataset", "zipf:d=10,a=1", "--n", "100", *extra]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ldpipe simulate: error: ") and message in err
+
+
+def test_demo_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--n", "20000", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["reports_produced"] == out["reports_aggregated"] == 20000
+    assert len(out["items"]) == 10

@@ -1,0 +1,333 @@
+"""The pipeline configuration: one TOML file declares Kafka and every use case.
+
+Validated once at start-up; every error names the field (``use_case.emoji.shuffle.n_min``) and the
+fix. ``infra/example.toml`` is a complete example; ``docs/configuration.md`` the reference.
+
+>>> cfg = parse_config('''
+... [[use_case]]
+... name = "emoji"
+... mechanism = "cms"
+... epsilon = 4.0
+... dictionary = "builtin:emoji"
+... ''')
+>>> cfg.use_case("emoji").topics.shuffled
+'ldp.emoji.shuffled'
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from schemas.errors import LdpipeError
+from schemas.mechanisms import MECHANISMS, Mechanism, build_mechanism
+
+__all__ = [
+    "ConfigError",
+    "KafkaConfig",
+    "PipelineConfig",
+    "ShuffleConfig",
+    "SnapshotConfig",
+    "Topics",
+    "UseCase",
+    "load_config",
+    "parse_config",
+]
+
+_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
+
+
+class ConfigError(LdpipeError, ValueError):
+    """A configuration that cannot run; the message names the field and the fix."""
+
+
+def _check_keys(where: str, table: Mapping[str, Any], allowed: set[str]) -> None:
+    unknown = sorted(set(table) - allowed)
+    if unknown:
+        raise ConfigError(
+            f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}"
+        )
+
+
+def _get(where: str, table: Mapping[str, Any], key: str, kind: type, default: Any = ...) -> Any:
+    if key not in table:
+        if default is ...:
+            raise ConfigError(f"{where}.{key}: missing; add `{key} = ...` to the [{where}] table")
+        return default
+    value = table[key]
+    ok = isinstance(value, kind) and not (kind in (int, float) and isinstance(value, bool))
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value, ok = float(value), True
+    if not ok:
+        raise ConfigError(
+            f"{where}.{key}: expected {kind.__name__}, got {type(value).__name__} {value!r}"
+        )
+    return value
+
+
+def _positive(where: str, value: float, *, allow_zero: bool = False) -> None:
+    if value < 0 or (value == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ConfigError(f"{where}: must be {bound}, got {value}")
+
+
+@dataclass(frozen=True)
+class KafkaConfig:
+    """Where the brokers are; ``extra`` passes librdkafka settings through (security, ...)."""
+
+    bootstrap_servers: str = "127.0.0.1:9092"
+    extra: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Topics:
+    reports: str
+    shuffled: str
+    dlq: str
+    shuffler_state: str
+    partitions: int = 1
+
+
+@dataclass(frozen=True)
+class ShuffleConfig:
+    """A window is released at ``max_reports``, or at ``max_wait_seconds`` if it holds ``n_min``.
+
+    Never fewer than ``n_min`` reports: privacy amplification needs a crowd.
+    """
+
+    n_min: int = 1000
+    max_reports: int = 10_000
+    max_wait_seconds: float = 10.0
+    contribution_limit: int = 1
+    contribution_period_seconds: int = 86_400
+    delta: float = 1e-6  # for the amplified epsilon exported per window
+
+
+@dataclass(frozen=True)
+class SnapshotConfig:
+    directory: Path
+    interval_seconds: float = 5.0
+    window_seconds: int = 3600
+    keep_windows: int = 168
+    keep_files: int = 5
+
+
+@dataclass(frozen=True)
+class UseCase:
+    """One use case: its mechanism and parameters, topics, keys, shuffle and snapshot settings."""
+
+    name: str
+    mechanism_name: str
+    epsilon: float
+    mechanism_options: Mapping[str, Any]
+    epoch: int
+    dictionary: str | None
+    private_keys: tuple[Path, ...]
+    public_key: Path | None
+    topics: Topics
+    shuffle: ShuffleConfig
+    snapshot: SnapshotConfig
+
+    @cached_property
+    def dictionary_items(self) -> tuple[str, ...] | None:
+        """The dictionary's items (``builtin:emoji`` or a file, one item per line)."""
+        if self.dictionary is None:
+            return None
+        if self.dictionary == "builtin:emoji":
+            from producers.emoji import emoji_dictionary
+
+            return emoji_dictionary()
+        path = Path(self.dictionary)
+        if not path.is_file():
+            raise ConfigError(
+                f"use_case.{self.name}.dictionary: file {path} does not exist; give a file with "
+                f"one item per line or builtin:emoji"
+            )
+        lines = path.read_text(encoding="utf-8").splitlines()
+        return tuple(dict.fromkeys(line.strip() for line in lines if line.strip()))
+
+    @cached_property
+    def mechanism(self) -> Mechanism:
+        options = dict(self.mechanism_options)
+        if self.mechanism_name == "oue":
+            options["dictionary"] = self.dictionary_items
+        try:
+            return build_mechanism(self.mechanism_name, epsilon=self.epsilon, **options)
+        except ValueError as exc:
+            raise ConfigError(f"use_case.{self.name}: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    kafka: KafkaConfig
+    use_cases: tuple[UseCase, ...]
+    source: Path | None = None
+
+    def use_case(self, name: str) -> UseCase:
+        for uc in self.use_cases:
+            if uc.name == name:
+                return uc
+        names = ", ".join(uc.name for uc in self.use_cases)
+        raise ConfigError(f"no use case named {name!r}; the configuration has: {names}")
+
+
+_UC_KEYS = {
+    "name", "mechanism", "epsilon", "epoch", "k", "m", "p", "s", "hash_seed",
+    "target_frequency", "objective", "f_star", "dictionary", "private_keys", "public_key",
+    "topics", "shuffle", "snapshot",
+}  # fmt: skip
+_MECH_KEYS = {
+    "k": int, "m": int, "p": float, "s": int, "target_frequency": float,
+    "objective": str, "f_star": float,
+}  # fmt: skip
+
+
+def _paths(base: Path, where: str, value: Any) -> tuple[Path, ...]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{where}: expected a path or a list of paths")
+    return tuple((base / v) if not Path(v).is_absolute() else Path(v) for v in value)
+
+
+def _use_case(raw: Mapping[str, Any], index: int, base: Path) -> UseCase:
+    where = f"use_case[{index}]"
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{where}: expected a [[use_case]] table")
+    name = _get(where, raw, "name", str)
+    if not _NAME.match(name):
+        raise ConfigError(
+            f"{where}.name: {name!r} must be 1-64 of [a-z0-9_.-], starting with a letter or digit"
+        )
+    where = f"use_case.{name}"
+    _check_keys(where, raw, _UC_KEYS)
+    mechanism = _get(where, raw, "mechanism", str)
+    if mechanism not in MECHANISMS:
+        raise ConfigError(
+            f"{where}.mechanism: {mechanism!r} unknown; use one of {sorted(MECHANISMS)}"
+        )
+    epsilon = _get(where, raw, "epsilon", float)
+    options: dict[str, Any] = {
+        key: _get(where, raw, key, kind) for key, kind in _MECH_KEYS.items() if key in raw
+    }
+    if "hash_seed" in raw:
+        options["seed"] = _get(where, raw, "hash_seed", int)
+    epoch = _get(where, raw, "epoch", int, 1)
+    if not 0 <= epoch < 2**32:
+        raise ConfigError(f"{where}.epoch: must be in [0, 2^32), got {epoch}")
+
+    topics_raw = _get(where, raw, "topics", dict, {})
+    tw = f"{where}.topics"
+    _check_keys(tw, topics_raw, {"reports", "shuffled", "dlq", "shuffler_state", "partitions"})
+    topics = Topics(
+        reports=_get(tw, topics_raw, "reports", str, f"ldp.{name}.reports"),
+        shuffled=_get(tw, topics_raw, "shuffled", str, f"ldp.{name}.shuffled"),
+        dlq=_get(tw, topics_raw, "dlq", str, f"ldp.{name}.dlq"),
+        shuffler_state=_get(tw, topics_raw, "shuffler_state", str, f"ldp.{name}.shuffler-state"),
+        partitions=_get(tw, topics_raw, "partitions", int, 1),
+    )
+    _positive(f"{tw}.partitions", topics.partitions)
+
+    sh_raw = _get(where, raw, "shuffle", dict, {})
+    sw = f"{where}.shuffle"
+    _check_keys(sw, sh_raw, set(ShuffleConfig.__dataclass_fields__))
+    defaults = ShuffleConfig()
+    shuffle = ShuffleConfig(
+        n_min=_get(sw, sh_raw, "n_min", int, defaults.n_min),
+        max_reports=_get(sw, sh_raw, "max_reports", int, defaults.max_reports),
+        max_wait_seconds=_get(sw, sh_raw, "max_wait_seconds", float, defaults.max_wait_seconds),
+        contribution_limit=_get(sw, sh_raw, "contribution_limit", int, defaults.contribution_limit),
+        contribution_period_seconds=_get(
+            sw, sh_raw, "contribution_period_seconds", int, defaults.contribution_period_seconds
+        ),
+        delta=_get(sw, sh_raw, "delta", float, defaults.delta),
+    )
+    _positive(f"{sw}.n_min", shuffle.n_min)
+    _positive(f"{sw}.max_wait_seconds", shuffle.max_wait_seconds)
+    _positive(f"{sw}.contribution_limit", shuffle.contribution_limit)
+    _positive(f"{sw}.contribution_period_seconds", shuffle.contribution_period_seconds)
+    if shuffle.max_reports < shuffle.n_min:
+        raise ConfigError(
+            f"{sw}.max_reports: {shuffle.max_reports} is below n_min={shuffle.n_min}; "
+            f"a window must be able to reach n_min"
+        )
+    if not 0 < shuffle.delta < 1:
+        raise ConfigError(f"{sw}.delta: must be in (0, 1), got {shuffle.delta}")
+
+    sn_raw = _get(where, raw, "snapshot", dict, {})
+    nw = f"{where}.snapshot"
+    _check_keys(nw, sn_raw, set(SnapshotConfig.__dataclass_fields__))
+    directory = _get(nw, sn_raw, "directory", str, f"snapshots/{name}")
+    snapshot = SnapshotConfig(
+        directory=(base / directory) if not Path(directory).is_absolute() else Path(directory),
+        interval_seconds=_get(nw, sn_raw, "interval_seconds", float, 5.0),
+        window_seconds=_get(nw, sn_raw, "window_seconds", int, 3600),
+        keep_windows=_get(nw, sn_raw, "keep_windows", int, 168),
+        keep_files=_get(nw, sn_raw, "keep_files", int, 5),
+    )
+    for key in ("interval_seconds", "window_seconds", "keep_windows", "keep_files"):
+        _positive(f"{nw}.{key}", getattr(snapshot, key))
+
+    dictionary = _get(where, raw, "dictionary", str, None)
+    if dictionary is not None and dictionary != "builtin:emoji":
+        dictionary = str(base / dictionary) if not Path(dictionary).is_absolute() else dictionary
+    use_case = UseCase(
+        name=name,
+        mechanism_name=mechanism,
+        epsilon=epsilon,
+        mechanism_options=options,
+        epoch=epoch,
+        dictionary=dictionary,
+        private_keys=_paths(base, f"{where}.private_keys", raw.get("private_keys", [])),
+        public_key=_paths(base, f"{where}.public_key", raw["public_key"])[0]
+        if "public_key" in raw
+        else None,
+        topics=topics,
+        shuffle=shuffle,
+        snapshot=snapshot,
+    )
+    _ = use_case.mechanism  # validate the mechanism parameters now, naming the use case
+    return use_case
+
+
+def parse_config(
+    text: str, *, base: Path | None = None, source: Path | None = None
+) -> PipelineConfig:
+    """Parse and validate configuration text; relative paths resolve against ``base``."""
+    base = base or Path.cwd()
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{source or 'configuration'} is not valid TOML: {exc}") from exc
+    _check_keys("configuration", raw, {"kafka", "use_case"})
+    kafka_raw = _get("configuration", raw, "kafka", dict, {})
+    _check_keys("kafka", kafka_raw, {"bootstrap_servers", "extra"})
+    extra = _get("kafka", kafka_raw, "extra", dict, {})
+    if not all(isinstance(v, str | int | bool) for v in extra.values()):
+        raise ConfigError("kafka.extra: values must be strings, numbers or booleans")
+    kafka = KafkaConfig(
+        bootstrap_servers=_get("kafka", kafka_raw, "bootstrap_servers", str, "127.0.0.1:9092"),
+        extra={str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in extra.items()},
+    )
+    cases_raw = _get("configuration", raw, "use_case", list, [])
+    if not cases_raw:
+        raise ConfigError("configuration: no [[use_case]] tables; declare at least one use case")
+    cases = tuple(_use_case(item, i, base) for i, item in enumerate(cases_raw))
+    names = [uc.name for uc in cases]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ConfigError(f"use_case: duplicate name(s) {', '.join(dupes)}; names must be unique")
+    return PipelineConfig(kafka=kafka, use_cases=cases, source=source)
+
+
+def load_config(path: str | Path) -> PipelineConfig:
+    """Load and validate a configuration file."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"configuration file {path} does not exist; see infra/example.toml")
+    return parse_config(path.read_text(encoding="utf-8"), base=path.parent, source=path)

@@ -1,0 +1,285 @@
+"""Kafka plumbing every service shares: client settings, topic creation, errors.
+
+Only the Kafka protocol is assumed, so the same code runs against the embedded broker and a real
+cluster. Settings are one immutable value; each client asks it for its own config:
+
+>>> settings = KafkaSettings("kafka:9092", parse_extra(["security.protocol=SASL_SSL"]))
+>>> settings.consumer_config("aggregator")["isolation.level"]
+'read_committed'
+>>> settings.producer_config({"transactional.id": "shuffler-0"})["transactional.id"]
+'shuffler-0'
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
+
+from schemas.errors import LdpipeError
+
+__all__ = [
+    "CONSUMER_DEFAULTS",
+    "KafkaSettings",
+    "PipelineKafkaError",
+    "TopicSpec",
+    "ensure_topics",
+    "kafka_error",
+    "parse_extra",
+    "wait_for_assignment",
+]
+
+log = logging.getLogger(__name__)
+
+#: Consumer settings we default, and why (docs/broker.md has the measurements):
+#: a short session timeout makes group joins and failover take seconds, not ~25 s; offsets are
+#: committed by the services themselves (inside transactions, or via snapshots), never by a
+#: timer; a new group reads from the start; aborted transactional writes are never seen.
+CONSUMER_DEFAULTS: Mapping[str, Any] = MappingProxyType(
+    {
+        "session.timeout.ms": 6000,
+        "heartbeat.interval.ms": 1000,
+        "enable.auto.commit": False,
+        "auto.offset.reset": "earliest",
+        "isolation.level": "read_committed",
+    }
+)
+
+_POLL_STEP = 0.1  # seconds per wait inside a deadline loop
+_SECRET_WORDS = ("password", "secret", "token", "key")
+
+
+class PipelineKafkaError(LdpipeError, RuntimeError):
+    """A Kafka operation failed; ``code`` is librdkafka's error code (``KafkaError.*``)."""
+
+    def __init__(
+        self, message: str, *, code: int | None = None, error: KafkaError | None = None
+    ) -> None:
+        super().__init__(message)
+        self.code = code if code is not None or error is None else error.code()
+        self.error = error
+
+    @property
+    def retriable(self) -> bool:
+        return self.error is not None and self.error.retriable()
+
+    @property
+    def fatal(self) -> bool:
+        return self.error is not None and self.error.fatal()
+
+    @property
+    def txn_requires_abort(self) -> bool:
+        """The current transaction must be aborted (and may then be retried)."""
+        return self.error is not None and self.error.txn_requires_abort()
+
+
+def kafka_error(context: str, exc: KafkaException | KafkaError) -> PipelineKafkaError:
+    """Wrap a librdkafka error, keeping its code: ``raise kafka_error("commit", exc) from exc``."""
+    error = exc if isinstance(exc, KafkaError) else _unwrap(exc)
+    if error is None:
+        return PipelineKafkaError(f"{context}: {exc}")
+    return PipelineKafkaError(f"{context}: {error.name()}: {error.str()}", error=error)
+
+
+def _unwrap(exc: KafkaException) -> KafkaError | None:
+    first = exc.args[0] if exc.args else None
+    return first if isinstance(first, KafkaError) else None
+
+
+def parse_extra(items: Iterable[str]) -> dict[str, str]:
+    """``["key=value", ...]`` from repeated ``-X key=value`` flags; a later key wins."""
+    extra: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ValueError(
+                f"-X {item!r} is not a librdkafka setting; write -X key=value, "
+                f"e.g. -X security.protocol=SASL_SSL"
+            )
+        extra[key] = value
+    return extra
+
+
+@dataclass(frozen=True)
+class KafkaSettings:
+    """Where the brokers are, plus librdkafka settings passed to every client (``extra``).
+
+    Precedence in each ``*_config``: our defaults < ``extra`` (the operator's ``-X``) <
+    the caller's overrides (what the service's correctness depends on, e.g. ``transactional.id``).
+    """
+
+    bootstrap_servers: str
+    extra: Mapping[str, str] = field(default_factory=dict, repr=False)
+
+    def __repr__(self) -> str:  # never print credentials (sasl.password, ssl.key.password...)
+        shown = {
+            key: "***" if any(word in key for word in _SECRET_WORDS) else value
+            for key, value in self.extra.items()
+        }
+        return f"KafkaSettings({self.bootstrap_servers!r}, extra={shown!r})"
+
+    def __post_init__(self) -> None:
+        if not self.bootstrap_servers.strip():
+            raise ValueError("bootstrap_servers is empty; give host:port[,host:port...]")
+        if "bootstrap.servers" in self.extra:
+            raise ValueError(
+                "set the brokers with bootstrap_servers (--bootstrap-servers), "
+                "not -X bootstrap.servers"
+            )
+        object.__setattr__(self, "extra", MappingProxyType(dict(self.extra)))
+
+    def _config(
+        self,
+        defaults: Mapping[str, Any],
+        overrides: Mapping[str, Any] | None,
+        more: Mapping[str, Any],
+    ) -> dict[str, Any]:
+        return {
+            **defaults,
+            **self.extra,
+            **(overrides or {}),
+            **more,
+            "bootstrap.servers": self.bootstrap_servers,
+        }
+
+    def producer_config(
+        self, overrides: Mapping[str, Any] | None = None, /, **more: Any
+    ) -> dict[str, Any]:
+        """Config for ``Producer``; dotted keys go in ``overrides``, callbacks may go in ``more``
+        (``error_cb=...``)."""
+        return self._config({}, overrides, more)
+
+    def consumer_config(
+        self, group_id: str, overrides: Mapping[str, Any] | None = None, /, **more: Any
+    ) -> dict[str, Any]:
+        """Config for ``Consumer`` in ``group_id``, with :data:`CONSUMER_DEFAULTS`."""
+        if not group_id:
+            raise ValueError("group_id is empty; every consumer needs a consumer group")
+        config = self._config(CONSUMER_DEFAULTS, overrides, more)
+        config["group.id"] = group_id
+        return config
+
+    def admin_config(self) -> dict[str, Any]:
+        """Config for ``AdminClient``."""
+        return self._config({}, None, {})
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    """A topic to create: ``config`` holds topic settings such as ``retention.ms``.
+
+    ``replication_factor=-1`` takes the cluster's default (Kafka >= 2.4).
+    """
+
+    name: str
+    partitions: int = 1
+    config: Mapping[str, str] = field(default_factory=dict)
+    replication_factor: int = -1
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("topic name is empty")
+        if self.partitions < 1:
+            raise ValueError(f"topic {self.name!r}: partitions must be >= 1, got {self.partitions}")
+        object.__setattr__(self, "config", MappingProxyType(dict(self.config)))
+
+
+def ensure_topics(
+    settings: KafkaSettings, specs: Iterable[TopicSpec], *, timeout: float = 30.0
+) -> None:
+    """Create the topics that do not exist yet, then wait until metadata lists all of them.
+
+    Idempotent: an existing topic is left as it is (a partition count different from the spec
+    is logged, not changed). Raises :class:`PipelineKafkaError` on any other failure.
+    """
+    wanted = {spec.name: spec for spec in specs}
+    if not wanted:
+        return
+    deadline = time.monotonic() + timeout
+    admin = AdminClient(settings.admin_config())
+    new_topics = [
+        NewTopic(
+            spec.name,
+            num_partitions=spec.partitions,
+            replication_factor=spec.replication_factor,
+            config=dict(spec.config),
+        )
+        for spec in wanted.values()
+    ]
+    futures = admin.create_topics(new_topics, operation_timeout=timeout, request_timeout=timeout)
+    for name, future in futures.items():
+        try:
+            future.result(timeout=max(deadline - time.monotonic(), 0.0))
+        except KafkaException as exc:
+            error = _unwrap(exc)
+            if error is not None and error.code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                continue
+            raise kafka_error(f"creating topic {name!r}", exc) from exc
+        except TimeoutError as exc:
+            raise PipelineKafkaError(
+                f"creating topic {name!r}: no answer within {timeout:.0f} s",
+                code=KafkaError._TIMED_OUT,
+            ) from exc
+        log.info("created topic %s (%d partitions)", name, wanted[name].partitions)
+    _wait_for_metadata(admin, wanted, deadline)
+
+
+def _wait_for_metadata(
+    admin: AdminClient, wanted: Mapping[str, TopicSpec], deadline: float
+) -> None:
+    missing: Sequence[str] = list(wanted)
+    while True:
+        remaining = deadline - time.monotonic()
+        try:
+            # All topics, never one by name: naming a topic may auto-create it on some brokers.
+            topics = admin.list_topics(timeout=max(remaining, _POLL_STEP)).topics
+        except KafkaException as exc:
+            raise kafka_error("listing topics", exc) from exc
+        missing = [
+            name
+            for name in wanted
+            if name not in topics or topics[name].error is not None or not topics[name].partitions
+        ]
+        if not missing:
+            break
+        if remaining <= 0:
+            raise PipelineKafkaError(
+                f"topics {missing} were created but metadata does not list them yet",
+                code=KafkaError._TIMED_OUT,
+            )
+        time.sleep(min(_POLL_STEP, max(remaining, 0.0)))  # poll interval, bounded by deadline
+    for name, spec in wanted.items():
+        found = len(topics[name].partitions)
+        if found != spec.partitions:
+            log.warning("topic %s exists with %d partitions, not %d", name, found, spec.partitions)
+
+
+def wait_for_assignment(consumer: Consumer, timeout: float) -> list[Message]:
+    """Poll a subscribed consumer until the group has assigned it partitions.
+
+    Returns every message (and error event) polled while waiting, in order: the caller must
+    handle them exactly as it handles ``poll()`` results, so nothing is lost. Raises
+    :class:`PipelineKafkaError` (``_TIMED_OUT``) if no partition is assigned within ``timeout``;
+    note that a member of a group with more members than partitions legitimately gets none.
+    """
+    received: list[Message] = []
+    deadline = time.monotonic() + timeout
+    while not consumer.assignment():
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise PipelineKafkaError(
+                f"no partitions assigned within {timeout:.1f} s (group join or rebalance stuck?)",
+                code=KafkaError._TIMED_OUT,
+            )
+        message = consumer.poll(min(_POLL_STEP, remaining))
+        if message is not None:
+            received.append(message)
+    return received

@@ -1,0 +1,470 @@
+"""Write ``schemas/vectors/envelope.json``: test vectors for the v1 encrypted report envelope.
+
+Envelopes are built by the reference below, written from ``schemas/envelope.md`` and RFC 9180
+alone: the HPKE key schedule is spelled out with ``hmac``/``hashlib`` over the X25519 and
+ChaCha20-Poly1305 primitives of ``cryptography`` (never its ``hpke`` module, never
+``schemas.envelope``), and is checked against RFC 9180 Appendix A.2.1 before anything is
+written. The ephemeral keys, which a real sender draws at random, are derived here from fixed
+``ikmE`` values (RFC 9180 §7.1.3 DeriveKeyPair), so every envelope is reproducible and running
+the script twice writes the same bytes.
+
+    python schemas/vectors/make_envelope_vectors.py            # rewrite the file
+    python schemas/vectors/make_envelope_vectors.py --check    # exit 1 unless the file is what
+                                                               # this script writes and every
+                                                               # vector opens as it says
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import hmac
+import json
+import re
+import struct
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+
+__all__ = [
+    "REASONS",
+    "RejectError",
+    "build_vectors",
+    "derive_key_pair",
+    "open_reference",
+    "render",
+    "seal_reference",
+]
+
+OUTPUT = Path(__file__).with_name("envelope.json")
+MAGIC = b"LDP"
+VERSION = 1
+KEM_ID, KDF_ID, AEAD_ID = 0x0020, 0x0001, 0x0003
+N_SECRET = N_ENC = N_PK = N_SK = 32
+N_K, N_N, N_T = 32, 12, 16
+FIXED = struct.Struct("<3sBIIB")  # magic, version, epoch, key_id, use_case_length
+MAX_USE_CASE = 64 - FIXED.size
+USE_CASE = re.compile(rb"[a-z0-9_.-]{1,%d}" % MAX_USE_CASE)
+# in the order a reader checks them: an envelope breaking several rules gets the first
+REASONS = (
+    "too_short",
+    "bad_magic",
+    "unsupported_version",
+    "truncated",
+    "bad_use_case",
+    "wrong_use_case",
+    "wrong_epoch",
+    "unknown_key_id",
+    "decryption_failed",
+)
+
+
+# ---- RFC 9180, mode_base, DHKEM(X25519, HKDF-SHA256) / HKDF-SHA256 / ChaCha20Poly1305 ---------
+def _i2osp(value: int, length: int) -> bytes:
+    return value.to_bytes(length, "big")
+
+
+KEM_SUITE_ID = b"KEM" + _i2osp(KEM_ID, 2)  # §4.1
+HPKE_SUITE_ID = b"HPKE" + _i2osp(KEM_ID, 2) + _i2osp(KDF_ID, 2) + _i2osp(AEAD_ID, 2)  # §5.1
+
+
+def _extract(salt: bytes, ikm: bytes) -> bytes:  # RFC 5869 §2.2
+    return hmac.new(salt or bytes(32), ikm, hashlib.sha256).digest()
+
+
+def _expand(prk: bytes, info: bytes, length: int) -> bytes:  # RFC 5869 §2.3
+    out, block, counter = b"", b"", 1
+    while len(out) < length:
+        block = hmac.new(prk, block + info + bytes([counter]), hashlib.sha256).digest()
+        out, counter = out + block, counter + 1
+    return out[:length]
+
+
+def _labeled_extract(suite_id: bytes, salt: bytes, label: bytes, ikm: bytes) -> bytes:  # §4
+    return _extract(salt, b"HPKE-v1" + suite_id + label + ikm)
+
+
+def _labeled_expand(suite_id: bytes, prk: bytes, label: bytes, info: bytes, length: int) -> bytes:
+    return _expand(prk, _i2osp(length, 2) + b"HPKE-v1" + suite_id + label + info, length)
+
+
+def derive_key_pair(ikm: bytes) -> tuple[bytes, bytes]:
+    """(skX, pkX) serialized, from ``ikm`` (RFC 9180 §7.1.3 DeriveKeyPair for X25519)."""
+    prk = _labeled_extract(KEM_SUITE_ID, b"", b"dkp_prk", ikm)
+    sk = _labeled_expand(KEM_SUITE_ID, prk, b"sk", b"", N_SK)
+    return sk, X25519PrivateKey.from_private_bytes(sk).public_key().public_bytes_raw()
+
+
+class RejectError(Exception):
+    """The reference reader refuses an envelope; ``args[0]`` is the reason token."""
+
+
+def _dh(sk: bytes, pk: bytes) -> bytes:
+    try:  # RFC 9180 §7.1.4: an all-zero X25519 output is an error (cryptography raises)
+        return X25519PrivateKey.from_private_bytes(sk).exchange(
+            X25519PublicKey.from_public_bytes(pk)
+        )
+    except ValueError as exc:
+        raise RejectError("decryption_failed") from exc
+
+
+def _shared_secret(dh: bytes, enc: bytes, pk_r: bytes) -> bytes:  # §4.1 ExtractAndExpand
+    eae_prk = _labeled_extract(KEM_SUITE_ID, b"", b"eae_prk", dh)
+    return _labeled_expand(KEM_SUITE_ID, eae_prk, b"shared_secret", enc + pk_r, N_SECRET)
+
+
+def _key_schedule(shared_secret: bytes, info: bytes) -> tuple[bytes, bytes]:
+    """(key, base_nonce) of mode_base (§5.1 KeySchedule, psk = psk_id = "")."""
+    psk_id_hash = _labeled_extract(HPKE_SUITE_ID, b"", b"psk_id_hash", b"")
+    info_hash = _labeled_extract(HPKE_SUITE_ID, b"", b"info_hash", info)
+    context = b"\x00" + psk_id_hash + info_hash
+    secret = _labeled_extract(HPKE_SUITE_ID, shared_secret, b"secret", b"")
+    key = _labeled_expand(HPKE_SUITE_ID, secret, b"key", context, N_K)
+    base_nonce = _labeled_expand(HPKE_SUITE_ID, secret, b"base_nonce", context, N_N)
+    return key, base_nonce
+
+
+def seal_reference(
+    pk_r: bytes, info: bytes, plaintext: bytes, ikm_e: bytes, aad: bytes = b""
+) -> dict[str, bytes]:
+    """SealBase (§6.1) with the ephemeral key derived from ``ikm_e``; every intermediate."""
+    sk_e, enc = derive_key_pair(ikm_e)
+    shared_secret = _shared_secret(_dh(sk_e, pk_r), enc, pk_r)
+    key, base_nonce = _key_schedule(shared_secret, info)
+    ct = ChaCha20Poly1305(key).encrypt(base_nonce, plaintext, aad)  # sequence number 0
+    return {
+        "sk_e": sk_e,
+        "enc": enc,
+        "shared_secret": shared_secret,
+        "key": key,
+        "base_nonce": base_nonce,
+        "ct": ct,
+    }
+
+
+def _open_base(sk_r: bytes, enc: bytes, info: bytes, ct: bytes) -> bytes:  # §6.1 OpenBase
+    pk_r = X25519PrivateKey.from_private_bytes(sk_r).public_key().public_bytes_raw()
+    key, base_nonce = _key_schedule(_shared_secret(_dh(sk_r, enc), enc, pk_r), info)
+    try:
+        return ChaCha20Poly1305(key).decrypt(base_nonce, ct, b"")
+    except InvalidTag as exc:
+        raise RejectError("decryption_failed") from exc
+
+
+def _self_test() -> None:
+    """RFC 9180 Appendix A.2.1 (this suite, mode_base, sequence number 0)."""
+    ikm_e = bytes.fromhex("909a9b35d3dc4713a5e72a4da274b55d3d3821a37e5d099e74a647db583a904b")
+    ikm_r = bytes.fromhex("1ac01f181fdf9f352797655161c58b75c656a6cc2716dcb66372da835542e1df")
+    sk_r, pk_r = derive_key_pair(ikm_r)
+    assert sk_r.hex() == "8057991eef8f1f1af18f4a9491d16a1ce333f695d4db8e38da75975c4478e0fb"
+    assert pk_r.hex() == "4310ee97d88cc1f088a5576c77ab0cf5c3ac797f3d95139c6c84b5429c59662a"
+    out = seal_reference(
+        pk_r,
+        info=b"Ode on a Grecian Urn",
+        plaintext=b"Beauty is truth, truth beauty",
+        ikm_e=ikm_e,
+        aad=b"Count-0",
+    )
+    expected = {
+        "sk_e": "f4ec9b33b792c372c1d2c2063507b684ef925b8c75a42dbcbf57d63ccd381600",
+        "enc": "1afa08d3dec047a643885163f1180476fa7ddb54c6a8029ea33f95796bf2ac4a",
+        "shared_secret": "0bbe78490412b4bbea4812666f7916932b828bba79942424abb65244930d69a7",
+        "key": "ad2744de8e17f4ebba575b3f5f5a8fa1f69c2a07f6e7500bc60ca6e3e3ec1c91",
+        "base_nonce": "5c4d98150661b848853b547f",
+        "ct": "1c5250d8034ec2b784ba2cfd69dbdb8af406cfe3ff938e131f0def8c8b60b4db"
+        "21993c62ce81883d2dd1b51a28",
+    }
+    for name, value in expected.items():
+        if out[name].hex() != value:
+            raise AssertionError(f"reference HPKE disagrees with RFC 9180 A.2.1 on {name}")
+
+
+# ---- the envelope (envelope.md, "Layout" and "Validation") -----------------------------------
+def encode_header(use_case: bytes, epoch: int, key_id: int, *, version: int = VERSION) -> bytes:
+    """The header bytes (= HPKE info); no validation, so invalid headers can be built."""
+    return FIXED.pack(MAGIC, version, epoch, key_id, len(use_case)) + use_case
+
+
+def open_reference(
+    data: bytes,
+    keys: dict[int, bytes],
+    *,
+    use_case: str | None = None,
+    epochs: list[int] | None = None,
+) -> tuple[str, int, int, bytes]:
+    """(use_case, epoch, key_id, payload), or ``RejectError(reason)``; ``keys`` maps id -> skR."""
+    if len(data) < FIXED.size:
+        raise RejectError("too_short")
+    magic, version, epoch, key_id, length = FIXED.unpack_from(data)
+    if magic != MAGIC:
+        raise RejectError("bad_magic")
+    if version != VERSION:
+        raise RejectError("unsupported_version")
+    end = FIXED.size + length
+    if len(data) < end + N_ENC + N_T:
+        raise RejectError("truncated")
+    name = data[FIXED.size : end]
+    if not USE_CASE.fullmatch(name):
+        raise RejectError("bad_use_case")
+    if use_case is not None and name.decode() != use_case:
+        raise RejectError("wrong_use_case")
+    if epochs is not None and epoch not in epochs:
+        raise RejectError("wrong_epoch")
+    if key_id not in keys:
+        raise RejectError("unknown_key_id")
+    payload = _open_base(keys[key_id], data[end : end + N_ENC], data[:end], data[end + N_ENC :])
+    return name.decode(), epoch, key_id, payload
+
+
+# ---- the vectors ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Key:
+    key_id: int
+    ikm: bytes
+
+    @property
+    def pair(self) -> tuple[bytes, bytes]:
+        return derive_key_pair(self.ikm)
+
+
+def _ikm(label: str) -> bytes:
+    return hashlib.sha256(b"ldpipe envelope vectors v1: " + label.encode()).digest()
+
+
+KEYS = (_Key(0xA1B2C3D4, _ikm("recipient a")), _Key(7, _ikm("recipient b")))
+FOREIGN_KEY = _Key(0xA1B2C3D4, _ikm("recipient not in the keyring"))  # same id as KEYS[0]
+
+# (name, use case, epoch, key id, payload); payloads are from payloads.md's worked examples
+_VALID = (
+    ("hcms-example", b"emoji", 1, KEYS[0].key_id, bytes.fromhex("01020e0000000a00000001")),
+    ("cms-example", b"health.types", 20260131, KEYS[1].key_id, bytes.fromhex("010102000000b309")),
+    (
+        "gcms-example",
+        b"safari-domains_v2",
+        0,
+        KEYS[0].key_id,
+        bytes.fromhex("01030800000004000000070000001e000000"),
+    ),
+    (
+        "longest-use-case",
+        b"abcdefghijklmnopqrstuvwxyz0123456789._-abcdefghijkl",
+        0xFFFFFFFF,
+        KEYS[1].key_id,
+        bytes(range(100)),
+    ),
+    ("empty-payload", b"x", 5, KEYS[0].key_id, b""),
+)
+
+
+def _seal(name: str, use_case: bytes, epoch: int, key: _Key, payload: bytes) -> dict[str, Any]:
+    header = encode_header(use_case, epoch, key.key_id)
+    ikm_e = _ikm(f"ephemeral {name}")
+    out = seal_reference(key.pair[1], header, payload, ikm_e)
+    return {
+        "name": name,
+        "use_case": use_case.decode(),
+        "epoch": epoch,
+        "key_id": key.key_id,
+        "payload_hex": payload.hex(),
+        "ikm_e_hex": ikm_e.hex(),
+        "sk_e_hex": out["sk_e"].hex(),
+        "header_hex": header.hex(),
+        "enc_hex": out["enc"].hex(),
+        "shared_secret_hex": out["shared_secret"].hex(),
+        "key_hex": out["key"].hex(),
+        "base_nonce_hex": out["base_nonce"].hex(),
+        "envelope_hex": (header + out["enc"] + out["ct"]).hex(),
+    }
+
+
+def _flip(data: bytes, index: int, mask: int = 0x01) -> bytes:
+    out = bytearray(data)
+    out[index] ^= mask
+    return bytes(out)
+
+
+def _invalid(valid: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    first = bytes.fromhex(valid[0]["envelope_hex"])  # emoji, epoch 1, key a, hcms payload
+    second = bytes.fromhex(valid[1]["envelope_hex"])  # health.types, key b
+    end = FIXED.size + len(b"emoji")
+    body = first[end:]
+    key_a = KEYS[0]
+
+    def rebuilt(use_case: bytes, *, epoch: int = 1, key_id: int = key_a.key_id) -> bytes:
+        return encode_header(use_case, epoch, key_id) + body
+
+    foreign = _seal("foreign", b"emoji", 1, FOREIGN_KEY, bytes.fromhex("01020e0000000a00000001"))
+    cases: list[tuple[str, bytes, str, dict[str, Any]]] = [
+        ("empty", b"", "too_short", {}),
+        ("fixed-header-minus-one-byte", first[: FIXED.size - 1], "too_short", {}),
+        ("not-an-envelope", b'{"item": "smile", "n": 1}' * 3, "bad_magic", {}),
+        ("magic-lowercase", b"ldp" + first[3:], "bad_magic", {}),
+        ("bad-magic-and-version", b"LDQ\x02" + first[4:], "bad_magic", {}),
+        ("version-0", first[:3] + b"\x00" + first[4:], "unsupported_version", {}),
+        ("version-2", first[:3] + b"\x02" + first[4:], "unsupported_version", {}),
+        ("version-2-and-short", first[:3] + b"\x02" + first[4:20], "unsupported_version", {}),
+        ("cut-in-use-case", first[: FIXED.size + 2], "truncated", {}),
+        ("cut-in-enc", first[: end + 10], "truncated", {}),
+        ("tag-incomplete", first[: end + N_ENC + N_T - 1], "truncated", {}),
+        ("use-case-length-255", first[:12] + b"\xff" + first[13:], "truncated", {}),
+        ("truncated-before-bad-use-case", rebuilt(b"EMOJI")[: end + 20], "truncated", {}),
+        ("use-case-empty", rebuilt(b""), "bad_use_case", {}),
+        ("use-case-52-bytes", rebuilt(b"a" * 52), "bad_use_case", {}),
+        ("use-case-uppercase", rebuilt(b"Emoji"), "bad_use_case", {}),
+        ("use-case-space", rebuilt(b"emo i"), "bad_use_case", {}),
+        ("use-case-slash", rebuilt(b"emo/i"), "bad_use_case", {}),
+        ("use-case-non-ascii", rebuilt("émoji".encode()), "bad_use_case", {}),
+        ("use-case-nul", rebuilt(b"emoj\x00"), "bad_use_case", {}),
+        ("wrong-use-case", first, "wrong_use_case", {"use_case": "emojis"}),
+        ("wrong-epoch", first, "wrong_epoch", {"epochs": [2, 3]}),
+        ("wrong-use-case-before-epoch", first, "wrong_use_case", {"use_case": "x", "epochs": []}),
+        ("unknown-key-id", rebuilt(b"emoji", key_id=8), "unknown_key_id", {}),
+        ("wrong-epoch-before-key-id", rebuilt(b"emoji", key_id=8), "wrong_epoch", {"epochs": []}),
+        ("epoch-changed", rebuilt(b"emoji", epoch=2), "decryption_failed", {"epochs": [1, 2]}),
+        ("use-case-changed", rebuilt(b"emojj"), "decryption_failed", {}),
+        ("key-id-changed", rebuilt(b"emoji", key_id=KEYS[1].key_id), "decryption_failed", {}),
+        ("enc-bit-flipped", _flip(first, end), "decryption_failed", {}),
+        ("ciphertext-bit-flipped", _flip(first, end + N_ENC), "decryption_failed", {}),
+        ("tag-bit-flipped", _flip(first, len(first) - 1, 0x80), "decryption_failed", {}),
+        ("last-byte-dropped", first[:-1], "decryption_failed", {}),
+        ("byte-appended", first + b"\x00", "decryption_failed", {}),
+        (
+            "enc-all-zero",
+            first[:end] + bytes(N_ENC) + first[end + N_ENC :],
+            "decryption_failed",
+            {},
+        ),
+        (
+            "body-of-another-envelope",
+            second[: FIXED.size + len(b"health.types")] + body,
+            "decryption_failed",
+            {},
+        ),
+        (
+            "sealed-to-another-key-with-the-same-id",
+            bytes.fromhex(foreign["envelope_hex"]),
+            "decryption_failed",
+            {},
+        ),
+    ]
+    out = []
+    for name, data, reason, expect in cases:
+        entry: dict[str, Any] = {"name": name, "envelope_hex": data.hex(), "reason": reason}
+        if expect:
+            entry["expect"] = expect
+        out.append(entry)
+    return out
+
+
+def build_vectors() -> dict[str, Any]:
+    """The whole vectors document (deterministic)."""
+    _self_test()
+    keyring = [
+        {
+            "key_id": key.key_id,
+            "ikm_hex": key.ikm.hex(),
+            "private_key_hex": key.pair[0].hex(),
+            "public_key_hex": key.pair[1].hex(),
+        }
+        for key in KEYS
+    ]
+    valid = [
+        _seal(name, use_case, epoch, next(k for k in KEYS if k.key_id == key_id), payload)
+        for name, use_case, epoch, key_id, payload in _VALID
+    ]
+    return {
+        "description": (
+            "Test vectors for the ldpipe v1 report envelope (schemas/envelope.md). Open every "
+            "'valid' envelope_hex with the keyring (private keys by key id) and get its use "
+            "case, epoch, key id and payload; refuse every 'invalid' envelope_hex with its "
+            "reason, given the reader expectations in 'expect' (use_case, epochs) if any. "
+            "Sealing is randomized in practice; here each ephemeral key is derived from "
+            "ikm_e_hex (RFC 9180 DeriveKeyPair), so an implementation that can fix it must "
+            "reproduce envelope_hex exactly."
+        ),
+        "format_version": VERSION,
+        "suite": {
+            "mode": 0,
+            "kem_id": KEM_ID,
+            "kdf_id": KDF_ID,
+            "aead_id": AEAD_ID,
+            "kem": "DHKEM(X25519, HKDF-SHA256)",
+            "kdf": "HKDF-SHA256",
+            "aead": "ChaCha20Poly1305",
+            "info": "the header bytes (header_hex)",
+            "aad": "",
+        },
+        "reasons": list(REASONS),
+        "keyring": keyring,
+        "valid": valid,
+        "invalid": _invalid(valid),
+    }
+
+
+def verify(vectors: dict[str, Any]) -> list[str]:
+    """Problems found opening every vector with the reference reader (empty if none)."""
+    keys = {
+        entry["key_id"]: bytes.fromhex(entry["private_key_hex"]) for entry in vectors["keyring"]
+    }
+    problems = []
+    for entry in vectors["valid"]:
+        try:
+            got = open_reference(bytes.fromhex(entry["envelope_hex"]), keys)
+        except RejectError as exc:
+            problems.append(f"valid {entry['name']}: refused with {exc.args[0]}")
+            continue
+        want = (
+            entry["use_case"],
+            entry["epoch"],
+            entry["key_id"],
+            bytes.fromhex(entry["payload_hex"]),
+        )
+        if got != want:
+            problems.append(f"valid {entry['name']}: opened to {got}, expected {want}")
+    for entry in vectors["invalid"]:
+        expect = entry.get("expect", {})
+        try:
+            open_reference(bytes.fromhex(entry["envelope_hex"]), keys, **expect)
+            problems.append(f"invalid {entry['name']}: opened")
+        except RejectError as exc:
+            if exc.args[0] != entry["reason"]:
+                problems.append(
+                    f"invalid {entry['name']}: {exc.args[0]}, expected {entry['reason']}"
+                )
+    return problems
+
+
+def render(vectors: dict[str, Any]) -> str:
+    return json.dumps(vectors, indent=2) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--check", action="store_true", help="verify the file; write nothing")
+    args = parser.parse_args(argv)
+    vectors = build_vectors()
+    problems = verify(vectors)
+    if args.check:
+        if not OUTPUT.exists() or OUTPUT.read_text(encoding="utf-8") != render(vectors):
+            problems.append(f"{OUTPUT} is stale: rerun {Path(__file__).name} without --check")
+        else:
+            problems += verify(json.loads(OUTPUT.read_text(encoding="utf-8")))
+        for problem in problems:
+            print(problem, file=sys.stderr)
+        return 1 if problems else 0
+    if problems:
+        for problem in problems:
+            print(problem, file=sys.stderr)
+        return 1
+    OUTPUT.write_text(render(vectors), encoding="utf-8")
+    print(f"wrote {OUTPUT} ({len(vectors['valid'])} valid, {len(vectors['invalid'])} invalid)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

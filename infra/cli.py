@@ -11,11 +11,31 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from infra import demo_cmd, simulate_cmd
+from infra import (
+    aggregator_cmd,
+    broker_cmd,
+    demo_cmd,
+    keys_cmd,
+    produce_cmd,
+    query_cmd,
+    replay_cmd,
+    shuffler_cmd,
+    simulate_cmd,
+)
 
 __all__ = ["main"]
 
-_COMMANDS = (demo_cmd, simulate_cmd)
+_COMMANDS = (
+    demo_cmd,
+    broker_cmd,
+    keys_cmd,
+    produce_cmd,
+    shuffler_cmd,
+    aggregator_cmd,
+    query_cmd,
+    replay_cmd,
+    simulate_cmd,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -19,7 +19,14 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
@@ -32,7 +39,9 @@ __all__ = [
     "TopicSpec",
     "ensure_topics",
     "kafka_error",
+    "message_position",
     "parse_extra",
+    "read_to_end",
     "wait_for_assignment",
 ]
 
@@ -283,3 +292,51 @@ def wait_for_assignment(consumer: Consumer, timeout: float) -> list[Message]:
         if message is not None:
             received.append(message)
     return received
+
+
+def message_position(message: Message) -> tuple[str, int, int]:
+    """``(topic, partition, offset)`` of a consumed data message (never None for those)."""
+    topic, partition, offset = message.topic(), message.partition(), message.offset()
+    if topic is None or partition is None or offset is None:
+        raise PipelineKafkaError(f"message without a position: {topic}/{partition}/{offset}")
+    return topic, partition, offset
+
+
+def read_to_end(
+    settings: KafkaSettings, topic: str, group_id: str, *, timeout: float = 30.0
+) -> list[Message]:
+    """Every committed record of ``topic`` from the beginning to its current end, in order.
+
+    The end of a partition is its EOF event, not the high watermark (which some brokers,
+    Tansu 0.6 among them, under-report). Raises :class:`PipelineKafkaError` if the end is not
+    reached within ``timeout``: a partial read must never pass for a whole one.
+    """
+    consumer = Consumer(settings.consumer_config(group_id, {"enable.partition.eof": True}))
+    records: list[Message] = []
+    try:
+        topics = consumer.list_topics(timeout=timeout).topics  # all: naming one may create it
+        parts = list(topics[topic].partitions) if topic in topics else []
+        if not parts:
+            return records
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
+        done: set[int | None] = set()
+        deadline = time.monotonic() + timeout
+        while len(done) < len(parts):
+            if time.monotonic() > deadline:
+                raise PipelineKafkaError(
+                    f"could not read {topic!r} to its end within {timeout:.0f} s",
+                    code=KafkaError._TIMED_OUT,
+                )
+            message = consumer.poll(_POLL_STEP)
+            if message is None:
+                continue
+            error = message.error()
+            if error is None:
+                records.append(message)
+            elif error.code() == KafkaError._PARTITION_EOF:
+                done.add(message.partition())
+            else:
+                raise kafka_error(f"reading {topic!r}", KafkaException(error))
+    finally:
+        consumer.close()
+    return records

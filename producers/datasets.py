@@ -18,7 +18,13 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["DatasetError", "Population", "load_population", "parse_spec"]
+__all__ = [
+    "DatasetError",
+    "Population",
+    "dictionary_population",
+    "load_population",
+    "parse_spec",
+]
 
 
 class DatasetError(ValueError):
@@ -125,3 +131,15 @@ def load_population(spec: str, *, n: int | None, seed: int) -> Population:
     if kind == "zipf":
         return _zipf(fields, n, rng)
     return _file(fields["path"], n, rng)
+
+
+def dictionary_population(items: tuple[str, ...], exponent: float, n: int, seed: int) -> Population:
+    """N devices with Zipf(exponent) popularity over a dictionary, in a seeded random order
+    (popularity is not alphabetical)."""
+    if n < 1:
+        raise DatasetError(f"the number of devices must be >= 1, got {n}")
+    rng = np.random.default_rng(np.random.SeedSequence([seed, 0xD1C7]))
+    weights = np.arange(1, len(items) + 1, dtype=np.float64) ** -exponent
+    counts = np.zeros(len(items), dtype=np.int64)
+    counts[rng.permutation(len(items))] = rng.multinomial(n, weights / weights.sum())
+    return Population(tuple(items), counts)

@@ -387,8 +387,7 @@ class PayloadCodec:
             return f"{what} {bad} is outside [0, m={self.m}); {fix}"
         if rule is PayloadRejection.INDICES_NOT_ASCENDING:
             return (
-                f"indices {value.tolist()} are not strictly ascending; send each index once, "
-                f"sorted"
+                f"indices {value.tolist()} are not strictly ascending; send each index once, sorted"
             )
         if rule is PayloadRejection.BAD_SIGN:
             sign = int(value[1])

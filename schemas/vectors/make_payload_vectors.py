@@ -167,8 +167,9 @@ def _invalid_payloads(
     other_code = MECHANISM_CODES["oue" if params.mechanism == "cms" else "cms"]
     k, m = params.k, params.m
 
-    def bad(r: int = row, v: list[int] = values, version: int = FORMAT_VERSION,
-            code: int | None = None) -> bytes:
+    def bad(
+        r: int = row, v: list[int] = values, version: int = FORMAT_VERSION, code: int | None = None
+    ) -> bytes:
         return encode_report(params, r, v, version=version, code=code)
 
     cases = [
@@ -178,12 +179,18 @@ def _invalid_payloads(
         ("header only", good[:6], "wrong_length"),
         ("version 0", bad(version=0), "unsupported_version"),
         ("version 2", bad(version=2), "unsupported_version"),
-        ("version 2, one byte long (version wins)", bad(version=2) + b"\x00",
-         "unsupported_version"),
+        (
+            "version 2, one byte long (version wins)",
+            bad(version=2) + b"\x00",
+            "unsupported_version",
+        ),
         ("code of another mechanism", bad(code=other_code), "wrong_mechanism"),
         ("unassigned mechanism code 0", bad(code=0), "wrong_mechanism"),
-        ("other mechanism, one byte short (mechanism wins)", bad(code=other_code)[:-1],
-         "wrong_mechanism"),
+        (
+            "other mechanism, one byte short (mechanism wins)",
+            bad(code=other_code)[:-1],
+            "wrong_mechanism",
+        ),
         ("row = k", bad(r=k), "row_out_of_range"),
         ("row = 2^32 - 1", bad(r=0xFFFFFFFF), "row_out_of_range"),
     ]
@@ -209,16 +216,21 @@ def _invalid_payloads(
         cases += [
             ("last index = m", bad(v=[*values[:-1], m]), "index_out_of_range"),
             ("first index = 2^32 - 1", bad(v=[0xFFFFFFFF, *values[1:]]), "index_out_of_range"),
-            ("row = k and index = m (row wins)", bad(r=k, v=[*values[:-1], m]),
-             "row_out_of_range"),
+            ("row = k and index = m (row wins)", bad(r=k, v=[*values[:-1], m]), "row_out_of_range"),
         ]
         if params.s > 1:
             cases += [
-                ("first two indices swapped", bad(v=[values[1], values[0], *values[2:]]),
-                 "indices_not_ascending"),
+                (
+                    "first two indices swapped",
+                    bad(v=[values[1], values[0], *values[2:]]),
+                    "indices_not_ascending",
+                ),
                 ("an index repeated", bad(v=[values[0], *values[:-1]]), "indices_not_ascending"),
-                ("first index = m, so also descending (range wins)", bad(v=[m, *values[1:]]),
-                 "index_out_of_range"),
+                (
+                    "first index = m, so also descending (range wins)",
+                    bad(v=[m, *values[1:]]),
+                    "index_out_of_range",
+                ),
             ]
     return cases
 

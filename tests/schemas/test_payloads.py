@@ -274,37 +274,92 @@ REJECTIONS: list[tuple[str, PayloadCodec, bytes, PayloadRejection, str]] = [
     ("empty", RRCMS, b"", PayloadRejection.WRONG_LENGTH, "0 bytes"),
     ("short", RRCMS, payload(RRCMS, 1, u32(2))[:-1], PayloadRejection.WRONG_LENGTH, "9 bytes"),
     ("long", HCMS, payload(HCMS, 1, u32(2) + b"\x01\x00"), PayloadRejection.WRONG_LENGTH, "12"),
-    ("version 2", RRCMS, payload(RRCMS, 1, u32(2), version=2),
-     PayloadRejection.UNSUPPORTED_VERSION, "version 2"),
+    (
+        "version 2",
+        RRCMS,
+        payload(RRCMS, 1, u32(2), version=2),
+        PayloadRejection.UNSUPPORTED_VERSION,
+        "version 2",
+    ),
     ("version 255, 1 byte", RRCMS, b"\xff", PayloadRejection.UNSUPPORTED_VERSION, "255"),
-    ("cms code to oue", OUE, payload(OUE, 0, b"\x00\x00", code=1),
-     PayloadRejection.WRONG_MECHANISM, "(cms)"),
-    ("code 9", GCMS, payload(GCMS, 0, u32(1, 2, 3), code=9)[:7],
-     PayloadRejection.WRONG_MECHANISM, "unassigned"),
+    (
+        "cms code to oue",
+        OUE,
+        payload(OUE, 0, b"\x00\x00", code=1),
+        PayloadRejection.WRONG_MECHANISM,
+        "(cms)",
+    ),
+    (
+        "code 9",
+        GCMS,
+        payload(GCMS, 0, u32(1, 2, 3), code=9)[:7],
+        PayloadRejection.WRONG_MECHANISM,
+        "unassigned",
+    ),
     ("row k", GCMS, payload(GCMS, 16, u32(1, 2, 3)), PayloadRejection.ROW_OUT_OF_RANGE, "row 16"),
     ("oue row 1", OUE, payload(OUE, 1, b"\x00\x00"), PayloadRejection.ROW_OUT_OF_RANGE, "k=1"),
-    ("column m", HCMS, payload(HCMS, 0, u32(16) + b"\x01"), PayloadRejection.INDEX_OUT_OF_RANGE,
-     "column 16"),
-    ("rr value m", RRCMS, payload(RRCMS, 0, u32(5)), PayloadRejection.INDEX_OUT_OF_RANGE,
-     "value 5"),
-    ("index m", GCMS, payload(GCMS, 0, u32(1, 2, 32)), PayloadRejection.INDEX_OUT_OF_RANGE,
-     "index 32"),
-    ("descending", GCMS, payload(GCMS, 0, u32(1, 3, 2)), PayloadRejection.INDICES_NOT_ASCENDING,
-     "[1, 3, 2]"),
-    ("repeated", GCMS, payload(GCMS, 0, u32(1, 1, 2)), PayloadRejection.INDICES_NOT_ASCENDING,
-     "ascending"),
+    (
+        "column m",
+        HCMS,
+        payload(HCMS, 0, u32(16) + b"\x01"),
+        PayloadRejection.INDEX_OUT_OF_RANGE,
+        "column 16",
+    ),
+    (
+        "rr value m",
+        RRCMS,
+        payload(RRCMS, 0, u32(5)),
+        PayloadRejection.INDEX_OUT_OF_RANGE,
+        "value 5",
+    ),
+    (
+        "index m",
+        GCMS,
+        payload(GCMS, 0, u32(1, 2, 32)),
+        PayloadRejection.INDEX_OUT_OF_RANGE,
+        "index 32",
+    ),
+    (
+        "descending",
+        GCMS,
+        payload(GCMS, 0, u32(1, 3, 2)),
+        PayloadRejection.INDICES_NOT_ASCENDING,
+        "[1, 3, 2]",
+    ),
+    (
+        "repeated",
+        GCMS,
+        payload(GCMS, 0, u32(1, 1, 2)),
+        PayloadRejection.INDICES_NOT_ASCENDING,
+        "ascending",
+    ),
     ("sign 2", HCMS, payload(HCMS, 0, u32(3) + b"\x02"), PayloadRejection.BAD_SIGN, "byte 2"),
     ("padding", CMS13, payload(CMS13, 0, b"\x00\x20"), PayloadRejection.NONZERO_PADDING, "0x20"),
     ("oue padding", OUE, payload(OUE, 0, b"\xff\x04"), PayloadRejection.NONZERO_PADDING, "m=10"),
     # when several rules are broken the first wins
     ("version over length", HCMS, b"\x02\x02", PayloadRejection.UNSUPPORTED_VERSION, "version"),
     ("mechanism over length", HCMS, b"\x01\x03\x00", PayloadRejection.WRONG_MECHANISM, "gcms"),
-    ("row over index", RRCMS, payload(RRCMS, 99, u32(99)), PayloadRejection.ROW_OUT_OF_RANGE,
-     "row 99"),
-    ("index over order", GCMS, payload(GCMS, 0, u32(40, 2, 1)),
-     PayloadRejection.INDEX_OUT_OF_RANGE, "index 40"),
-    ("index over sign", HCMS, payload(HCMS, 0, u32(99) + b"\x07"),
-     PayloadRejection.INDEX_OUT_OF_RANGE, "column 99"),
+    (
+        "row over index",
+        RRCMS,
+        payload(RRCMS, 99, u32(99)),
+        PayloadRejection.ROW_OUT_OF_RANGE,
+        "row 99",
+    ),
+    (
+        "index over order",
+        GCMS,
+        payload(GCMS, 0, u32(40, 2, 1)),
+        PayloadRejection.INDEX_OUT_OF_RANGE,
+        "index 40",
+    ),
+    (
+        "index over sign",
+        HCMS,
+        payload(HCMS, 0, u32(99) + b"\x07"),
+        PayloadRejection.INDEX_OUT_OF_RANGE,
+        "column 99",
+    ),
 ]
 
 
@@ -480,8 +535,11 @@ def test_fuzz_decode_raises_only_payload_error(case: tuple[PayloadCodec, bytes])
 
 
 @FUZZ
-@given(codec_index=st.integers(0, len(FUZZ_CODECS) - 1), seed=st.integers(0, 2**32 - 1),
-       size=st.integers(0, 30))
+@given(
+    codec_index=st.integers(0, len(FUZZ_CODECS) - 1),
+    seed=st.integers(0, 2**32 - 1),
+    size=st.integers(0, 30),
+)
 def test_fuzz_decode_batch_never_raises_and_agrees_with_decode(
     codec_index: int, seed: int, size: int
 ) -> None:

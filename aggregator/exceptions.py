@@ -1,0 +1,15 @@
+"""Errors of the aggregator and query worker (all derive from ``schemas.errors.LdpipeError``)."""
+
+from __future__ import annotations
+
+from schemas.errors import LdpipeError
+
+__all__ = ["AggregatorError", "QueryError"]
+
+
+class AggregatorError(LdpipeError, RuntimeError):
+    """The aggregator cannot go on (bad configuration at run time, Kafka failure, ...)."""
+
+
+class QueryError(LdpipeError, ValueError):
+    """A query that cannot be answered; the message names the problem and the fix."""

@@ -1,0 +1,82 @@
+"""The aggregator's Prometheus metrics, on an injectable registry."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+__all__ = ["AggregatorMetrics"]
+
+
+@dataclass(frozen=True)
+class AggregatorMetrics:
+    reports_in: Counter
+    reports_aggregated: Counter
+    reports_rejected: Counter
+    batch_seconds: Histogram
+    snapshot_seconds: Histogram
+    snapshot_bytes: Gauge
+    snapshot_last_success: Gauge
+    windows_open: Gauge
+    consumer_lag: Gauge
+
+    @classmethod
+    def create(cls, registry: CollectorRegistry) -> AggregatorMetrics:
+        label = ["use_case"]
+        return cls(
+            reports_in=Counter(
+                "ldpipe_aggregator_reports_in",
+                "Shuffled reports consumed",
+                label,
+                registry=registry,
+            ),
+            reports_aggregated=Counter(
+                "ldpipe_aggregator_reports_aggregated",
+                "Reports added to a sketch",
+                label,
+                registry=registry,
+            ),
+            reports_rejected=Counter(
+                "ldpipe_aggregator_reports_rejected",
+                "Reports sent to the dead-letter topic",
+                [*label, "reason"],
+                registry=registry,
+            ),
+            batch_seconds=Histogram(
+                "ldpipe_aggregator_batch_seconds",
+                "Decrypt, validate and accumulate one batch",
+                label,
+                registry=registry,
+            ),
+            snapshot_seconds=Histogram(
+                "ldpipe_aggregator_snapshot_seconds",
+                "Time to write one snapshot",
+                label,
+                registry=registry,
+            ),
+            snapshot_bytes=Gauge(
+                "ldpipe_aggregator_snapshot_size_bytes",
+                "Size of the last snapshot file",
+                label,
+                registry=registry,
+            ),
+            snapshot_last_success=Gauge(
+                "ldpipe_aggregator_snapshot_last_success_timestamp_seconds",
+                "Unix time of the last snapshot written",
+                label,
+                registry=registry,
+            ),
+            windows_open=Gauge(
+                "ldpipe_aggregator_windows",
+                "Time-window sketches held in memory",
+                label,
+                registry=registry,
+            ),
+            consumer_lag=Gauge(
+                "ldpipe_aggregator_consumer_lag_messages",
+                "High watermark minus position",
+                [*label, "partition"],
+                registry=registry,
+            ),
+        )

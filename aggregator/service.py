@@ -1,0 +1,360 @@
+"""The aggregator: shuffled reports -> per-window sketches -> Arrow snapshots with offsets.
+
+Exactly-once without trusting Kafka's committed offsets:
+
+1. on start, load this writer's latest valid snapshot (windows + the next offset of every
+   partition it covers) and seek there (the beginning when there is none);
+2. consume a batch; open envelopes, validate payloads, send every bad report to the dead-letter
+   topic with its reason, accumulate the rest into the sketch of their time window;
+3. every ``interval_seconds`` (and on shutdown): flush the dead-letter producer, then write a
+   snapshot of all windows together with the consumer's positions (temp -> fsync -> rename ->
+   fsync dir). Only then commit the same offsets to Kafka, for lag monitoring alone.
+
+A crash between 2 and 3 loses nothing: the next start re-reads from the snapshot's offsets and
+rebuilds the same sketch. Sketches add, so partitions are split statically across processes
+(instance i of N owns partitions p with p mod N == i); each process's snapshot covers exactly its
+partitions, and the query worker sums the latest snapshot of every writer.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    Message,
+    Producer,
+    TopicPartition,
+)
+from prometheus_client import CollectorRegistry
+
+from aggregator.dedupe import SeenReports
+from aggregator.exceptions import AggregatorError
+from aggregator.metrics import AggregatorMetrics
+from aggregator.snapshot import (
+    SnapshotFile,
+    WindowSketch,
+    latest_snapshot,
+    mechanism_params,
+    next_sequence,
+    prune,
+    write_snapshot,
+)
+from aggregator.windows import WindowedSketches, decode_batch
+from infra.kafka import KafkaSettings, message_position
+from schemas.config import UseCase
+from schemas.envelope import PrivateKeyLookup
+from schemas.payloads import PayloadCodec
+
+__all__ = ["Aggregator", "AggregatorOptions"]
+
+log = logging.getLogger(__name__)
+
+REASON_HEADER = "ldpipe.reason"
+STAGE_HEADER = "ldpipe.stage"
+SOURCE_HEADER = "ldpipe.source"
+
+
+@dataclass(frozen=True)
+class AggregatorOptions:
+    """How one aggregator process runs; the defaults are the live aggregation's."""
+
+    instance: int = 0
+    instances: int = 1
+    snapshot_dir: Path | None = None  # default: the use case's snapshot directory
+    writer: str | None = None  # default: "<use case>-<instance>of<instances>"
+    window_seconds: int | None = None  # default: the use case's window length
+    topic: str | None = None  # default: the use case's shuffled topic
+    group_id: str | None = None  # for lag monitoring only
+    start_offsets: Mapping[int, int] | None = None  # partition -> offset when no snapshot
+    batch_size: int = 5000
+    dead_letters: bool = True
+    dedupe_horizon: int = 1_000_000  # reports remembered to drop re-published copies (0: off)
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.instance < self.instances:
+            raise ValueError(
+                f"instance must be in [0, instances), got {self.instance} of {self.instances}"
+            )
+
+
+class Aggregator:
+    """One aggregator process of one use case."""
+
+    def __init__(
+        self,
+        use_case: UseCase,
+        kafka: KafkaSettings,
+        keyring: PrivateKeyLookup,
+        options: AggregatorOptions | None = None,
+        *,
+        registry: CollectorRegistry | None = None,
+        crash_point: Callable[[str], None] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.use_case = use_case
+        self.kafka = kafka
+        self.keyring = keyring
+        self.options = options or AggregatorOptions()
+        opts = self.options
+        self.topic = opts.topic or use_case.topics.shuffled
+        self.directory = opts.snapshot_dir or use_case.snapshot.directory
+        self.writer = opts.writer or f"{use_case.name}-{opts.instance}of{opts.instances}"
+        self.crash_point = crash_point or (lambda _point: None)
+        self.clock = clock
+        self.metrics = AggregatorMetrics.create(registry or CollectorRegistry())
+        self.mechanism = use_case.mechanism
+        self.codec = PayloadCodec.for_mechanism(self.mechanism)
+        self.spec = mechanism_params(self.mechanism)
+        window = opts.window_seconds or use_case.snapshot.window_seconds
+        self.windows = WindowedSketches(self.mechanism, window, use_case.snapshot.keep_windows)
+        self.offsets: dict[int, int] = {}
+        self.seen = SeenReports(self.options.dedupe_horizon)
+        self.duplicates = 0
+        self.sequence = 0
+        self.dirty = False
+        self.rejected = 0
+        self._labels = {"use_case": use_case.name}
+        self._last_lag = 0.0
+
+    # ---- recovery -----------------------------------------------------------------------
+    def recover(self) -> SnapshotFile | None:
+        """Load this writer's latest valid snapshot into memory (None: start from scratch)."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        # above every file of this writer, valid or not: a corrupt newest file keeps its name
+        self.sequence = next_sequence(self.directory, self.writer) - 1
+        snap = latest_snapshot(self.directory, writer=self.writer)
+        if snap is None:
+            return None
+        self.offsets = {p: o for (t, p), o in snap.offsets.items() if t == self.topic}
+        self.seen = SeenReports(self.options.dedupe_horizon, snap.seen.tolist())
+        for window in snap.windows:
+            if window.use_case != self.use_case.name:
+                continue
+            if window.params != self.spec:
+                raise AggregatorError(
+                    f"snapshot {self.writer}#{snap.sequence} was built with other mechanism "
+                    f"parameters than the configuration now gives; use a new snapshot directory "
+                    f"(or a new epoch) for new parameters"
+                )
+            self.windows.sketches[(window.epoch, window.window_start)] = window.sketch.copy()
+        log.info(
+            "recovered %s #%d: %d windows, offsets %s",
+            self.writer,
+            snap.sequence,
+            len(self.windows.sketches),
+            self.offsets,
+        )
+        return snap
+
+    def partitions(self, consumer: Consumer) -> list[int]:
+        meta = consumer.list_topics(self.topic, timeout=15)
+        topic = meta.topics.get(self.topic)
+        if topic is None or topic.error is not None or not topic.partitions:
+            raise AggregatorError(
+                f"topic {self.topic!r} does not exist; create the use case's topics first "
+                f"(ldpipe broker --config ..., or your Kafka tooling)"
+            )
+        opts = self.options
+        return sorted(p for p in topic.partitions if p % opts.instances == opts.instance)
+
+    # ---- the loop -----------------------------------------------------------------------
+    def run(
+        self,
+        stop: threading.Event | None = None,
+        *,
+        until_end: bool = False,
+        idle_timeout: float | None = None,
+    ) -> int:
+        """Aggregate until ``stop`` (or, with ``until_end``, until the end offsets seen at start).
+
+        Returns the number of reports aggregated by this run.
+        """
+        stop = stop or threading.Event()
+        self.recover()
+        group = self.options.group_id or f"ldpipe-aggregator-{self.use_case.name}"
+        overrides = {"enable.partition.eof": True} if until_end else None
+        consumer = Consumer(self.kafka.consumer_config(group, overrides))
+        producer = Producer(self.kafka.producer_config({"enable.idempotence": True}))
+        aggregated = 0
+        try:
+            parts = self.partitions(consumer)
+            start = dict(self.options.start_offsets or {})
+            consumer.assign(
+                [
+                    TopicPartition(
+                        self.topic, p, self.offsets.get(p, start.get(p, OFFSET_BEGINNING))
+                    )
+                    for p in parts
+                ]
+            )
+            at_end: set[int] = set()  # partitions whose end (EOF event) we reached
+            last_snapshot = time.monotonic()
+            last_activity = time.monotonic()
+            while not stop.is_set():
+                messages = consumer.consume(num_messages=self.options.batch_size, timeout=0.2)
+                if messages:
+                    last_activity = time.monotonic()
+                    aggregated += self._process(messages, producer)
+                    for m in messages:
+                        err = m.error()
+                        partition = m.partition()
+                        if err is not None and err.code() == KafkaError._PARTITION_EOF:
+                            at_end.add(partition or 0)
+                        elif err is None:
+                            at_end.discard(partition or 0)
+                self._track_positions(consumer, parts)
+                due = time.monotonic() - last_snapshot >= self.use_case.snapshot.interval_seconds
+                if self.dirty and due:
+                    self.snapshot(producer, consumer)
+                    last_snapshot = time.monotonic()
+                self._update_lag(consumer, parts)
+                # the end is the EOF event, not the high watermark, which some brokers
+                # (Tansu 0.6) under-report
+                if until_end and at_end >= set(parts):
+                    break
+                if idle_timeout is not None and time.monotonic() - last_activity > idle_timeout:
+                    break
+            if self.dirty:
+                self.snapshot(producer, consumer)
+        finally:
+            producer.flush(30)
+            consumer.close()
+        return aggregated
+
+    def _track_positions(self, consumer: Consumer, parts: list[int]) -> None:
+        """Positions, not last offset + 1: they step over transaction markers too."""
+        for tp in consumer.position([TopicPartition(self.topic, p) for p in parts]):
+            if tp.offset >= 0 and tp.offset != self.offsets.get(tp.partition):
+                self.offsets[tp.partition] = tp.offset
+                self.dirty = True
+
+    def _process(self, messages: list[Message], producer: Producer) -> int:
+        started = time.perf_counter()
+        good = [m for m in messages if m.error() is None]
+        for m in messages:
+            err = m.error()
+            if err is not None and err.code() != KafkaError._PARTITION_EOF:
+                log.warning("consumer error: %s", err)
+        if not good:
+            return 0
+        self.dirty = True
+        labels = self._labels
+        self.metrics.reports_in.labels(**labels).inc(len(good))
+        fresh = self.seen.filter([m.value() for m in good])
+        if len(fresh) < len(good):
+            dropped = len(good) - len(fresh)
+            self.duplicates += dropped
+            self.metrics.reports_rejected.labels(**labels, reason="duplicate").inc(dropped)
+            log.warning("dropped %d re-published duplicate reports", dropped)
+            good = [good[i] for i in fresh]
+        decoded = decode_batch(
+            [m.value() for m in good],
+            self.keyring,
+            self.codec,
+            use_case=self.use_case.name,
+            epochs={self.use_case.epoch},
+        )
+        stamps = np.fromiter((good[i].timestamp()[1] for i in decoded.positions), dtype=np.int64)
+        self.windows.add(self.use_case.epoch, decoded.reports, stamps)
+        for position, reason in decoded.rejections:
+            self._dead_letter(producer, good[position], reason)
+        accepted = len(decoded.positions)
+        self.metrics.reports_aggregated.labels(**labels).inc(accepted)
+        self.metrics.batch_seconds.labels(**labels).observe(time.perf_counter() - started)
+        self.crash_point("aggregator.after_accumulate")
+        return accepted
+
+    def _dead_letter(self, producer: Producer, msg: Message, reason: str) -> None:
+        self.rejected += 1
+        self.metrics.reports_rejected.labels(**self._labels, reason=reason).inc()
+        if not self.options.dead_letters:
+            return
+        topic, partition, offset = message_position(msg)
+        headers: list[tuple[str, str | bytes | None]] = [
+            (REASON_HEADER, reason.encode()),
+            (STAGE_HEADER, b"aggregator"),
+            (SOURCE_HEADER, f"{topic}:{partition}:{offset}".encode()),
+        ]
+        while True:
+            try:
+                producer.produce(self.use_case.topics.dlq, value=msg.value(), headers=headers)
+                return
+            except BufferError:
+                producer.poll(0.05)
+
+    # ---- snapshots ----------------------------------------------------------------------
+    def snapshot(self, producer: Producer, consumer: Consumer | None = None) -> Path:
+        """Write all windows with the current offsets; dead letters are flushed first."""
+        started = time.perf_counter()
+        remaining = producer.flush(30)
+        if remaining:
+            raise AggregatorError(
+                f"{remaining} dead-letter records were not delivered; not advancing the snapshot"
+            )
+        self.windows.trim()
+        self.sequence += 1
+        window_len = self.windows.window_seconds
+        snap = SnapshotFile(
+            writer=self.writer,
+            sequence=self.sequence,
+            offsets={(self.topic, p): o for p, o in sorted(self.offsets.items())},
+            created_at=self.clock(),
+            seen=self.seen.to_array(),
+            windows=tuple(
+                WindowSketch(
+                    use_case=self.use_case.name,
+                    mechanism=self.mechanism.name,
+                    params=self.spec,
+                    epoch=epoch,
+                    window_start=start,
+                    window_end=start + window_len,
+                    sketch=sketch,
+                )
+                for (epoch, start), sketch in self.windows
+            ),
+        )
+        path = write_snapshot(
+            self.directory, snap, crash_point=lambda point: self.crash_point(f"aggregator.{point}")
+        )
+        prune(self.directory, keep=self.use_case.snapshot.keep_files)
+        self.dirty = False
+        labels = self._labels
+        self.metrics.snapshot_seconds.labels(**labels).observe(time.perf_counter() - started)
+        self.metrics.snapshot_bytes.labels(**labels).set(path.stat().st_size)
+        self.metrics.snapshot_last_success.labels(**labels).set(time.time())
+        self.metrics.windows_open.labels(**labels).set(len(self.windows.sketches))
+        if consumer is not None and self.offsets:
+            consumer.commit(
+                offsets=[TopicPartition(self.topic, p, o) for p, o in self.offsets.items()],
+                asynchronous=True,
+            )
+        log.info(
+            "snapshot %s (%d reports in %d windows)",
+            path.name,
+            self.windows.total_reports,
+            len(self.windows.sketches),
+        )
+        return path
+
+    def _update_lag(self, consumer: Consumer, parts: list[int]) -> None:
+        if time.monotonic() - self._last_lag < 5:
+            return
+        self._last_lag = time.monotonic()
+        for p in parts:
+            _low, high = consumer.get_watermark_offsets(
+                TopicPartition(self.topic, p), cached=True
+            ) or (0, 0)
+            position = self.offsets.get(p)
+            if position is not None and high >= 0:
+                self.metrics.consumer_lag.labels(**self._labels, partition=str(p)).set(
+                    max(0, high - position)
+                )

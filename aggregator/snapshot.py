@@ -1,0 +1,915 @@
+"""Durable, immutable Arrow IPC snapshots of sketches with the Kafka offsets they cover.
+
+One file is one snapshot of one writer (an aggregator process): the next offset of every
+partition the process consumes, and the sketch of every time window it holds, one record batch
+per window. On restart the aggregator seeks to the offsets of its latest valid snapshot, so its
+sketches count every report exactly once without trusting Kafka's committed offsets. The byte
+layout, the checksum and the write protocol are specified in ``schemas/snapshot.md``.
+
+>>> import tempfile
+>>> from schemas.mechanisms import Sketch
+>>> window = WindowSketch("emoji", "cms", {"k": 2, "m": 3}, 0, 0, 3600, Sketch.zeros(2, 3))
+>>> snapshot = SnapshotFile("agg-0", 1, {("ldp.emoji.shuffled", 0): 42}, (window,))
+>>> with tempfile.TemporaryDirectory() as directory:
+...     path = write_snapshot(directory, snapshot)
+...     latest_snapshot(directory).offsets
+{('ldp.emoji.shuffled', 0): 42}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import hmac
+import itertools
+import json
+import logging
+import math
+import os
+import re
+import secrets
+import struct
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final, Literal
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa  # type: ignore[import-untyped]
+
+from schemas.errors import SnapshotError, SnapshotExistsError
+from schemas.mechanisms import MECHANISMS, Mechanism, Sketch
+
+__all__ = [
+    "DEFAULT_COMPRESSION",
+    "FORMAT_VERSION",
+    "Compression",
+    "MergedSketch",
+    "PartitionKey",
+    "SnapshotFile",
+    "SnapshotRef",
+    "WindowSketch",
+    "latest_snapshot",
+    "latest_snapshots",
+    "list_snapshots",
+    "mechanism_params",
+    "merge_windows",
+    "next_sequence",
+    "prune",
+    "read_snapshot",
+    "snapshot_name",
+    "write_snapshot",
+]
+
+logger = logging.getLogger(__name__)
+
+Compression = Literal["none", "lz4", "zstd"]
+PartitionKey = tuple[str, int]  # (topic, partition)
+
+FORMAT_VERSION: Final = 1
+# zstd: 8-15x smaller than raw int64 at CMS-like counts for ~0.7 s more CPU per 512 MiB window
+# (benchmarks/snapshot.py, schemas/snapshot.md); "none" keeps memory-mapped reads zero-copy
+DEFAULT_COMPRESSION: Final[Compression] = "zstd"
+
+_MAGIC = b"ARROW1"
+_CONTINUATION = 0xFFFFFFFF
+_MIN_FILE_SIZE = 32
+_ALGORITHM = b"sha256:"
+_ZERO_DIGEST = b"0" * 64
+_KEY = "ldpipe."
+_WRITER = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
+_WRITER_RE = re.compile(_WRITER)
+_NAME_RE = re.compile(rf"(?P<writer>{_WRITER})-(?P<sequence>[0-9]{{12,}})\.arrow")
+_TEMP_RE = re.compile(rf"\.{_WRITER}-[0-9]{{12,}}\.arrow\.[0-9]+\.[0-9a-f]+\.tmp")
+_MAX_CELLS = 2**31 - 1  # list<int64> offsets are int32
+_SCHEMA = pa.schema(
+    [
+        pa.field("counts", pa.list_(pa.field("item", pa.int64(), nullable=False)), nullable=False),
+        pa.field("row_totals", pa.int64(), nullable=False),
+    ]
+)
+
+
+# ---- value objects -----------------------------------------------------------------------------
+@dataclass(frozen=True, eq=False)
+class WindowSketch:
+    """The sketch of one use case, parameter epoch and time window ``[window_start, window_end)``.
+
+    ``params`` is a JSON object (normalized on construction: tuples become lists): the
+    mechanism's ``params()`` plus whatever rebuilds it, as :func:`mechanism_params` gives.
+    Sketches read back from a file are read-only views; ``sketch.copy()`` to accumulate further.
+    """
+
+    use_case: str
+    mechanism: str
+    params: dict[str, Any]
+    epoch: int
+    window_start: int  # unix seconds, inclusive
+    window_end: int  # unix seconds, exclusive
+    sketch: Sketch
+
+    def __post_init__(self) -> None:
+        _require(bool(self.use_case) and isinstance(self.use_case, str), "use_case must be text")
+        _require(bool(self.mechanism) and isinstance(self.mechanism, str), "mechanism must be text")
+        _require(isinstance(self.params, Mapping), f"params must be a dict, got {self.params!r}")
+        object.__setattr__(self, "params", _normalize_json(dict(self.params), "params"))
+        _require_int("epoch", self.epoch, 0)
+        _require_int("window_start", self.window_start, None)
+        _require_int("window_end", self.window_end, self.window_start + 1)
+        counts, totals = self.sketch.counts, self.sketch.row_totals
+        _require(
+            counts.dtype == np.int64 and counts.ndim == 2 and min(counts.shape) >= 1,
+            f"sketch counts must be a non-empty int64 matrix, got {counts.dtype}{counts.shape}",
+        )
+        k, m = self.sketch.shape
+        _require(
+            totals.dtype == np.int64 and totals.shape == (k,),
+            f"row_totals must be int64 of shape ({k},), got {totals.dtype}{totals.shape}",
+        )
+        _require(k * m <= _MAX_CELLS, f"a sketch holds at most 2^31 - 1 cells, got {k} x {m}")
+        for name, size in (("k", k), ("m", m)):
+            _require(
+                self.params.get(name, size) == size,
+                f"params say {name}={self.params.get(name)} but the sketch has {name}={size}",
+            )
+
+    @classmethod
+    def from_mechanism(
+        cls,
+        use_case: str,
+        mechanism: Mechanism,
+        sketch: Sketch,
+        *,
+        epoch: int,
+        window_start: int,
+        window_end: int,
+    ) -> WindowSketch:
+        """A window whose ``params`` rebuild ``mechanism`` (see :meth:`build_mechanism`)."""
+        mechanism.check_sketch(sketch)
+        params = mechanism_params(mechanism)
+        return cls(use_case, mechanism.name, params, epoch, window_start, window_end, sketch)
+
+    @property
+    def key(self) -> tuple[str, int, int, int]:
+        """``(use_case, epoch, window_start, window_end)``: unique within a snapshot."""
+        return (self.use_case, self.epoch, self.window_start, self.window_end)
+
+    def build_mechanism(self) -> Mechanism:
+        """Rebuild the mechanism from ``params``; refuse params that rebuild to something else."""
+        cls = MECHANISMS.get(self.mechanism)
+        if cls is None:
+            raise SnapshotError(f"unknown mechanism {self.mechanism!r}; cannot rebuild it")
+        accepted = {f.name for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
+        options = {
+            name: tuple(value) if isinstance(value, list) else value
+            for name, value in self.params.items()
+            if name in accepted
+        }
+        factory: Callable[..., Mechanism] = cls
+        mechanism = factory(**options)
+        rebuilt = _normalize_json(mechanism.params(), "params")
+        for name, value in rebuilt.items():
+            if not _same_value(value, self.params.get(name)):
+                raise SnapshotError(
+                    f"{self.mechanism} rebuilt from {self.key} has {name}={value!r}, "
+                    f"not the stored {self.params.get(name)!r}"
+                )
+        return mechanism
+
+
+@dataclass(frozen=True, eq=False)
+class SnapshotFile:
+    """One snapshot file: a writer's consumed position and the windows it holds.
+
+    ``offsets[(topic, partition)]`` is the next offset to read of every partition the writer
+    covers (all of them, also those with no reports yet); recovery seeks there once per process.
+    ``sequence`` grows with every file of one ``writer`` (:func:`next_sequence`).
+    """
+
+    writer: str
+    sequence: int
+    offsets: dict[PartitionKey, int]
+    windows: tuple[WindowSketch, ...] = ()
+    created_at: float = field(default_factory=time.time)
+    source: Path | None = field(default=None, compare=False, repr=False)  # set when read
+    # digests of the last reports the writer accepted, oldest first (aggregator/dedupe.py)
+    seen: npt.NDArray[np.uint64] = field(
+        default_factory=lambda: np.zeros(0, dtype=np.uint64), repr=False
+    )
+
+    def __post_init__(self) -> None:
+        _require(
+            isinstance(self.writer, str) and _WRITER_RE.fullmatch(self.writer) is not None,
+            f"writer must match {_WRITER} (it names files), got {self.writer!r}",
+        )
+        _require_int("sequence", self.sequence, 0)
+        offsets: dict[PartitionKey, int] = {}
+        for key, offset in dict(self.offsets).items():
+            _require(
+                isinstance(key, tuple)
+                and len(key) == 2
+                and isinstance(key[0], str)
+                and bool(key[0]),
+                f"offsets are keyed by (topic, partition), got {key!r}",
+            )
+            _require_int("partition", key[1], 0)
+            _require_int(f"next offset of {key[0]}[{key[1]}]", offset, 0)
+            offsets[(key[0], int(key[1]))] = int(offset)
+        object.__setattr__(self, "offsets", offsets)
+        windows = tuple(self.windows)
+        _require(all(isinstance(w, WindowSketch) for w in windows), "windows must be WindowSketch")
+        keys = [w.key for w in windows]
+        _require(len(set(keys)) == len(keys), "two windows share (use_case, epoch, start, end)")
+        object.__setattr__(self, "windows", windows)
+        _require(
+            isinstance(self.created_at, int | float) and math.isfinite(self.created_at),
+            f"created_at must be a finite unix time, got {self.created_at!r}",
+        )
+        object.__setattr__(self, "created_at", float(self.created_at))
+        seen = np.asarray(self.seen)
+        _require(
+            seen.ndim == 1 and seen.dtype == np.uint64,
+            f"seen must be a 1-D uint64 array, got {seen.dtype}{seen.shape}",
+        )
+        object.__setattr__(self, "seen", seen)
+
+    @property
+    def name(self) -> str:
+        """The immutable file name, ``{writer}-{sequence:012d}.arrow``."""
+        return snapshot_name(self.writer, self.sequence)
+
+    @property
+    def partitions(self) -> frozenset[PartitionKey]:
+        return frozenset(self.offsets)
+
+    def window(
+        self, use_case: str, epoch: int, window_start: int, window_end: int
+    ) -> WindowSketch | None:
+        """The window with this key, or None."""
+        key = (use_case, epoch, window_start, window_end)
+        return next((w for w in self.windows if w.key == key), None)
+
+
+@dataclass(frozen=True, order=True)
+class SnapshotRef:
+    """A snapshot file found by name (not yet read or verified)."""
+
+    writer: str
+    sequence: int
+    path: Path = field(compare=False)
+
+
+@dataclass(frozen=True, eq=False)
+class MergedSketch:
+    """The sum of one use case's windows of one epoch across writers (:func:`merge_windows`)."""
+
+    use_case: str
+    epoch: int
+    mechanism: str
+    params: dict[str, Any]
+    sketch: Sketch
+    windows: tuple[tuple[int, int], ...]  # the distinct [start, end) summed, sorted
+    writers: tuple[str, ...]  # the writers that contributed, sorted
+
+
+def mechanism_params(mechanism: Mechanism) -> dict[str, Any]:
+    """``mechanism.params()`` plus every constructor argument, as JSON: enough to rebuild it."""
+    init = {f.name: getattr(mechanism, f.name) for f in dataclasses.fields(mechanism) if f.init}  # type: ignore[arg-type]
+    return _normalize_json({**init, **mechanism.params()}, "params")
+
+
+def snapshot_name(writer: str, sequence: int) -> str:
+    return f"{writer}-{sequence:012d}.arrow"
+
+
+# ---- writing -----------------------------------------------------------------------------------
+def write_snapshot(
+    directory: str | os.PathLike[str],
+    snapshot: SnapshotFile,
+    *,
+    compression: Compression = DEFAULT_COMPRESSION,
+    crash_point: Callable[[str], None] | None = None,
+) -> Path:
+    """Write ``snapshot`` durably under its immutable name in ``directory``; return the path.
+
+    The protocol (``schemas/snapshot.md``, "Writing"):
+
+    1. refuse a name that exists (:class:`SnapshotExistsError`) or a sequence not above every
+       file of this writer already there (:class:`SnapshotError`);
+    2. write the Arrow file to a temp name (``.{name}.{pid}.{random}.tmp``, which readers
+       ignore), hashing it on the way with a zero placeholder for its checksum; patch the
+       checksum in; flush and ``os.fsync`` the file;
+    3. ``crash_point("before_rename")``;
+    4. publish it under the final name without ever replacing a file: ``os.link`` then unlink
+       the temp name (``os.rename`` after an existence check where hard links are unsupported);
+    5. ``crash_point("after_rename")``; ``os.fsync`` the directory.
+
+    ``crash_point`` lets crash tests kill the process at exactly those points. On an error
+    before publishing, the temp file is removed. The sketches are written straight from their
+    arrays (no copy): do not accumulate into them while this runs.
+    """
+    if compression not in ("none", "lz4", "zstd"):
+        raise ValueError(f"compression must be 'none', 'lz4' or 'zstd', got {compression!r}")
+    started = time.perf_counter()
+    folder = Path(directory)
+    folder.mkdir(parents=True, exist_ok=True)
+    final = folder / snapshot.name
+    if final.exists():
+        raise SnapshotExistsError(f"{final} exists already; snapshot files are immutable")
+    newest = _newest_sequence(folder, snapshot.writer)
+    if newest is not None and snapshot.sequence <= newest:
+        raise SnapshotError(
+            f"sequence {snapshot.sequence} of writer {snapshot.writer!r} is not above its newest "
+            f"file's ({newest}); use next_sequence() = {newest + 1}"
+        )
+    temp = folder / f".{final.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    try:
+        size = _write_temp(temp, snapshot, compression)
+        if crash_point is not None:
+            crash_point("before_rename")
+        _publish(temp, final)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+    if crash_point is not None:
+        crash_point("after_rename")
+    _fsync_directory(folder)
+    logger.info(
+        "wrote snapshot %s: %d windows, %d partitions, %d bytes (%s) in %.3f s",
+        final,
+        len(snapshot.windows),
+        len(snapshot.offsets),
+        size,
+        compression,
+        time.perf_counter() - started,
+    )
+    return final
+
+
+class _HashingSink:
+    """A write-only file object for ``pa.PythonFile`` that hashes what it passes through."""
+
+    def __init__(self, raw: Any) -> None:
+        self._raw = raw
+        self.hasher = hashlib.sha256()
+        self.position = 0
+        self.closed = False
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        self.hasher.update(view)
+        self._raw.write(view)
+        self.position += len(view)
+        return len(view)
+
+    def tell(self) -> int:
+        return self.position
+
+    def flush(self) -> None:
+        self._raw.flush()
+
+    def writable(self) -> bool:
+        return True
+
+    def close(self) -> None:  # the owner closes the real file
+        self.closed = True
+
+
+def _write_temp(path: Path, snapshot: SnapshotFile, compression: Compression) -> int:
+    placeholder = _ALGORITHM + _ZERO_DIGEST
+    schema = _SCHEMA.with_metadata(_encode_metadata(snapshot, placeholder))
+    options = pa.ipc.IpcWriteOptions(compression=None if compression == "none" else compression)
+    with open(path, "x+b") as raw:
+        sink = _HashingSink(raw)
+        with pa.ipc.new_file(pa.PythonFile(sink, mode="w"), schema, options=options) as writer:
+            for window in snapshot.windows:
+                writer.write_batch(_window_batch(window))
+            if len(snapshot.seen):
+                writer.write_batch(_seen_batch(snapshot.seen))
+        raw.flush()
+        fd = raw.fileno()
+        spans = _metadata_spans(lambda at, n: os.pread(fd, n, at), sink.position)
+        digest = sink.hasher.hexdigest().encode()
+        for start, end in spans:
+            region = os.pread(fd, end - start, start)
+            os.pwrite(fd, digest, _checksum_position(region, start, placeholder))
+        os.fsync(fd)
+    return sink.position
+
+
+def _window_batch(window: WindowSketch) -> Any:
+    k, m = window.sketch.shape
+    values = pa.array(np.ascontiguousarray(window.sketch.counts).reshape(-1), type=pa.int64())
+    offsets = pa.array(np.arange(k + 1, dtype=np.int32) * np.int32(m), type=pa.int32())
+    counts = pa.ListArray.from_arrays(offsets, values, type=_SCHEMA.field("counts").type)
+    totals = pa.array(window.sketch.row_totals, type=pa.int64())
+    return pa.record_batch([counts, totals], schema=_SCHEMA)
+
+
+def _seen_batch(seen: npt.NDArray[np.uint64]) -> Any:
+    """The seen digests as one extra batch: a single list row (digests as int64 bits)."""
+    values = pa.array(np.ascontiguousarray(seen).view(np.int64), type=pa.int64())
+    offsets = pa.array(np.array([0, len(seen)], dtype=np.int32), type=pa.int32())
+    counts = pa.ListArray.from_arrays(offsets, values, type=_SCHEMA.field("counts").type)
+    return pa.record_batch([counts, pa.array([len(seen)], type=pa.int64())], schema=_SCHEMA)
+
+
+def _publish(temp: Path, final: Path) -> None:
+    """Give ``temp`` the name ``final``, refusing to replace an existing file."""
+    try:
+        os.link(temp, final)
+    except FileExistsError as exc:
+        raise SnapshotExistsError(f"{final} exists already; snapshot files are immutable") from exc
+    except OSError:  # no hard links on this filesystem
+        if final.exists():
+            raise SnapshotExistsError(
+                f"{final} exists already; snapshot files are immutable"
+            ) from None
+        os.rename(temp, final)
+        return
+    temp.unlink()
+
+
+def _fsync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# ---- reading -----------------------------------------------------------------------------------
+def read_snapshot(
+    path: str | os.PathLike[str], *, mmap: bool = True, verify: bool = True
+) -> SnapshotFile:
+    """Read and check one snapshot file; :class:`SnapshotError` if it is not a valid one.
+
+    With ``mmap`` the file is memory-mapped and, when written uncompressed, every ``counts``
+    matrix is a zero-copy read-only view of the mapping; compressed files are decompressed
+    into memory. ``verify=False`` skips the SHA-256 pass (structural checks still run).
+    """
+    return _read(Path(path), mmap=mmap, verify=verify, windows=True)
+
+
+def _read(source: Path, *, mmap: bool, verify: bool, windows: bool) -> SnapshotFile:
+    """``read_snapshot``; ``windows=False`` checks everything but leaves the batches undecoded."""
+    size = source.stat().st_size
+    if size < _MIN_FILE_SIZE:
+        raise SnapshotError(f"{source}: {size} bytes is too short for a snapshot (truncated?)")
+    if mmap:
+        with pa.memory_map(str(source), "r") as mapped:
+            buffer = mapped.read_buffer()
+    else:
+        with pa.OSFile(str(source), "r") as file:
+            buffer = file.read_buffer()
+    try:  # the bytes are in memory (or mapped) now: any error from here on is in the content
+        return _parse(buffer, source, verify=verify, decode_windows=windows)
+    except SnapshotError:
+        raise
+    except (pa.ArrowException, OSError, ValueError, LookupError, TypeError, struct.error) as exc:
+        raise SnapshotError(f"{source}: not a valid snapshot: {exc}") from exc
+
+
+def _parse(buffer: Any, source: Path, *, verify: bool, decode_windows: bool) -> SnapshotFile:
+    view = memoryview(buffer)
+    spans = _metadata_spans(lambda at, n: bytes(view[at : at + n]), len(view))
+    reader = pa.ipc.open_file(buffer)
+    metadata: dict[bytes, bytes] = dict(reader.schema.metadata or {})
+    if verify:
+        _verify_checksum(view, spans, metadata.get((_KEY + "checksum").encode(), b""), source)
+    header = _decode_metadata(metadata, source)
+    _expect(reader.schema.remove_metadata().equals(_SCHEMA), source, "unexpected Arrow schema")
+    specs: list[dict[str, Any]] = header["windows"]
+    seen_count: int = header["seen"]
+    _expect(
+        reader.num_record_batches == len(specs) + (1 if seen_count else 0),
+        source,
+        f"{reader.num_record_batches} record batches for {len(specs)} windows"
+        + (" and the seen digests" if seen_count else ""),
+    )
+    windows = tuple(
+        _window_from_batch(reader.get_batch(i), spec, source)
+        for i, spec in enumerate(specs if decode_windows else [])
+    )
+    seen = np.zeros(0, dtype=np.uint64)
+    if seen_count and decode_windows:
+        batch = reader.get_batch(len(specs))
+        column = batch.column(0)
+        _expect(
+            batch.num_rows == 1 and len(column.values) == seen_count and column.null_count == 0,
+            source,
+            f"seen digests batch does not hold {seen_count} digests",
+        )
+        seen = column.values.to_numpy(zero_copy_only=False).view(np.uint64).copy()
+    return SnapshotFile(
+        header["writer"],
+        header["sequence"],
+        header["offsets"],
+        windows,
+        header["created_at"],
+        source=source,
+        seen=seen,
+    )
+
+
+def _metadata_spans(
+    read: Callable[[int, int], bytes], size: int
+) -> tuple[tuple[int, int], tuple[int, int]]:
+    """Byte ranges of the leading schema message and the footer of an Arrow IPC file."""
+    if size < _MIN_FILE_SIZE or read(0, 8) != _MAGIC + b"\0\0" or read(size - 6, 6) != _MAGIC:
+        raise SnapshotError("not a complete Arrow IPC file (magic bytes missing: truncated?)")
+    marker, length = struct.unpack("<Ii", read(8, 8))
+    (footer_length,) = struct.unpack("<i", read(size - 10, 4))
+    head, foot = (16, 16 + length), (size - 10 - footer_length, size - 10)
+    if marker != _CONTINUATION or length <= 0 or footer_length <= 0 or head[1] > foot[0]:
+        raise SnapshotError("invalid Arrow IPC framing (schema message or footer length)")
+    return head, foot
+
+
+def _checksum_position(region: bytes, region_start: int, token: bytes) -> int:
+    """Absolute position of the hex digest of ``token``, which must occur once in ``region``."""
+    at = region.find(token)
+    if at < 0 or region.find(token, at + 1) >= 0:
+        raise SnapshotError("the checksum must occur exactly once in the schema and the footer")
+    return region_start + at + len(_ALGORITHM)
+
+
+def _verify_checksum(
+    view: memoryview, spans: tuple[tuple[int, int], ...], value: bytes, source: Path
+) -> None:
+    hex_digest = value[len(_ALGORITHM) :]
+    _expect(
+        value.startswith(_ALGORITHM) and re.fullmatch(rb"[0-9a-f]{64}", hex_digest) is not None,
+        source,
+        f"missing or malformed {_KEY}checksum {value[:80]!r}",
+    )
+    try:
+        positions = [_checksum_position(bytes(view[a:b]), a, value) for a, b in spans]
+    except SnapshotError as exc:
+        raise SnapshotError(f"{source}: {exc} (corrupt metadata)") from None
+    hasher = hashlib.sha256()
+    start = 0
+    for position in positions:
+        hasher.update(view[start:position])
+        hasher.update(_ZERO_DIGEST)
+        start = position + len(_ZERO_DIGEST)
+    hasher.update(view[start:])
+    if not hmac.compare_digest(hasher.hexdigest().encode(), hex_digest):
+        raise SnapshotError(f"{source}: checksum mismatch: the file is corrupt")
+
+
+def _window_from_batch(batch: Any, spec: dict[str, Any], source: Path) -> WindowSketch:
+    k, m = spec["k"], spec["m"]
+    _expect(_is_int(k) and _is_int(m) and k >= 1 and m >= 1, source, f"bad shape {k} x {m}")
+    counts, totals = batch.column(0), batch.column(1)
+    _expect(batch.num_rows == k, source, f"window has {batch.num_rows} rows, expected k={k}")
+    _expect(counts.null_count == 0 and totals.null_count == 0, source, "null cells")
+    row_offsets = counts.offsets.to_numpy()
+    _expect(
+        counts.offset == 0 and np.array_equal(row_offsets, np.arange(k + 1, dtype=np.int64) * m),
+        source,
+        f"counts rows are not all of length m={m}",
+    )
+    values = counts.values
+    _expect(len(values) == k * m and values.null_count == 0, source, "counts length is not k*m")
+    matrix = values.to_numpy(zero_copy_only=True).reshape(k, m)
+    row_totals = totals.to_numpy(zero_copy_only=True)
+    _expect(int(row_totals.sum()) == spec["n"], source, "row totals do not sum to n")
+    return WindowSketch(
+        spec["use_case"],
+        spec["mechanism"],
+        spec["params"],
+        spec["epoch"],
+        spec["window_start"],
+        spec["window_end"],
+        Sketch(matrix, row_totals),
+    )
+
+
+# ---- metadata ----------------------------------------------------------------------------------
+def _encode_metadata(snapshot: SnapshotFile, checksum: bytes) -> dict[bytes, bytes]:
+    offsets = [
+        {"topic": topic, "partition": partition, "next_offset": offset}
+        for (topic, partition), offset in sorted(snapshot.offsets.items())
+    ]
+    windows = [
+        {
+            "use_case": w.use_case,
+            "mechanism": w.mechanism,
+            "params": w.params,
+            "epoch": w.epoch,
+            "window_start": w.window_start,
+            "window_end": w.window_end,
+            "k": w.sketch.shape[0],
+            "m": w.sketch.shape[1],
+            "n": w.sketch.n,
+        }
+        for w in snapshot.windows
+    ]
+    fields: dict[str, bytes] = {
+        "format_version": str(FORMAT_VERSION).encode(),
+        "writer": snapshot.writer.encode(),
+        "sequence": str(snapshot.sequence).encode(),
+        "created_at": _dumps(snapshot.created_at),
+        "offsets": _dumps(offsets),
+        "windows": _dumps(windows),
+        "seen": str(len(snapshot.seen)).encode(),
+        "checksum": checksum,
+    }
+    return {(_KEY + key).encode(): value for key, value in fields.items()}
+
+
+def _decode_metadata(metadata: dict[bytes, bytes], source: Path) -> dict[str, Any]:
+    def text(key: str) -> str:
+        raw = metadata.get((_KEY + key).encode())
+        _expect(raw is not None, source, f"metadata key {_KEY}{key} is missing")
+        assert raw is not None
+        return raw.decode("utf-8")
+
+    version = text("format_version")
+    _expect(
+        version == str(FORMAT_VERSION),
+        source,
+        f"format version {version!r}; this reader knows {FORMAT_VERSION}",
+    )
+    sequence = int(text("sequence"))
+    created_at = json.loads(text("created_at"))
+    offsets_list = json.loads(text("offsets"))
+    windows = json.loads(text("windows"))
+    _expect(isinstance(offsets_list, list) and isinstance(windows, list), source, "bad metadata")
+    offsets: dict[PartitionKey, int] = {}
+    for entry in offsets_list:
+        _expect(isinstance(entry, dict), source, f"bad offsets entry {entry!r}")
+        key = (entry["topic"], entry["partition"])
+        _expect(key not in offsets, source, f"partition {key} listed twice")
+        offsets[key] = entry["next_offset"]
+    _expect(all(isinstance(w, dict) for w in windows), source, "bad windows entry")
+    seen_raw = metadata.get((_KEY + "seen").encode(), b"0")
+    _expect(seen_raw.isdigit(), source, f"bad seen count {seen_raw!r}")
+    return {
+        "seen": int(seen_raw),
+        "writer": text("writer"),
+        "sequence": sequence,
+        "created_at": created_at,
+        "offsets": offsets,
+        "windows": windows,
+    }
+
+
+# ---- directories -------------------------------------------------------------------------------
+def list_snapshots(directory: str | os.PathLike[str]) -> list[SnapshotRef]:
+    """Snapshot files in ``directory`` sorted by (writer, sequence), unread; skips temp files."""
+    folder = Path(directory)
+    if not folder.is_dir():
+        return []
+    refs = []
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            match = _NAME_RE.fullmatch(entry.name)
+            if match is not None and entry.is_file():
+                refs.append(
+                    SnapshotRef(match["writer"], int(match["sequence"]), folder / entry.name)
+                )
+    return sorted(refs)
+
+
+def next_sequence(directory: str | os.PathLike[str], writer: str) -> int:
+    """The sequence ``writer``'s next snapshot takes: above every file it has, valid or not."""
+    newest = _newest_sequence(Path(directory), writer)
+    return 1 if newest is None else newest + 1
+
+
+def latest_snapshot(
+    directory: str | os.PathLike[str], writer: str | None = None, *, mmap: bool = True
+) -> SnapshotFile | None:
+    """The newest valid snapshot of ``writer``, falling back past invalid files; None if none.
+
+    ``writer=None`` is for a directory of one writer; with several it raises ``ValueError``
+    (use :func:`latest_snapshots`).
+    """
+    refs = list_snapshots(directory)
+    if writer is None:
+        writers = sorted({ref.writer for ref in refs})
+        if len(writers) > 1:
+            raise ValueError(
+                f"{directory} holds snapshots of writers {', '.join(writers)}; pass writer= "
+                "or use latest_snapshots()"
+            )
+    else:
+        refs = [ref for ref in refs if ref.writer == writer]
+    return _newest_valid(refs, mmap=mmap)
+
+
+def latest_snapshots(
+    directory: str | os.PathLike[str], *, mmap: bool = True
+) -> dict[str, SnapshotFile]:
+    """The newest valid snapshot of every writer in ``directory`` (what a query worker sums)."""
+    latest = {}
+    for writer, refs in itertools.groupby(list_snapshots(directory), key=lambda r: r.writer):
+        snapshot = _newest_valid(list(refs), mmap=mmap)
+        if snapshot is not None:
+            latest[writer] = snapshot
+    return latest
+
+
+def prune(
+    directory: str | os.PathLike[str], keep: int = 2, *, temp_max_age: float = 3600.0
+) -> list[Path]:
+    """Delete old snapshots of each writer, keeping its ``keep`` newest and its newest valid one.
+
+    Only files older than the newest valid one can go, so a corrupt newest file never costs the
+    last good state; a writer with no valid file keeps everything. Validity here is checksum,
+    metadata and schema, checked newest first and only for writers with more than ``keep``
+    files (so a prune after every write costs one hash of the newest file). Temp files older than
+    ``temp_max_age`` seconds (left by crashes) are deleted too. Returns the deleted paths.
+    """
+    if not _is_int(keep) or keep < 1:
+        raise ValueError(f"keep must be an integer >= 1, got {keep!r}")
+    folder = Path(directory)
+    removed: list[Path] = []
+    for writer, group in itertools.groupby(list_snapshots(folder), key=lambda r: r.writer):
+        newest_first = sorted(group, reverse=True)
+        if len(newest_first) <= keep:
+            continue
+        valid_at = next((i for i, ref in enumerate(newest_first) if _is_valid(ref.path)), None)
+        if valid_at is None:
+            logger.warning("prune: writer %s has no valid snapshot in %s; kept all", writer, folder)
+            continue
+        for ref in newest_first[max(keep, valid_at + 1) :]:
+            ref.path.unlink(missing_ok=True)
+            removed.append(ref.path)
+    now = time.time()
+    if folder.is_dir():
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                if _TEMP_RE.fullmatch(entry.name) and now - entry.stat().st_mtime > temp_max_age:
+                    Path(entry.path).unlink(missing_ok=True)
+                    removed.append(Path(entry.path))
+    if removed:
+        _fsync_directory(folder)
+        logger.info("prune: deleted %d files from %s", len(removed), folder)
+    return removed
+
+
+def _newest_sequence(folder: Path, writer: str) -> int | None:
+    sequences = [ref.sequence for ref in list_snapshots(folder) if ref.writer == writer]
+    return max(sequences, default=None)
+
+
+def _newest_valid(refs: list[SnapshotRef], *, mmap: bool) -> SnapshotFile | None:
+    for ref in sorted(refs, reverse=True):
+        try:
+            return read_snapshot(ref.path, mmap=mmap)
+        except SnapshotError as exc:
+            logger.warning("skipping invalid snapshot, falling back to the previous one: %s", exc)
+        except FileNotFoundError:
+            logger.debug("snapshot %s vanished (pruned) while reading", ref.path)
+    return None
+
+
+def _is_valid(path: Path) -> bool:
+    """Intact (checksum, metadata, schema): enough for ``prune``, without decompressing."""
+    try:
+        _read(path, mmap=True, verify=True, windows=False)
+    except (SnapshotError, FileNotFoundError) as exc:
+        logger.warning("invalid snapshot %s: %s", path, exc)
+        return False
+    return True
+
+
+# ---- merging -----------------------------------------------------------------------------------
+def merge_windows(
+    files: Iterable[SnapshotFile], use_case: str, start: int, end: int
+) -> dict[int, MergedSketch]:
+    """Sum ``use_case``'s windows lying within ``[start, end)`` across writers, per epoch.
+
+    Writers must cover disjoint partitions (else their sketches count the same reports twice:
+    :class:`SnapshotError`). Several files of one writer may be given: for each window the one
+    of the highest sequence is used (a window's later state supersedes its earlier one). Within
+    an epoch all windows must share mechanism and params and the distinct windows must not
+    overlap in time (an hourly and a daily sketch of the same hours would double count).
+    """
+    snapshots = list(files)
+    _check_disjoint(snapshots)
+    chosen: dict[tuple[str, int, int, int], tuple[int, WindowSketch]] = {}
+    for snapshot in snapshots:
+        for window in snapshot.windows:
+            if window.use_case != use_case or window.window_start < start:
+                continue
+            if window.window_end > end:
+                continue
+            key = (snapshot.writer, window.epoch, window.window_start, window.window_end)
+            if key not in chosen or chosen[key][0] < snapshot.sequence:
+                chosen[key] = (snapshot.sequence, window)
+    by_epoch: dict[int, list[tuple[str, WindowSketch]]] = {}
+    for (writer, epoch, _, _), (_, window) in sorted(chosen.items(), key=lambda kv: kv[0]):
+        by_epoch.setdefault(epoch, []).append((writer, window))
+    return {epoch: _merge_epoch(use_case, epoch, members) for epoch, members in by_epoch.items()}
+
+
+def _check_disjoint(snapshots: list[SnapshotFile]) -> None:
+    owners: dict[PartitionKey, str] = {}
+    seen: set[tuple[str, int]] = set()
+    for snapshot in snapshots:
+        ident = (snapshot.writer, snapshot.sequence)
+        if ident in seen:
+            raise SnapshotError(f"snapshot {snapshot.name} given twice; it would count twice")
+        seen.add(ident)
+        for partition in snapshot.offsets:
+            owner = owners.setdefault(partition, snapshot.writer)
+            if owner != snapshot.writer:
+                raise SnapshotError(
+                    f"partition {partition[0]}[{partition[1]}] is covered by writers {owner!r} "
+                    f"and {snapshot.writer!r}: their sketches overlap and cannot be summed"
+                )
+
+
+def _merge_epoch(
+    use_case: str, epoch: int, members: list[tuple[str, WindowSketch]]
+) -> MergedSketch:
+    first = members[0][1]
+    for writer, window in members[1:]:
+        if window.mechanism != first.mechanism or window.params != first.params:
+            raise SnapshotError(
+                f"{use_case} epoch {epoch}: writer {writer!r} has {window.mechanism} "
+                f"{window.params} but another window has {first.mechanism} {first.params}"
+            )
+    spans = sorted({(w.window_start, w.window_end) for _, w in members})
+    for (_, end0), (start1, _) in itertools.pairwise(spans):
+        if start1 < end0:
+            raise SnapshotError(
+                f"{use_case} epoch {epoch}: windows {spans} overlap in time; summing them would "
+                "count reports twice"
+            )
+    total = first.sketch.copy()
+    for _, window in members[1:]:
+        total += window.sketch
+    return MergedSketch(
+        use_case,
+        epoch,
+        first.mechanism,
+        first.params,
+        total,
+        tuple(spans),
+        tuple(sorted({writer for writer, _ in members})),
+    )
+
+
+# ---- small helpers -----------------------------------------------------------------------------
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
+
+
+def _expect(condition: bool, source: Path, message: str) -> None:
+    if not condition:
+        raise SnapshotError(f"{source}: {message}")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int | np.integer) and not isinstance(value, bool)
+
+
+def _require_int(name: str, value: object, minimum: int | None) -> None:
+    _require(
+        _is_int(value) and (minimum is None or int(value) >= minimum),  # type: ignore[call-overload]
+        f"{name} must be an integer"
+        + ("" if minimum is None else f" >= {minimum}")
+        + f", got {value!r}",
+    )
+
+
+def _dumps(value: Any) -> bytes:
+    return json.dumps(
+        value,
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=True,
+        allow_nan=False,
+        default=_json_scalar,
+    ).encode("ascii")
+
+
+def _json_scalar(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"{type(value).__name__} {value!r} is not JSON")
+
+
+def _normalize_json(value: dict[str, Any], name: str) -> dict[str, Any]:
+    try:
+        normalized = json.loads(_dumps(value))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(
+            f"{name} must be JSON (finite numbers, text, lists, dicts): {exc}"
+        ) from exc
+    assert isinstance(normalized, dict)
+    return normalized
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    if isinstance(a, float) and isinstance(b, int | float) and not isinstance(b, bool):
+        return math.isclose(a, b, rel_tol=1e-12, abs_tol=0.0)
+    return bool(a == b)

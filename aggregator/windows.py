@@ -1,0 +1,99 @@
+"""Per-time-window sketches of one use case, and the batch decode path in front of them.
+
+Reports carry no time of their own (the shuffler strips it); a report belongs to the window of
+its shuffled message's timestamp, which the shuffler sets to the window's release time. Replays
+read the same timestamps, so they rebuild the same windows (or other lengths, on request).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from schemas.envelope import EnvelopeError, PrivateKeyLookup, open_many
+from schemas.mechanisms import Mechanism, Reports, Sketch
+from schemas.payloads import PayloadCodec
+
+__all__ = ["DecodedBatch", "WindowedSketches", "decode_batch"]
+
+
+@dataclass(frozen=True)
+class DecodedBatch:
+    """Valid reports with the batch positions they came from, and every rejection's reason."""
+
+    reports: Reports
+    positions: npt.NDArray[np.int64]
+    rejections: list[tuple[int, str]]
+
+
+def decode_batch(
+    values: Sequence[bytes | None],
+    keyring: PrivateKeyLookup,
+    codec: PayloadCodec,
+    *,
+    use_case: str,
+    epochs: set[int],
+) -> DecodedBatch:
+    """Open envelopes and decode payloads; never raises on bad data."""
+    opened = open_many(values, keyring, use_case=use_case, epochs=epochs)
+    rejections: list[tuple[int, str]] = []
+    payloads: list[bytes] = []
+    positions: list[int] = []
+    for i, result in enumerate(opened):
+        if isinstance(result, EnvelopeError):
+            rejections.append((i, str(result.reason)))
+        else:
+            payloads.append(result.payload)
+            positions.append(i)
+    decoded = codec.decode_batch(payloads)
+    where = np.asarray(positions, dtype=np.int64)
+    rejections.extend((int(where[j]), str(reason)) for j, reason in decoded.rejected)
+    rejections.sort()
+    return DecodedBatch(decoded.reports, where[decoded.accepted_index], rejections)
+
+
+@dataclass
+class WindowedSketches:
+    """``(epoch, window_start) -> Sketch``, keeping the newest ``keep`` windows."""
+
+    mechanism: Mechanism
+    window_seconds: int
+    keep: int
+    sketches: dict[tuple[int, int], Sketch] = field(default_factory=dict)
+
+    def window_of(self, timestamps_ms: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        seconds = timestamps_ms // 1000
+        return seconds - seconds % self.window_seconds
+
+    def add(self, epoch: int, reports: Reports, timestamps_ms: npt.NDArray[np.int64]) -> None:
+        """Accumulate each report into the sketch of its window (one call per window)."""
+        if not len(reports):
+            return
+        starts = self.window_of(timestamps_ms)
+        for start in np.unique(starts):
+            key = (epoch, int(start))
+            sketch = self.sketches.get(key)
+            if sketch is None:
+                sketch = self.sketches[key] = self.mechanism.new_sketch()
+            batch = reports if len(starts) == 1 else reports.take(starts == start)
+            self.mechanism.accumulate(sketch, batch)
+
+    def trim(self) -> list[tuple[int, int]]:
+        """Drop all but the newest ``keep`` windows; returns the dropped keys."""
+        if len(self.sketches) <= self.keep:
+            return []
+        ordered = sorted(self.sketches, key=lambda key: (key[1], key[0]))
+        dropped = ordered[: len(ordered) - self.keep]
+        for key in dropped:
+            del self.sketches[key]
+        return dropped
+
+    def __iter__(self) -> Iterator[tuple[tuple[int, int], Sketch]]:
+        return iter(sorted(self.sketches.items()))
+
+    @property
+    def total_reports(self) -> int:
+        return sum(sketch.n for sketch in self.sketches.values())

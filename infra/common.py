@@ -1,0 +1,82 @@
+"""What every service command shares: config + Kafka options, metrics endpoint, clean stop."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import CollectorRegistry, start_http_server
+
+from infra.kafka import KafkaSettings, parse_extra
+from schemas.config import PipelineConfig, UseCase, load_config
+
+__all__ = ["ServiceContext", "add_service_args", "service_context", "stop_on_signals"]
+
+log = logging.getLogger(__name__)
+
+
+def add_service_args(parser: argparse.ArgumentParser, *, metrics: bool = True) -> None:
+    """Add --config, --use-case, --bootstrap-servers, -X key=value and --metrics-port."""
+    parser.add_argument("--config", required=True, help="pipeline configuration (TOML)")
+    parser.add_argument("--use-case", help="use case name (default: the only one configured)")
+    parser.add_argument(
+        "--bootstrap-servers", help="Kafka brokers host:port[,...] (overrides the configuration)"
+    )
+    parser.add_argument(
+        "-X",
+        dest="kafka_extra",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="librdkafka setting passed to every client, e.g. -X security.protocol=SSL",
+    )
+    if metrics:
+        parser.add_argument(
+            "--metrics-port", type=int, help="serve Prometheus metrics on this port (0: none)"
+        )
+
+
+@dataclass(frozen=True)
+class ServiceContext:
+    config: PipelineConfig
+    use_case: UseCase
+    kafka: KafkaSettings
+    registry: CollectorRegistry
+
+
+def service_context(args: argparse.Namespace) -> ServiceContext:
+    config = load_config(args.config)
+    if args.use_case is None:
+        if len(config.use_cases) != 1:
+            names = ", ".join(uc.name for uc in config.use_cases)
+            raise ValueError(
+                f"the configuration has several use cases ({names}); pick one with --use-case"
+            )
+        use_case = config.use_cases[0]
+    else:
+        use_case = config.use_case(args.use_case)
+    extra: dict[str, Any] = {**config.kafka.extra, **parse_extra(args.kafka_extra)}
+    kafka = KafkaSettings(args.bootstrap_servers or config.kafka.bootstrap_servers, extra)
+    registry = CollectorRegistry()
+    port = getattr(args, "metrics_port", None)
+    if port:
+        start_http_server(port, addr="127.0.0.1", registry=registry)
+        log.info("metrics on http://127.0.0.1:%d/metrics", port)
+    return ServiceContext(config, use_case, kafka, registry)
+
+
+def stop_on_signals() -> threading.Event:
+    """An event set by SIGINT/SIGTERM, so a service finishes its unit of work and exits."""
+    stop = threading.Event()
+
+    def handler(signum: int, _frame: object) -> None:
+        log.info("signal %d: stopping", signum)
+        stop.set()
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+    return stop

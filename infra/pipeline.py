@@ -1,0 +1,248 @@
+"""Run a whole pipeline on one machine: what ``ldpipe demo`` and the integration tests share.
+
+``LocalPipeline`` writes a configuration and a key pair into a work directory, creates the
+topics on a broker it is given, and starts the services as real ``ldpipe`` subprocesses (so
+tests can kill -9 them). It waits on conditions, never on fixed sleeps: the shuffler has
+committed all its input, and the aggregators' snapshots hold every report it published.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Consumer, TopicPartition
+
+from aggregator.snapshot import latest_snapshots
+from infra.kafka import KafkaSettings, TopicSpec, ensure_topics, read_to_end
+from schemas.config import PipelineConfig, UseCase, load_config
+from schemas.keys import KeyPair, save_key_pair
+
+__all__ = ["DeadLetters", "LocalPipeline", "PipelineSettings", "count_dead_letters"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PipelineSettings:
+    """The knobs of a local pipeline (one use case)."""
+
+    name: str = "emoji"
+    mechanism: str = "cms"
+    epsilon: float = 4.0
+    mechanism_options: Mapping[str, Any] = field(default_factory=lambda: {"k": 1024, "m": 1024})
+    dictionary: str | None = "builtin:emoji"
+    partitions: int = 2
+    n_min: int = 1000
+    max_reports: int = 10_000
+    max_wait_seconds: float = 2.0
+    contribution_limit: int = 1
+    snapshot_interval: float = 0.5
+    window_seconds: int = 3600
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+@dataclass
+class DeadLetters:
+    """Dead-letter records by stage and reason."""
+
+    by_reason: dict[tuple[str, str], int]
+
+    def count(self, stage: str | None = None) -> int:
+        return sum(n for (s, _), n in self.by_reason.items() if stage is None or s == stage)
+
+
+def count_dead_letters(kafka: KafkaSettings, topic: str) -> DeadLetters:
+    """Read a dead-letter topic to its end (read_committed) and tally stage/reason headers."""
+    tally: dict[tuple[str, str], int] = {}
+    group = f"ldpipe-dlq-count-{os.getpid()}-{time.time_ns()}"
+    for message in read_to_end(kafka, topic, group):
+        raw = message.headers() or []
+        pairs = raw.items() if isinstance(raw, dict) else raw
+        headers = {name: _text(value) for name, value in pairs}
+        key = (headers.get("ldpipe.stage", "?"), headers.get("ldpipe.reason", "?"))
+        tally[key] = tally.get(key, 0) + 1
+    return DeadLetters(tally)
+
+
+def _text(value: str | bytes | None) -> str:
+    if value is None:
+        return "?"
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+class LocalPipeline:
+    """Configuration, keys, topics and service processes of one local pipeline."""
+
+    def __init__(
+        self, workdir: Path, bootstrap_servers: str, settings: PipelineSettings | None = None
+    ) -> None:
+        self.workdir = Path(workdir)
+        self.settings = settings or PipelineSettings()
+        self.bootstrap_servers = bootstrap_servers
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.key_pair = KeyPair.generate(name=self.settings.name)
+        private, public = save_key_pair(self.key_pair, self.workdir / "keys")
+        self.config_path = self.workdir / "ldpipe.toml"
+        self.config_path.write_text(self._config_text(private, public), encoding="utf-8")
+        self.config: PipelineConfig = load_config(self.config_path)
+        self.use_case: UseCase = self.config.use_cases[0]
+        self.kafka = KafkaSettings(bootstrap_servers)
+
+    def _config_text(self, private: Path, public: Path) -> str:
+        s = self.settings
+        lines = [
+            "[kafka]",
+            f"bootstrap_servers = {_toml_value(self.bootstrap_servers)}",
+            "",
+            "[[use_case]]",
+            f"name = {_toml_value(s.name)}",
+            f"mechanism = {_toml_value(s.mechanism)}",
+            f"epsilon = {_toml_value(float(s.epsilon))}",
+            *(f"{key} = {_toml_value(value)}" for key, value in s.mechanism_options.items()),
+            f"public_key = {_toml_value(public)}",
+            f"private_keys = [{_toml_value(private)}]",
+        ]
+        if s.dictionary is not None:
+            lines.append(f"dictionary = {_toml_value(s.dictionary)}")
+        lines += [
+            "[use_case.topics]",
+            f"partitions = {s.partitions}",
+            "[use_case.shuffle]",
+            f"n_min = {s.n_min}",
+            f"max_reports = {s.max_reports}",
+            f"max_wait_seconds = {_toml_value(float(s.max_wait_seconds))}",
+            f"contribution_limit = {s.contribution_limit}",
+            "[use_case.snapshot]",
+            f"directory = {_toml_value(self.workdir / 'snapshots')}",
+            f"interval_seconds = {_toml_value(float(s.snapshot_interval))}",
+            f"window_seconds = {s.window_seconds}",
+        ]
+        return "\n".join(lines) + "\n"
+
+    # ---- topics and processes -------------------------------------------------------------
+    def create_topics(self) -> None:
+        t = self.use_case.topics
+        ensure_topics(
+            self.kafka,
+            [
+                TopicSpec(t.reports, t.partitions),
+                TopicSpec(t.shuffled, t.partitions),
+                TopicSpec(t.dlq, 1),
+                TopicSpec(t.shuffler_state, 1),
+            ],
+        )
+
+    def command(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "infra.cli", *args, "--config", str(self.config_path)]
+
+    def start(
+        self, name: str, args: Sequence[str], *, env: Mapping[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        """Start ``ldpipe <args>`` as process ``name`` (its output goes to ``<name>.log``)."""
+        if name in self.processes and self.processes[name].poll() is None:
+            raise RuntimeError(f"process {name} is already running")
+        log_file = open(self.workdir / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child
+        root = Path(__file__).resolve().parents[1]
+        child_env = {**os.environ, **(env or {})}
+        child_env["PYTHONPATH"] = os.pathsep.join(
+            filter(None, [str(root), child_env.get("PYTHONPATH")])
+        )
+        process = subprocess.Popen(
+            self.command(*args),
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env=child_env,
+            cwd=self.workdir,
+        )
+        log_file.close()
+        self.processes[name] = process
+        return process
+
+    def start_shuffler(self, *, env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
+        return self.start("shuffler", ["shuffler"], env=env)
+
+    def start_aggregator(
+        self, instance: int = 0, instances: int = 1, *, env: Mapping[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        return self.start(
+            f"aggregator-{instance}",
+            ["aggregator", "--instance", str(instance), "--instances", str(instances)],
+            env=env,
+        )
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        process = self.processes.get(name)
+        if process is not None and process.poll() is None:
+            process.send_signal(sig)
+            process.wait(30)
+
+    def stop_all(self, timeout: float = 20.0) -> None:
+        for process in self.processes.values():
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for process in self.processes.values():
+            try:
+                process.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(5)
+
+    def log_tail(self, name: str, lines: int = 30) -> str:
+        path = self.workdir / f"{name}.log"
+        if not path.exists():
+            return ""
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+    # ---- progress -------------------------------------------------------------------------
+    def shuffler_backlog(self) -> int:
+        """Reports not yet covered by a committed shuffler transaction (0: all published)."""
+        topic = self.use_case.topics.reports
+        consumer = Consumer(self.kafka.consumer_config(f"ldpipe-shuffler-{self.use_case.name}"))
+        try:
+            parts = [TopicPartition(topic, p) for p in range(self.use_case.topics.partitions)]
+            committed = {tp.partition: tp.offset for tp in consumer.committed(parts, timeout=10)}
+            backlog = 0
+            for p in range(self.use_case.topics.partitions):
+                _low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+                backlog += max(0, high - max(committed.get(p, 0), 0))
+            return backlog
+        finally:
+            consumer.close()
+
+    def aggregated(self) -> int:
+        """Reports in the latest snapshot of every writer (sum of row totals)."""
+        total = 0
+        for snap in latest_snapshots(self.use_case.snapshot.directory).values():
+            total += sum(w.sketch.n for w in snap.windows if w.use_case == self.use_case.name)
+        return total
+
+    def wait_until(self, condition: Any, timeout: float, what: str, poll: float = 0.25) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            for name, process in self.processes.items():
+                if process.poll() is not None and process.returncode not in (0, -signal.SIGKILL):
+                    raise RuntimeError(
+                        f"{name} exited with {process.returncode} while waiting for {what}:\n"
+                        f"{self.log_tail(name)}"
+                    )
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+            time.sleep(poll)  # polling interval of a condition wait, bounded by the deadline

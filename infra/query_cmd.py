@@ -1,0 +1,125 @@
+"""``ldpipe query``: estimates with intervals from the latest snapshots; Prometheus gauges."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Gauge, start_http_server
+
+from aggregator.query import QueryResult, query_use_case
+from infra.common import stop_on_signals
+from schemas.config import load_config
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "query", help="estimate item counts (with standard errors and intervals) from snapshots"
+    )
+    p.add_argument("--config", required=True)
+    p.add_argument("--use-case", help="use case name (default: the only one configured)")
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--items", help="comma-separated items to estimate")
+    group.add_argument("--top", type=int, help="the N highest estimates of the dictionary")
+    p.add_argument("--start", type=int, help="first window start (unix seconds, inclusive)")
+    p.add_argument("--end", type=int, help="last window end (unix seconds, exclusive)")
+    p.add_argument("--level", type=float, default=0.95, help="confidence level of the intervals")
+    p.add_argument("--snapshots", help="snapshot directory (default: the use case's)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--serve", action="store_true", help="export the estimates as Prometheus gauges")
+    p.add_argument("--port", type=int, default=9108, help="--serve: metrics port")
+    p.add_argument("--refresh", type=float, default=10.0, help="--serve: seconds between updates")
+    p.set_defaults(run=run)
+
+
+def _once(args: argparse.Namespace) -> QueryResult:
+    config = load_config(args.config)
+    if args.use_case is None and len(config.use_cases) != 1:
+        raise ValueError("the configuration has several use cases; pick one with --use-case")
+    use_case = config.use_case(args.use_case) if args.use_case else config.use_cases[0]
+    items = [s for s in args.items.split(",") if s] if args.items else None
+    top = args.top if args.top is not None else (None if items else 10)
+    from pathlib import Path
+
+    return query_use_case(
+        use_case,
+        items=items,
+        top=top,
+        start=args.start,
+        end=args.end,
+        level=args.level,
+        directory=Path(args.snapshots) if args.snapshots else None,
+    )
+
+
+def _print(result: QueryResult) -> None:
+    pct = round(result.level * 100)
+    print(
+        f"{result.use_case}: {result.reports:,} reports in {len(result.windows)} window(s), "
+        f"epochs {result.epochs}, writers {', '.join(result.writers)}; "
+        f"newest-oldest snapshot age {result.snapshot_age_seconds:.1f} s"
+    )
+    print(f"{'item':<36} {'estimate':>10} {'std err':>9}   {pct}% interval")
+    for row in result.items:
+        print(
+            f"{row.item[:36]:<36} {row.estimate:>10.1f} {row.std_error:>9.1f}   "
+            f"[{row.low:.1f}, {row.high:.1f}]"
+        )
+
+
+def _serve(args: argparse.Namespace) -> int:
+    registry = CollectorRegistry()
+    labels = ["use_case", "item"]
+    estimate = Gauge("ldpipe_query_estimate", "Estimated count", labels, registry=registry)
+    std_error = Gauge(
+        "ldpipe_query_std_error", "Standard error of the estimate", labels, registry=registry
+    )
+    reports = Gauge(
+        "ldpipe_query_reports", "Reports in the merged snapshots", ["use_case"], registry=registry
+    )
+    age = Gauge(
+        "ldpipe_query_snapshot_age_seconds",
+        "Age of the oldest latest snapshot",
+        ["use_case"],
+        registry=registry,
+    )
+    start_http_server(args.port, addr="127.0.0.1", registry=registry)
+    print(f"serving on http://127.0.0.1:{args.port}/metrics", file=sys.stderr)
+    stop = stop_on_signals()
+    shown: set[tuple[str, str]] = set()
+    while not stop.is_set():
+        result = _once(args)
+        current = set()
+        for row in result.items:
+            key = (result.use_case, row.item)
+            current.add(key)
+            estimate.labels(*key).set(row.estimate)
+            std_error.labels(*key).set(row.std_error)
+        for key in shown - current:  # items that left the top N
+            estimate.remove(*key)
+            std_error.remove(*key)
+        shown = current
+        reports.labels(result.use_case).set(result.reports)
+        age.labels(result.use_case).set(result.snapshot_age_seconds)
+        stop.wait(args.refresh)
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.serve:
+        return _serve(args)
+    started = time.perf_counter()
+    result = _once(args)
+    if args.json:
+        payload = result.as_dict()
+        payload["seconds"] = time.perf_counter() - started
+        json.dump(payload, sys.stdout)
+        print()
+    else:
+        _print(result)
+    return 0

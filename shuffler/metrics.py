@@ -1,0 +1,84 @@
+"""The shuffler's Prometheus metrics, on an injectable registry."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+__all__ = ["ShufflerMetrics"]
+
+
+@dataclass(frozen=True)
+class ShufflerMetrics:
+    reports_in: Counter
+    reports_out: Counter
+    reports_rejected: Counter
+    windows: Counter
+    window_size: Histogram
+    window_epsilon: Gauge
+    window_delta: Gauge
+    release_seconds: Histogram
+    buffered: Gauge
+    consumer_lag: Gauge
+
+    @classmethod
+    def create(cls, registry: CollectorRegistry) -> ShufflerMetrics:
+        label = ["use_case"]
+        return cls(
+            reports_in=Counter(
+                "ldpipe_shuffler_reports_in", "Reports consumed", label, registry=registry
+            ),
+            reports_out=Counter(
+                "ldpipe_shuffler_reports_out",
+                "Reports published shuffled",
+                label,
+                registry=registry,
+            ),
+            reports_rejected=Counter(
+                "ldpipe_shuffler_reports_rejected",
+                "Reports sent to the dead-letter topic",
+                [*label, "reason"],
+                registry=registry,
+            ),
+            windows=Counter(
+                "ldpipe_shuffler_windows", "Windows released", label, registry=registry
+            ),
+            window_size=Histogram(
+                "ldpipe_shuffler_window_size_reports",
+                "Reports per released window",
+                label,
+                buckets=(100, 300, 1000, 3000, 10_000, 30_000, 100_000, 300_000, 1_000_000),
+                registry=registry,
+            ),
+            window_epsilon=Gauge(
+                "ldpipe_shuffler_window_epsilon",
+                "Amplified central epsilon of the last window (GCMS Thm 1)",
+                label,
+                registry=registry,
+            ),
+            window_delta=Gauge(
+                "ldpipe_shuffler_window_delta",
+                "Delta of the last window's amplified epsilon",
+                label,
+                registry=registry,
+            ),
+            release_seconds=Histogram(
+                "ldpipe_shuffler_release_seconds",
+                "Time to permute, publish and commit a window",
+                label,
+                registry=registry,
+            ),
+            buffered=Gauge(
+                "ldpipe_shuffler_buffered_reports",
+                "Reports held in the open window",
+                label,
+                registry=registry,
+            ),
+            consumer_lag=Gauge(
+                "ldpipe_shuffler_consumer_lag_messages",
+                "High watermark minus position",
+                [*label, "partition"],
+                registry=registry,
+            ),
+        )

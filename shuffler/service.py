@@ -1,0 +1,320 @@
+"""The shuffler: consume reports, hold a window, permute, publish it exactly once.
+
+Each release is one Kafka transaction (numbered, the order matters):
+
+1. permute the window's values with the OS CSPRNG; drop key, headers and timestamps;
+2. produce them to the shuffled topic, all stamped with the release time;
+3. produce rejected reports (over the contribution limit) to the dead-letter topic with a reason;
+4. produce the window's contribution-count delta to the shuffler-state topic;
+5. ``send_offsets_to_transaction`` with the consumer's positions, then commit.
+
+A crash anywhere before step 5 completes aborts the transaction (the next producer with the same
+``transactional.id`` fences and aborts it) and the reports are consumed again from the committed
+offsets; after it, they are published exactly once and read_committed consumers see them.
+While a window fills, the loop keeps polling, so ``max.poll.interval.ms`` never expires.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
+from prometheus_client import CollectorRegistry
+
+from infra.kafka import KafkaSettings, PipelineKafkaError, message_position, read_to_end
+from schemas.config import UseCase
+from schemas.privacy import shuffle_amplification
+from shuffler.contributions import ContributionLedger
+from shuffler.exceptions import ShufflerError
+from shuffler.metrics import ShufflerMetrics
+from shuffler.window import ShuffleWindow
+
+__all__ = ["CrashPoint", "Shuffler"]
+
+log = logging.getLogger(__name__)
+
+CrashPoint = Callable[[str], None]
+
+
+def _no_crash(_point: str) -> None:
+    """The default crash point: nothing happens."""
+
+
+REASON_HEADER = "ldpipe.reason"
+STAGE_HEADER = "ldpipe.stage"
+
+
+class Shuffler:
+    """One shuffler process for one use case (several share its partitions by consumer group)."""
+
+    def __init__(
+        self,
+        use_case: UseCase,
+        kafka: KafkaSettings,
+        *,
+        instance: str = "0",
+        registry: CollectorRegistry | None = None,
+        crash_point: CrashPoint | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.use_case = use_case
+        self.kafka = kafka
+        self.instance = instance
+        self.clock = clock
+        self.crash_point = crash_point or _no_crash
+        self.metrics = ShufflerMetrics.create(registry or CollectorRegistry())
+        cfg = use_case.shuffle
+        self.window = ShuffleWindow(cfg.n_min, cfg.max_reports, cfg.max_wait_seconds)
+        self.ledger = ContributionLedger(cfg.contribution_limit, cfg.contribution_period_seconds)
+        self.epsilon0 = use_case.mechanism.effective_epsilon
+        self.windows_released = 0
+        self._labels = {"use_case": use_case.name}
+        self._consumer: Consumer | None = None
+        self._producer: Producer | None = None
+        self._last_lag = 0.0
+        self._shuffled_partitions = 1
+
+    # ---- Kafka clients ------------------------------------------------------------------
+    def _open(self) -> tuple[Consumer, Producer]:
+        name = self.use_case.name
+        producer = Producer(
+            self.kafka.producer_config(
+                **{
+                    "transactional.id": f"ldpipe-shuffler-{name}-{self.instance}",
+                    "linger.ms": 5,
+                }
+            )
+        )
+        producer.init_transactions(30)
+        shuffled = self.use_case.topics.shuffled
+        topic = producer.list_topics(shuffled, timeout=15).topics.get(shuffled)
+        if topic is None or topic.error is not None or not topic.partitions:
+            raise ShufflerError(f"topic {shuffled!r} does not exist; create the use case's topics")
+        self._shuffled_partitions = len(topic.partitions)
+        consumer = Consumer(self.kafka.consumer_config(f"ldpipe-shuffler-{name}"))
+        consumer.subscribe(
+            [self.use_case.topics.reports], on_assign=self._on_assign, on_revoke=self._on_revoke
+        )
+        return consumer, producer
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        log.info("shuffler %s assigned %s", self.instance, [p.partition for p in partitions])
+        self._restore_ledger()
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        # uncommitted reports go back to whoever owns the partitions next
+        if len(self.window) or self.window.rejected:
+            log.info("revoked: dropping %d uncommitted reports", len(self.window))
+        self.window.clear()
+        self.ledger.discard()
+
+    def _restore_ledger(self) -> None:
+        """Read the shuffler-state topic to its end (read_committed); rebuild the counts."""
+        topic = self.use_case.topics.shuffler_state
+        try:
+            messages = read_to_end(
+                self.kafka, topic, f"ldpipe-shuffler-state-reader-{self.instance}"
+            )
+        except PipelineKafkaError as exc:
+            raise ShufflerError(
+                f"contribution counts would be incomplete, so the shuffler stops: {exc}"
+            ) from exc
+        records = [
+            (int(key.decode()), msg.value() or b"")
+            for msg in messages
+            if (key := msg.key()) is not None
+        ]
+        applied = self.ledger.restore(records, self.clock())
+        log.info("restored contribution counts from %d state records", applied)
+
+    # ---- the loop -----------------------------------------------------------------------
+    def run(
+        self,
+        stop: threading.Event | None = None,
+        *,
+        max_windows: int | None = None,
+        idle_timeout: float | None = None,
+    ) -> int:
+        """Consume and release windows until ``stop`` is set (or ``max_windows``/idle)."""
+        stop = stop or threading.Event()
+        consumer, producer = self._open()
+        self._consumer, self._producer = consumer, producer
+        last_activity = time.monotonic()
+        try:
+            while not stop.is_set():
+                if max_windows is not None and self.windows_released >= max_windows:
+                    break
+                messages = consumer.consume(num_messages=2000, timeout=0.2)
+                now = self.clock()
+                for msg in messages:
+                    err = msg.error()
+                    if err is not None:
+                        if err.code() != KafkaError._PARTITION_EOF:
+                            log.warning("consumer error: %s", err)
+                        continue
+                    last_activity = time.monotonic()
+                    self._admit(msg, now)
+                    # mid-batch release: the rest of the batch goes to the next window; after
+                    # an aborted transaction the consumer was rewound, so drop the rest
+                    if self.window.ready(now) and not self._release(consumer, producer, now):
+                        break
+                self.metrics.buffered.labels(**self._labels).set(len(self.window))
+                if self.window.ready(now) or self.window.has_only_rejections():
+                    self._release(consumer, producer, now)
+                    last_activity = time.monotonic()
+                self._update_lag(consumer)
+                if idle_timeout is not None and time.monotonic() - last_activity > idle_timeout:
+                    break
+        finally:
+            self._close()
+        return self.windows_released
+
+    def _admit(self, msg: Message, now: float) -> None:
+        self.metrics.reports_in.labels(**self._labels).inc()
+        value = msg.value() or b""
+        source = message_position(msg)
+        if self.ledger.admit(msg.key(), source[1:], now):
+            self.window.add(value, now, source)
+        else:
+            self.window.reject(value, "contribution_limit", source)
+
+    def _release(self, consumer: Consumer, producer: Producer, now: float) -> bool:
+        """Publish the window in one transaction; False if it was aborted (and rewound)."""
+        started = time.perf_counter()
+        topics = self.use_case.topics
+        values = self.window.shuffled()
+        stamp = int(now * 1000)
+        try:
+            producer.begin_transaction()
+            for value in values:
+                self._produce(
+                    producer,
+                    topics.shuffled,
+                    value,
+                    timestamp=stamp,
+                    partition=self._partition_of(value),
+                )
+            for value, reason in self.window.rejected:
+                self._produce(
+                    producer,
+                    topics.dlq,
+                    value,
+                    headers=[(REASON_HEADER, reason.encode()), (STAGE_HEADER, b"shuffler")],
+                )
+            period, entries = self.ledger.pending_record()
+            if entries:
+                self._produce(producer, topics.shuffler_state, entries, key=str(period).encode())
+            if self.crash_point is not _no_crash:
+                producer.flush(30)  # make "after produce, before commit" as harsh as it gets
+            self.crash_point("shuffler.before_commit")
+            covered = [TopicPartition(t, p, o) for (t, p), o in self.window.offsets.items()]
+            producer.send_offsets_to_transaction(covered, consumer.consumer_group_metadata(), 30)
+            producer.commit_transaction(30)
+        except KafkaException as exc:
+            error = exc.args[0]
+            if error.txn_requires_abort():
+                producer.abort_transaction(30)
+                self._rewind(consumer)
+                self.window.clear()
+                self.ledger.discard()
+                log.warning("window transaction aborted (%s); reports will be re-consumed", error)
+                return False
+            raise ShufflerError(f"shuffler transaction failed: {error}") from exc
+        self.crash_point("shuffler.after_commit")
+        self.ledger.commit()
+        self._record(len(values), len(self.window.rejected), time.perf_counter() - started)
+        self.window.clear()
+        return True
+
+    def _partition_of(self, value: bytes) -> int:
+        """Shuffled partition from the envelope's hash: a report published twice (after an
+        aborted window) lands in the same partition, so one aggregator sees both copies."""
+        digest = hashlib.blake2b(value, digest_size=8, person=b"ldpipe-part").digest()
+        return int.from_bytes(digest, "little") % self._shuffled_partitions
+
+    def _rewind(self, consumer: Consumer) -> None:
+        for tp in consumer.committed(consumer.assignment(), timeout=10):
+            offset = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
+            consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
+
+    def _produce(
+        self,
+        producer: Producer,
+        topic: str,
+        value: bytes,
+        *,
+        key: bytes | None = None,
+        timestamp: int = 0,
+        partition: int | None = None,
+        headers: list[tuple[str, bytes]] | None = None,
+    ) -> None:
+        kwargs: dict[str, Any] = {"value": value}
+        if key is not None:
+            kwargs["key"] = key
+        if timestamp:
+            kwargs["timestamp"] = timestamp
+        if partition is not None:
+            kwargs["partition"] = partition
+        if headers:
+            kwargs["headers"] = headers
+        while True:
+            try:
+                producer.produce(topic, **kwargs)
+                return
+            except BufferError:
+                producer.poll(0.05)  # queue full: serve delivery reports and retry
+
+    def _record(self, published: int, rejected: int, seconds: float) -> None:
+        labels = self._labels
+        self.windows_released += 1
+        self.metrics.windows.labels(**labels).inc()
+        self.metrics.reports_out.labels(**labels).inc(published)
+        if rejected:
+            self.metrics.reports_rejected.labels(**labels, reason="contribution_limit").inc(
+                rejected
+            )
+        if published:
+            self.metrics.window_size.labels(**labels).observe(published)
+            amp = shuffle_amplification(self.epsilon0, published, self.use_case.shuffle.delta)
+            self.metrics.window_epsilon.labels(**labels).set(amp.epsilon)
+            self.metrics.window_delta.labels(**labels).set(amp.delta)
+            log.info(
+                "released window of %d reports (%d rejected): amplified epsilon %.4g "
+                "(delta %.1e) from %.3g per report",
+                published,
+                rejected,
+                amp.epsilon,
+                amp.delta,
+                self.epsilon0,
+            )
+        self.metrics.release_seconds.labels(**labels).observe(seconds)
+
+    def _update_lag(self, consumer: Consumer) -> None:
+        if time.monotonic() - self._last_lag < 5:
+            return
+        self._last_lag = time.monotonic()
+        for tp in consumer.position(consumer.assignment()):
+            _, high = consumer.get_watermark_offsets(tp, cached=True) or (0, 0)
+            if tp.offset >= 0 and high >= 0:
+                self.metrics.consumer_lag.labels(**self._labels, partition=str(tp.partition)).set(
+                    max(0, high - tp.offset)
+                )
+
+    def _close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+        if self._producer is not None:
+            self._producer.flush(10)

@@ -1,0 +1,93 @@
+"""Helpers for end-to-end tests: known envelopes in, an offline sketch to compare with."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from confluent_kafka import Producer
+
+from aggregator.snapshot import latest_snapshots, merge_windows
+from aggregator.windows import decode_batch
+from infra.pipeline import LocalPipeline, PipelineSettings
+from producers.client import DeviceClient
+from producers.datasets import Population, dictionary_population
+from schemas.keys import KeyRing
+from schemas.mechanisms import Sketch
+from schemas.payloads import PayloadCodec
+
+
+@dataclass
+class Workload:
+    """Envelopes with their client tokens, and the population they came from."""
+
+    keys: list[bytes]
+    values: list[bytes]
+    population: Population
+
+
+def unique_name(prefix: str = "uc") -> str:
+    return f"{prefix}{uuid.uuid4().hex[:10]}"
+
+
+def make_pipeline(tmp: Path, bootstrap: str, **settings: object) -> LocalPipeline:
+    options = {"name": unique_name(), **settings}
+    pipe = LocalPipeline(tmp, bootstrap, PipelineSettings(**options))  # type: ignore[arg-type]
+    pipe.create_topics()
+    return pipe
+
+
+def make_workload(pipe: LocalPipeline, n: int, seed: int) -> Workload:
+    uc = pipe.use_case
+    assert uc.dictionary_items is not None
+    population = dictionary_population(uc.dictionary_items, 1.1, n, seed)
+    rng = np.random.default_rng(seed)
+    devices = population.device_items()
+    rng.shuffle(devices)
+    client = DeviceClient(uc.name, uc.epoch, pipe.key_pair.public, uc.mechanism)
+    values = client.reports([population.items[i] for i in devices], rng)
+    keys = [rng.bytes(16) for _ in values]
+    return Workload(keys, values, population)
+
+
+def publish(pipe: LocalPipeline, keys: list[bytes | None], values: list[bytes]) -> None:
+    producer = Producer(pipe.kafka.producer_config({"enable.idempotence": True}))
+    for key, value in zip(keys, values, strict=True):
+        while True:
+            try:
+                producer.produce(pipe.use_case.topics.reports, value=value, key=key)
+                break
+            except BufferError:
+                producer.poll(0.05)
+    assert producer.flush(60) == 0
+
+
+def offline_sketch(pipe: LocalPipeline, values: list[bytes]) -> tuple[Sketch, int]:
+    """The sketch of every valid report, computed without Kafka; and how many were invalid."""
+    uc = pipe.use_case
+    mech = uc.mechanism
+    decoded = decode_batch(
+        values,
+        KeyRing([pipe.key_pair]),
+        PayloadCodec.for_mechanism(mech),
+        use_case=uc.name,
+        epochs={uc.epoch},
+    )
+    sketch = mech.new_sketch()
+    mech.accumulate(sketch, decoded.reports)
+    return sketch, len(decoded.rejections)
+
+
+def live_sketch(directory: Path, use_case: str) -> Sketch:
+    """All windows of all writers' latest snapshots, summed (windows partition the reports)."""
+    files = latest_snapshots(directory)
+    merged = merge_windows(files.values(), use_case, -(2**62), 2**62)
+    assert len(merged) == 1, merged
+    return next(iter(merged.values())).sketch
+
+
+def assert_same_sketch(a: Sketch, b: Sketch) -> None:
+    np.testing.assert_array_equal(a.counts, b.counts)
+    np.testing.assert_array_equal(a.row_totals, b.row_totals)

@@ -1,0 +1,207 @@
+"""End to end on the real embedded broker: producers -> shuffler -> aggregators -> query."""
+
+from __future__ import annotations
+
+import math
+import os
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from aggregator.query import query_use_case
+from aggregator.service import Aggregator, AggregatorOptions
+from aggregator.snapshot import latest_snapshots
+from infra.kafka import KafkaSettings
+from infra.pipeline import count_dead_letters
+from schemas.envelope import EnvelopeHeader, seal
+from schemas.keys import KeyPair, KeyRing
+from tests.integration.pipeline_helpers import (
+    assert_same_sketch,
+    live_sketch,
+    make_pipeline,
+    make_workload,
+    offline_sketch,
+    publish,
+)
+
+N = 6000
+
+
+def run_services(pipe, aggregators: int = 2) -> None:  # type: ignore[no-untyped-def]
+    pipe.start_shuffler()
+    for i in range(aggregators):
+        pipe.start_aggregator(i, aggregators)
+
+
+def wait_done(pipe, total: int, timeout: float = 120) -> None:  # type: ignore[no-untyped-def]
+    pipe.wait_until(lambda: pipe.shuffler_backlog() == 0, timeout, "the shuffler")
+    dlq = pipe.use_case.topics.dlq
+
+    def covered() -> bool:
+        return pipe.aggregated() + count_dead_letters(pipe.kafka, dlq).count() >= total
+
+    pipe.wait_until(covered, timeout, "the aggregators", poll=0.5)
+
+
+def test_end_to_end_counts_exactly_and_intervals_hold(
+    broker: KafkaSettings, tmp_path: Path
+) -> None:
+    pipe = make_pipeline(tmp_path, broker.bootstrap_servers, n_min=500, max_reports=1500)
+    work = make_workload(pipe, N, seed=1)
+    run_services(pipe)
+    try:
+        publish(pipe, work.keys, work.values)  # type: ignore[arg-type]
+        wait_done(pipe, N)
+    finally:
+        pipe.stop_all()
+    assert pipe.aggregated() == N  # every valid report, exactly once
+    assert count_dead_letters(pipe.kafka, pipe.use_case.topics.dlq).count() == 0
+    offline, invalid = offline_sketch(pipe, work.values)
+    assert invalid == 0
+    assert_same_sketch(live_sketch(pipe.use_case.snapshot.directory, pipe.use_case.name), offline)
+
+    # intervals: sum of z^2 over the 40 most frequent items ~ chi2_40 (mean 40, sd ~ 8.9)
+    top = work.population.top(40)
+    names = [work.population.items[i] for i in top]
+    result = query_use_case(pipe.use_case, items=names)
+    truth = work.population.counts[top]
+    z = np.array([(r.estimate - t) / r.std_error for r, t in zip(result.items, truth, strict=True)])
+    assert float(np.sum(z**2)) <= 40 + 4 * math.sqrt(2 * 40)
+    inside = sum(r.low <= t <= r.high for r, t in zip(result.items, truth, strict=True))
+    assert inside >= 32  # P[Binomial(40, 0.95) < 32] < 1e-4
+    assert result.reports == N and len(result.writers) == 2
+
+
+def _out_of_range_payload(pipe) -> bytes:  # type: ignore[no-untyped-def]
+    """A well-formed cms payload whose row index is k (out of range)."""
+    mech = pipe.use_case.mechanism
+    body = bytes((mech.m + 7) // 8)
+    return struct.pack("<BBI", 1, 1, mech.k) + body
+
+
+def test_bad_input_lands_in_the_dead_letter_topic(broker: KafkaSettings, tmp_path: Path) -> None:
+    pipe = make_pipeline(tmp_path, broker.bootstrap_servers, n_min=100, max_reports=400)
+    work = make_workload(pipe, 300, seed=2)
+    uc = pipe.use_case
+    public = pipe.key_pair.public
+    good = work.values[0]
+    tampered = bytearray(good)
+    tampered[-3] ^= 0x40
+    stranger = KeyPair.generate(key_id=(pipe.key_pair.key_id + 1) % 2**32)
+    header = EnvelopeHeader(uc.name, uc.epoch, public.key_id)
+    bad = {
+        "random bytes": os.urandom(80),
+        "truncated": good[:20],
+        "wrong version": good[:3] + b"\x07" + good[4:],
+        "unknown key id": seal(
+            EnvelopeHeader(uc.name, uc.epoch, stranger.key_id), b"x" * 10, stranger.public
+        ),
+        "tampered": bytes(tampered),
+        "out of range": seal(header, _out_of_range_payload(pipe), public),
+        "wrong epoch": seal(EnvelopeHeader(uc.name, uc.epoch + 1, public.key_id), b"", public),
+        "empty": b"",
+    }
+    values = [*work.values, *bad.values()]
+    keys = [*work.keys, *(f"bad{i}".encode() for i in range(len(bad)))]
+    run_services(pipe, aggregators=1)
+    try:
+        publish(pipe, keys, values)
+        wait_done(pipe, len(values))
+    finally:
+        pipe.stop_all()
+    dead = count_dead_letters(pipe.kafka, uc.topics.dlq)
+    assert dead.count() == len(bad)
+    assert dead.count() + pipe.aggregated() == len(values)  # nothing valid lost
+    reasons = {reason for (_, reason) in dead.by_reason}
+    assert {
+        "unknown_key_id",
+        "decryption_failed",
+        "unsupported_version",
+        "wrong_epoch",
+        "row_out_of_range",
+    } <= reasons
+    offline, invalid = offline_sketch(pipe, values)
+    assert invalid == len(bad)
+    assert_same_sketch(live_sketch(uc.snapshot.directory, uc.name), offline)
+
+
+def test_contribution_limit_rejects_extra_reports(broker: KafkaSettings, tmp_path: Path) -> None:
+    pipe = make_pipeline(tmp_path, broker.bootstrap_servers, n_min=100, max_reports=300)
+    work = make_workload(pipe, 300, seed=3)
+    keys = list(work.keys)
+    keys[1:11] = [keys[0]] * 10  # one client sends 11 reports: 10 over the limit of 1
+    run_services(pipe, aggregators=1)
+    try:
+        publish(pipe, keys, work.values)  # type: ignore[arg-type]
+        wait_done(pipe, len(work.values))
+    finally:
+        pipe.stop_all()
+    dead = count_dead_letters(pipe.kafka, pipe.use_case.topics.dlq)
+    assert dead.by_reason == {("shuffler", "contribution_limit"): 10}
+    assert pipe.aggregated() == 290
+
+
+def test_replay_rebuilds_the_live_sketch_bit_for_bit(broker: KafkaSettings, tmp_path: Path) -> None:
+    pipe = make_pipeline(tmp_path / "live", broker.bootstrap_servers, n_min=200, max_reports=800)
+    work = make_workload(pipe, 2400, seed=4)
+    run_services(pipe, aggregators=2)
+    try:
+        publish(pipe, work.keys, work.values)  # type: ignore[arg-type]
+        wait_done(pipe, 2400)
+    finally:
+        pipe.stop_all()
+    live_files = latest_snapshots(pipe.use_case.snapshot.directory)
+    replay = Aggregator(
+        pipe.use_case,
+        pipe.kafka,
+        KeyRing([pipe.key_pair]),
+        AggregatorOptions(
+            snapshot_dir=tmp_path / "replay",
+            writer="replay-0of1",
+            group_id="replay-test",
+            dead_letters=False,
+        ),
+    )
+    assert replay.run(until_end=True) == 2400
+    assert_same_sketch(
+        live_sketch(tmp_path / "replay", pipe.use_case.name),
+        live_sketch(pipe.use_case.snapshot.directory, pipe.use_case.name),
+    )
+    # same offsets, and the live snapshots were not touched
+    replayed = latest_snapshots(tmp_path / "replay")["replay-0of1"]
+    live_offsets = {k: v for f in live_files.values() for k, v in f.offsets.items()}
+    assert replayed.offsets == live_offsets
+    assert latest_snapshots(pipe.use_case.snapshot.directory).keys() == live_files.keys()
+
+
+@pytest.mark.parametrize("window_seconds", [1])
+def test_replay_with_other_windows_keeps_the_total(
+    broker: KafkaSettings, tmp_path: Path, window_seconds: int
+) -> None:
+    pipe = make_pipeline(tmp_path / "live", broker.bootstrap_servers, n_min=100, max_reports=300)
+    work = make_workload(pipe, 900, seed=5)
+    run_services(pipe, aggregators=1)
+    try:
+        publish(pipe, work.keys, work.values)  # type: ignore[arg-type]
+        wait_done(pipe, 900)
+    finally:
+        pipe.stop_all()
+    replay = Aggregator(
+        pipe.use_case,
+        pipe.kafka,
+        KeyRing([pipe.key_pair]),
+        AggregatorOptions(
+            snapshot_dir=tmp_path / "replay",
+            writer="replay-0of1",
+            window_seconds=window_seconds,
+            group_id="replay-w",
+            dead_letters=False,
+        ),
+    )
+    replay.run(until_end=True)
+    assert_same_sketch(
+        live_sketch(tmp_path / "replay", pipe.use_case.name),
+        live_sketch(pipe.use_case.snapshot.directory, pipe.use_case.name),
+    )

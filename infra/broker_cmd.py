@@ -11,6 +11,8 @@ from typing import Any
 
 from infra.broker import BrokerError, EmbeddedBroker
 from infra.kafka import KafkaSettings, PipelineKafkaError, TopicSpec, ensure_topics
+from infra.topics import config_topics
+from schemas.config import load_config
 
 __all__ = ["add_parser", "parse_topics", "run"]
 
@@ -29,6 +31,11 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--port", type=int, help="listen on this port (default: a free one)")
     p.add_argument("--log-dir", help="directory for the broker's log (default: a temp dir)")
+    p.add_argument(
+        "--config",
+        help="create every topic this pipeline configuration needs (and listen on the port of "
+        "its bootstrap_servers when that is on this machine and --port is not given)",
+    )
     p.add_argument(
         "--topics",
         default="",
@@ -52,12 +59,19 @@ def parse_topics(text: str) -> list[TopicSpec]:
 
 def run(args: argparse.Namespace) -> int:
     topics = parse_topics(args.topics)  # validate before starting anything
+    port = args.port
+    if args.config:
+        config = load_config(args.config)
+        topics += config_topics(config)
+        host, _, configured = config.kafka.bootstrap_servers.split(",")[0].rpartition(":")
+        if port is None and host in ("127.0.0.1", "localhost") and configured.isdigit():
+            port = int(configured)
     stop = threading.Event()
 
     def request_stop(signum: int, frame: FrameType | None) -> None:
         stop.set()
 
-    broker = EmbeddedBroker(port=args.port, log_dir=args.log_dir)
+    broker = EmbeddedBroker(port=port, log_dir=args.log_dir)
     previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         broker.start()

@@ -22,7 +22,8 @@ from typing import Any
 from confluent_kafka import Consumer, TopicPartition
 
 from aggregator.snapshot import latest_snapshots
-from infra.kafka import KafkaSettings, TopicSpec, ensure_topics, read_to_end
+from infra.kafka import KafkaSettings, ensure_topics, read_to_end
+from infra.topics import use_case_topics
 from schemas.config import PipelineConfig, UseCase, load_config
 from schemas.keys import KeyPair, save_key_pair
 
@@ -138,16 +139,7 @@ class LocalPipeline:
 
     # ---- topics and processes -------------------------------------------------------------
     def create_topics(self) -> None:
-        t = self.use_case.topics
-        ensure_topics(
-            self.kafka,
-            [
-                TopicSpec(t.reports, t.partitions),
-                TopicSpec(t.shuffled, t.partitions),
-                TopicSpec(t.dlq, 1),
-                TopicSpec(t.shuffler_state, 1),
-            ],
-        )
+        ensure_topics(self.kafka, use_case_topics(self.use_case))
 
     def command(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "infra.cli", *args, "--config", str(self.config_path)]

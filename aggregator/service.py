@@ -77,7 +77,7 @@ class AggregatorOptions:
     start_offsets: Mapping[int, int] | None = None  # partition -> offset when no snapshot
     batch_size: int = 5000
     dead_letters: bool = True
-    dedupe_horizon: int = 1_000_000  # reports remembered to drop re-published copies (0: off)
+    dedupe_horizon: int | None = None  # default: the use case's snapshot.dedupe_horizon
 
     def __post_init__(self) -> None:
         if not 0 <= self.instance < self.instances:
@@ -117,7 +117,12 @@ class Aggregator:
         window = opts.window_seconds or use_case.snapshot.window_seconds
         self.windows = WindowedSketches(self.mechanism, window, use_case.snapshot.keep_windows)
         self.offsets: dict[int, int] = {}
-        self.seen = SeenReports(self.options.dedupe_horizon)
+        self.horizon = (
+            use_case.snapshot.dedupe_horizon
+            if self.options.dedupe_horizon is None
+            else self.options.dedupe_horizon
+        )
+        self.seen = SeenReports(self.horizon)
         self.duplicates = 0
         self.sequence = 0
         self.dirty = False
@@ -135,7 +140,7 @@ class Aggregator:
         if snap is None:
             return None
         self.offsets = {p: o for (t, p), o in snap.offsets.items() if t == self.topic}
-        self.seen = SeenReports(self.options.dedupe_horizon, snap.seen.tolist())
+        self.seen = SeenReports(self.horizon, snap.seen.tolist())
         for window in snap.windows:
             if window.use_case != self.use_case.name:
                 continue

@@ -115,6 +115,7 @@ class SnapshotConfig:
     window_seconds: int = 3600
     keep_windows: int = 168
     keep_files: int = 5
+    dedupe_horizon: int = 1_000_000  # envelopes remembered to drop re-published copies; 0: off
 
 
 @dataclass(frozen=True)
@@ -269,9 +270,11 @@ def _use_case(raw: Mapping[str, Any], index: int, base: Path) -> UseCase:
         window_seconds=_get(nw, sn_raw, "window_seconds", int, 3600),
         keep_windows=_get(nw, sn_raw, "keep_windows", int, 168),
         keep_files=_get(nw, sn_raw, "keep_files", int, 5),
+        dedupe_horizon=_get(nw, sn_raw, "dedupe_horizon", int, 1_000_000),
     )
     for key in ("interval_seconds", "window_seconds", "keep_windows", "keep_files"):
         _positive(f"{nw}.{key}", getattr(snapshot, key))
+    _positive(f"{nw}.dedupe_horizon", snapshot.dedupe_horizon, allow_zero=True)
 
     dictionary = _get(where, raw, "dictionary", str, None)
     if dictionary is not None and dictionary != "builtin:emoji":

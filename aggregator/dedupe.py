@@ -5,8 +5,9 @@ fresh HPKE ephemeral key, so two reports never share one by chance: at a horizon
 probability of any false match is below 10^-7). The shuffler places a report's partition by the
 same kind of hash, so a report published twice — after an aborted shuffle window, on a broker
 that lets aborted records through (Tansu 0.6 does), or by a replaying adversary — reaches the
-same aggregator, which keeps the digests of the last ``horizon`` accepted reports, in its
-snapshots, and drops the copy.
+same aggregator, which keeps the digests of the last ``horizon`` envelopes it consumed (valid or
+not, so a re-published bad report is not dead-lettered twice either), in its snapshots, and
+drops the copy.
 """
 
 from __future__ import annotations

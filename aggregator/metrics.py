@@ -39,7 +39,7 @@ class AggregatorMetrics:
             ),
             reports_rejected=Counter(
                 "ldpipe_aggregator_reports_rejected",
-                "Reports sent to the dead-letter topic",
+                "Reports rejected: dead-lettered (bad), dropped (duplicate), or counted (replays)",
                 [*label, "reason"],
                 registry=registry,
             ),

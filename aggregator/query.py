@@ -7,7 +7,6 @@ its own reports, unbiased, so the total is the sum over epochs and its variance 
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -34,7 +33,7 @@ class ItemEstimate:
     std_error: float
     low: float
     high: float
-    z: float  # estimate / std_error: a heavy hitter is significant when z exceeds the quantile
+    z: float | None  # estimate / std_error (None if no reports): significance of a heavy hitter
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -145,7 +144,7 @@ def query_use_case(
             std_error=float(std[i]),
             low=float(estimate[i] - z_level * std[i]),
             high=float(estimate[i] + z_level * std[i]),
-            z=float(estimate[i] / std[i]) if std[i] > 0 else math.inf,
+            z=float(estimate[i] / std[i]) if std[i] > 0 else None,
         )
         for i in order
     ]

@@ -49,7 +49,7 @@ from aggregator.snapshot import (
     write_snapshot,
 )
 from aggregator.windows import WindowedSketches, decode_batch
-from infra.kafka import KafkaSettings, message_position
+from infra.kafka import EXACTLY_ONCE_CONSUMER, KafkaSettings, message_position
 from schemas.config import UseCase
 from schemas.envelope import PrivateKeyLookup
 from schemas.payloads import PayloadCodec
@@ -61,6 +61,7 @@ log = logging.getLogger(__name__)
 REASON_HEADER = "ldpipe.reason"
 STAGE_HEADER = "ldpipe.stage"
 SOURCE_HEADER = "ldpipe.source"
+LAYER_HEADER = "ldpipe.layer"  # envelope or payload: which format's rule the report broke
 
 
 @dataclass(frozen=True)
@@ -147,10 +148,11 @@ class Aggregator:
             if window.params != self.spec:
                 raise AggregatorError(
                     f"snapshot {self.writer}#{snap.sequence} was built with other mechanism "
-                    f"parameters than the configuration now gives; use a new snapshot directory "
-                    f"(or a new epoch) for new parameters"
+                    f"parameters than the configuration now gives; new parameters need a new "
+                    f"snapshot directory (and a new epoch, so devices and aggregators agree)"
                 )
-            self.windows.sketches[(window.epoch, window.window_start)] = window.sketch.copy()
+            key = (window.epoch, window.window_start, window.window_end)
+            self.windows.sketches[key] = window.sketch.copy()
         log.info(
             "recovered %s #%d: %d windows, offsets %s",
             self.writer,
@@ -186,7 +188,9 @@ class Aggregator:
         stop = stop or threading.Event()
         self.recover()
         group = self.options.group_id or f"ldpipe-aggregator-{self.use_case.name}"
-        overrides = {"enable.partition.eof": True} if until_end else None
+        overrides: dict[str, object] = dict(EXACTLY_ONCE_CONSUMER)
+        if until_end:
+            overrides["enable.partition.eof"] = True
         consumer = Consumer(self.kafka.consumer_config(group, overrides))
         producer = Producer(self.kafka.producer_config({"enable.idempotence": True}))
         aggregated = 0
@@ -270,15 +274,15 @@ class Aggregator:
         )
         stamps = np.fromiter((good[i].timestamp()[1] for i in decoded.positions), dtype=np.int64)
         self.windows.add(self.use_case.epoch, decoded.reports, stamps)
-        for position, reason in decoded.rejections:
-            self._dead_letter(producer, good[position], reason)
+        for position, layer, reason in decoded.rejections:
+            self._dead_letter(producer, good[position], layer, reason)
         accepted = len(decoded.positions)
         self.metrics.reports_aggregated.labels(**labels).inc(accepted)
         self.metrics.batch_seconds.labels(**labels).observe(time.perf_counter() - started)
         self.crash_point("aggregator.after_accumulate")
         return accepted
 
-    def _dead_letter(self, producer: Producer, msg: Message, reason: str) -> None:
+    def _dead_letter(self, producer: Producer, msg: Message, layer: str, reason: str) -> None:
         self.rejected += 1
         self.metrics.reports_rejected.labels(**self._labels, reason=reason).inc()
         if not self.options.dead_letters:
@@ -287,6 +291,7 @@ class Aggregator:
         headers: list[tuple[str, str | bytes | None]] = [
             (REASON_HEADER, reason.encode()),
             (STAGE_HEADER, b"aggregator"),
+            (LAYER_HEADER, layer.encode()),
             (SOURCE_HEADER, f"{topic}:{partition}:{offset}".encode()),
         ]
         while True:
@@ -307,7 +312,6 @@ class Aggregator:
             )
         self.windows.trim()
         self.sequence += 1
-        window_len = self.windows.window_seconds
         snap = SnapshotFile(
             writer=self.writer,
             sequence=self.sequence,
@@ -321,10 +325,10 @@ class Aggregator:
                     params=self.spec,
                     epoch=epoch,
                     window_start=start,
-                    window_end=start + window_len,
+                    window_end=end,
                     sketch=sketch,
                 )
-                for (epoch, start), sketch in self.windows
+                for (epoch, start, end), sketch in self.windows
             ),
         )
         path = write_snapshot(

@@ -22,11 +22,12 @@ __all__ = ["DecodedBatch", "WindowedSketches", "decode_batch"]
 
 @dataclass(frozen=True)
 class DecodedBatch:
-    """Valid reports with the batch positions they came from, and every rejection's reason."""
+    """Valid reports with the batch positions they came from, and every rejection as
+    ``(position, layer, reason)`` with layer ``envelope`` or ``payload``."""
 
     reports: Reports
     positions: npt.NDArray[np.int64]
-    rejections: list[tuple[int, str]]
+    rejections: list[tuple[int, str, str]]
 
 
 def decode_batch(
@@ -39,30 +40,33 @@ def decode_batch(
 ) -> DecodedBatch:
     """Open envelopes and decode payloads; never raises on bad data."""
     opened = open_many(values, keyring, use_case=use_case, epochs=epochs)
-    rejections: list[tuple[int, str]] = []
+    rejections: list[tuple[int, str, str]] = []
     payloads: list[bytes] = []
     positions: list[int] = []
     for i, result in enumerate(opened):
         if isinstance(result, EnvelopeError):
-            rejections.append((i, str(result.reason)))
+            rejections.append((i, "envelope", str(result.reason)))
         else:
             payloads.append(result.payload)
             positions.append(i)
     decoded = codec.decode_batch(payloads)
     where = np.asarray(positions, dtype=np.int64)
-    rejections.extend((int(where[j]), str(reason)) for j, reason in decoded.rejected)
+    rejections.extend((int(where[j]), "payload", str(reason)) for j, reason in decoded.rejected)
     rejections.sort()
     return DecodedBatch(decoded.reports, where[decoded.accepted_index], rejections)
 
 
 @dataclass
 class WindowedSketches:
-    """``(epoch, window_start) -> Sketch``, keeping the newest ``keep`` windows."""
+    """``(epoch, window_start, window_end) -> Sketch``, keeping the newest ``keep`` windows.
+
+    Windows recovered from a snapshot keep their own bounds, whatever ``window_seconds`` is now.
+    """
 
     mechanism: Mechanism
     window_seconds: int
     keep: int
-    sketches: dict[tuple[int, int], Sketch] = field(default_factory=dict)
+    sketches: dict[tuple[int, int, int], Sketch] = field(default_factory=dict)
 
     def window_of(self, timestamps_ms: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
         seconds = timestamps_ms // 1000
@@ -74,24 +78,24 @@ class WindowedSketches:
             return
         starts = self.window_of(timestamps_ms)
         for start in np.unique(starts):
-            key = (epoch, int(start))
+            key = (epoch, int(start), int(start) + self.window_seconds)
             sketch = self.sketches.get(key)
             if sketch is None:
                 sketch = self.sketches[key] = self.mechanism.new_sketch()
             batch = reports if len(starts) == 1 else reports.take(starts == start)
             self.mechanism.accumulate(sketch, batch)
 
-    def trim(self) -> list[tuple[int, int]]:
+    def trim(self) -> list[tuple[int, int, int]]:
         """Drop all but the newest ``keep`` windows; returns the dropped keys."""
         if len(self.sketches) <= self.keep:
             return []
-        ordered = sorted(self.sketches, key=lambda key: (key[1], key[0]))
+        ordered = sorted(self.sketches, key=lambda key: (key[1], key[2], key[0]))
         dropped = ordered[: len(ordered) - self.keep]
         for key in dropped:
             del self.sketches[key]
         return dropped
 
-    def __iter__(self) -> Iterator[tuple[tuple[int, int], Sketch]]:
+    def __iter__(self) -> Iterator[tuple[tuple[int, int, int], Sketch]]:
         return iter(sorted(self.sketches.items()))
 
     @property

@@ -22,6 +22,7 @@ from infra import (
     shuffler_cmd,
     simulate_cmd,
 )
+from schemas.errors import LdpipeError
 
 __all__ = ["main"]
 
@@ -62,6 +63,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:  # validation errors name the problem and the fix
         print(f"ldpipe {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except LdpipeError as exc:  # a failure at run time (Kafka, snapshots, ...): one line too
+        print(f"ldpipe {args.command}: error: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -38,6 +38,11 @@ def add_service_args(parser: argparse.ArgumentParser, *, metrics: bool = True) -
         parser.add_argument(
             "--metrics-port", type=int, help="serve Prometheus metrics on this port (0: none)"
         )
+        parser.add_argument(
+            "--metrics-addr",
+            default="127.0.0.1",
+            help="address the metrics endpoint listens on (0.0.0.0 for a remote Prometheus)",
+        )
 
 
 @dataclass(frozen=True)
@@ -64,8 +69,9 @@ def service_context(args: argparse.Namespace) -> ServiceContext:
     registry = CollectorRegistry()
     port = getattr(args, "metrics_port", None)
     if port:
-        start_http_server(port, addr="127.0.0.1", registry=registry)
-        log.info("metrics on http://127.0.0.1:%d/metrics", port)
+        addr = getattr(args, "metrics_addr", "127.0.0.1")
+        start_http_server(port, addr=addr, registry=registry)
+        log.info("metrics on http://%s:%d/metrics", addr, port)
     return ServiceContext(config, use_case, kafka, registry)
 
 

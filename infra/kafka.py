@@ -34,6 +34,7 @@ from schemas.errors import LdpipeError
 
 __all__ = [
     "CONSUMER_DEFAULTS",
+    "EXACTLY_ONCE_CONSUMER",
     "KafkaSettings",
     "PipelineKafkaError",
     "TopicSpec",
@@ -59,6 +60,11 @@ CONSUMER_DEFAULTS: Mapping[str, Any] = MappingProxyType(
         "auto.offset.reset": "earliest",
         "isolation.level": "read_committed",
     }
+)
+
+# what exactly-once correctness rests on: services pass these as overrides so -X cannot undo them
+EXACTLY_ONCE_CONSUMER: Mapping[str, Any] = MappingProxyType(
+    {"isolation.level": "read_committed", "enable.auto.commit": False}
 )
 
 _POLL_STEP = 0.1  # seconds per wait inside a deadline loop

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import time
 from typing import Any
@@ -13,6 +14,9 @@ from prometheus_client import CollectorRegistry, Gauge, start_http_server
 from aggregator.query import QueryResult, query_use_case
 from infra.common import stop_on_signals
 from schemas.config import load_config
+from schemas.errors import LdpipeError
+
+log = logging.getLogger(__name__)
 
 __all__ = ["add_parser", "run"]
 
@@ -33,6 +37,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--serve", action="store_true", help="export the estimates as Prometheus gauges")
     p.add_argument("--port", type=int, default=9108, help="--serve: metrics port")
+    p.add_argument("--addr", default="127.0.0.1", help="--serve: address to listen on")
     p.add_argument("--refresh", type=float, default=10.0, help="--serve: seconds between updates")
     p.set_defaults(run=run)
 
@@ -88,12 +93,17 @@ def _serve(args: argparse.Namespace) -> int:
         ["use_case"],
         registry=registry,
     )
-    start_http_server(args.port, addr="127.0.0.1", registry=registry)
-    print(f"serving on http://127.0.0.1:{args.port}/metrics", file=sys.stderr)
+    start_http_server(args.port, addr=args.addr, registry=registry)
+    print(f"serving on http://{args.addr}:{args.port}/metrics", file=sys.stderr)
     stop = stop_on_signals()
     shown: set[tuple[str, str]] = set()
     while not stop.is_set():
-        result = _once(args)
+        try:
+            result = _once(args)
+        except LdpipeError as exc:  # e.g. no snapshots yet: keep serving, try again later
+            log.warning("query failed, retrying in %.0f s: %s", args.refresh, exc)
+            stop.wait(args.refresh)
+            continue
         current = set()
         for row in result.items:
             key = (result.use_case, row.item)

@@ -1,10 +1,11 @@
 """``ldpipe replay``: re-aggregate a use case's shuffled topic into a new snapshot directory.
 
-A rerun is an aggregator with its own writer name, its own snapshot directory and no dead-letter
-output (the live aggregation already reported those), reading from the beginning, a time or
-given offsets up to the end offsets seen when it starts. The live aggregation, its consumer
-offsets and its snapshots are untouched. Reruns need the shuffled topic to still hold the data:
-give it a retention at least as long as the history you want to be able to recompute.
+A rerun is an aggregator with its own writer name, its own snapshot directory and no
+dead-letter output (the live aggregation already reported those), reading from the beginning,
+a time or given offsets until every partition has reached its end (its EOF event). The live
+aggregation, its consumer offsets and its snapshots are untouched. Reruns need the shuffled
+topic to still hold the data: give it a retention at least as long as the history you want to
+be able to recompute.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 from confluent_kafka import Consumer, TopicPartition
 
 from aggregator.service import Aggregator, AggregatorOptions
+from aggregator.snapshot import list_snapshots
 from infra.common import add_service_args, service_context, stop_on_signals
 from schemas.keys import KeyRing
 
@@ -42,6 +44,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--instance", type=int, default=0)
     p.add_argument("--instances", type=int, default=1)
     p.add_argument("--keys", nargs="*", help="private key files/directories (default: config)")
+    p.add_argument("--resume", action="store_true", help="continue a replay already in --out")
     p.add_argument("--json", action="store_true")
     p.set_defaults(run=run)
 
@@ -79,6 +82,11 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(
             f"--out {out} is the live snapshot directory; a replay writes to a new directory"
         )
+    if list_snapshots(out) and not args.resume:
+        raise ValueError(
+            f"--out {out} already holds snapshots; give a new directory, or --resume to continue "
+            f"that replay from its latest snapshot (--from-* are then ignored)"
+        )
     sources = args.keys or [str(path) for path in ctx.use_case.private_keys]
     if not sources:
         raise ValueError("no private keys configured; pass --keys")
@@ -101,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
         "aggregated": aggregated,
         "rejected": aggregator.rejected,
         "offsets": {str(p): o for p, o in sorted(aggregator.offsets.items())},
-        "windows": sorted(start for _, start in aggregator.windows.sketches),
+        "windows": sorted({(start, end) for _, start, end in aggregator.windows.sketches}),
         "out": str(out),
         "seconds": time.perf_counter() - started,
     }

@@ -9,6 +9,7 @@ back-pressure (poll and retry), and an optional target rate is held by a token b
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass
 
@@ -48,7 +49,9 @@ def produce_population(
     rng = np.random.default_rng(seed)
     devices = population.device_items()
     rng.shuffle(devices)
-    tokens = rng.bytes(16 * len(devices))
+    # client tokens are fresh each run (a real device keeps its own): a rerun is new devices,
+    # not the same ones over their contribution limit
+    tokens = os.urandom(16 * len(devices))
     producer = Producer(
         kafka.producer_config(
             {"enable.idempotence": True, "linger.ms": 20, "compression.type": "lz4"}

@@ -39,7 +39,7 @@ __all__ = [
     "parse_config",
 ]
 
-_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
+_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,50}$")  # <= 51 bytes: the envelope's limit
 
 
 class ConfigError(LdpipeError, ValueError):
@@ -113,7 +113,7 @@ class SnapshotConfig:
     directory: Path
     interval_seconds: float = 5.0
     window_seconds: int = 3600
-    keep_windows: int = 168
+    keep_windows: int = 24  # each window costs k * m * 8 bytes of memory and of every snapshot
     keep_files: int = 5
     dedupe_horizon: int = 1_000_000  # envelopes remembered to drop re-published copies; 0: off
 
@@ -157,6 +157,12 @@ class UseCase:
         options = dict(self.mechanism_options)
         if self.mechanism_name == "oue":
             options["dictionary"] = self.dictionary_items
+        elif (
+            self.mechanism_name == "rrcms"
+            and options.get("objective") == "l2"
+            and self.dictionary_items is not None
+        ):
+            options["dictionary_size"] = len(self.dictionary_items)  # Pan Thm 3.7 needs d
         try:
             return build_mechanism(self.mechanism_name, epsilon=self.epsilon, **options)
         except ValueError as exc:
@@ -196,6 +202,14 @@ def _paths(base: Path, where: str, value: Any) -> tuple[Path, ...]:
     return tuple((base / v) if not Path(v).is_absolute() else Path(v) for v in value)
 
 
+def _single_path(base: Path, where: str, value: Any) -> Path | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ConfigError(f"{where}: expected one path (the key devices encrypt to), got {value!r}")
+    return _paths(base, where, value)[0]
+
+
 def _use_case(raw: Mapping[str, Any], index: int, base: Path) -> UseCase:
     where = f"use_case[{index}]"
     if not isinstance(raw, Mapping):
@@ -203,7 +217,7 @@ def _use_case(raw: Mapping[str, Any], index: int, base: Path) -> UseCase:
     name = _get(where, raw, "name", str)
     if not _NAME.match(name):
         raise ConfigError(
-            f"{where}.name: {name!r} must be 1-64 of [a-z0-9_.-], starting with a letter or digit"
+            f"{where}.name: {name!r} must be 1-51 of [a-z0-9_.-], starting with a letter or digit"
         )
     where = f"use_case.{name}"
     _check_keys(where, raw, _UC_KEYS)
@@ -268,7 +282,7 @@ def _use_case(raw: Mapping[str, Any], index: int, base: Path) -> UseCase:
         directory=(base / directory) if not Path(directory).is_absolute() else Path(directory),
         interval_seconds=_get(nw, sn_raw, "interval_seconds", float, 5.0),
         window_seconds=_get(nw, sn_raw, "window_seconds", int, 3600),
-        keep_windows=_get(nw, sn_raw, "keep_windows", int, 168),
+        keep_windows=_get(nw, sn_raw, "keep_windows", int, 24),
         keep_files=_get(nw, sn_raw, "keep_files", int, 5),
         dedupe_horizon=_get(nw, sn_raw, "dedupe_horizon", int, 1_000_000),
     )
@@ -287,14 +301,18 @@ def _use_case(raw: Mapping[str, Any], index: int, base: Path) -> UseCase:
         epoch=epoch,
         dictionary=dictionary,
         private_keys=_paths(base, f"{where}.private_keys", raw.get("private_keys", [])),
-        public_key=_paths(base, f"{where}.public_key", raw["public_key"])[0]
-        if "public_key" in raw
-        else None,
+        public_key=_single_path(base, f"{where}.public_key", raw.get("public_key")),
         topics=topics,
         shuffle=shuffle,
         snapshot=snapshot,
     )
-    _ = use_case.mechanism  # validate the mechanism parameters now, naming the use case
+    mech = use_case.mechanism  # validate the mechanism parameters now, naming the use case
+    if mech.k * mech.m > 2**31 - 1:
+        raise ConfigError(
+            f"{where}: a sketch of k={mech.k} x m={mech.m} cells exceeds 2^31 - 1 cells (the "
+            f"snapshot format's limit, and {mech.k * mech.m * 8 / 2**30:.0f} GiB per window); "
+            f"lower k or m"
+        )
     return use_case
 
 

@@ -34,7 +34,13 @@ from confluent_kafka import (
 )
 from prometheus_client import CollectorRegistry
 
-from infra.kafka import KafkaSettings, PipelineKafkaError, message_position, read_to_end
+from infra.kafka import (
+    EXACTLY_ONCE_CONSUMER,
+    KafkaSettings,
+    PipelineKafkaError,
+    message_position,
+    read_to_end,
+)
 from schemas.config import UseCase
 from schemas.privacy import shuffle_amplification
 from shuffler.contributions import ContributionLedger
@@ -55,6 +61,7 @@ def _no_crash(_point: str) -> None:
 
 REASON_HEADER = "ldpipe.reason"
 STAGE_HEADER = "ldpipe.stage"
+SOURCE_HEADER = "ldpipe.source"
 
 
 class Shuffler:
@@ -100,11 +107,14 @@ class Shuffler:
         )
         producer.init_transactions(30)
         shuffled = self.use_case.topics.shuffled
-        topic = producer.list_topics(shuffled, timeout=15).topics.get(shuffled)
+        # all topics, not by name: naming one may create it on clusters with auto-create on
+        topic = producer.list_topics(timeout=15).topics.get(shuffled)
         if topic is None or topic.error is not None or not topic.partitions:
             raise ShufflerError(f"topic {shuffled!r} does not exist; create the use case's topics")
         self._shuffled_partitions = len(topic.partitions)
-        consumer = Consumer(self.kafka.consumer_config(f"ldpipe-shuffler-{name}"))
+        consumer = Consumer(
+            self.kafka.consumer_config(f"ldpipe-shuffler-{name}", EXACTLY_ONCE_CONSUMER)
+        )
         consumer.subscribe(
             [self.use_case.topics.reports], on_assign=self._on_assign, on_revoke=self._on_revoke
         )
@@ -207,17 +217,22 @@ class Shuffler:
                     timestamp=stamp,
                     partition=self._partition_of(value),
                 )
-            for value, reason in self.window.rejected:
+            for value, reason, (topic, partition, offset) in self.window.rejected:
+                source = f"{topic}:{partition}:{offset}".encode()
                 self._produce(
                     producer,
                     topics.dlq,
                     value,
-                    headers=[(REASON_HEADER, reason.encode()), (STAGE_HEADER, b"shuffler")],
+                    headers=[
+                        (REASON_HEADER, reason.encode()),
+                        (STAGE_HEADER, b"shuffler"),
+                        (SOURCE_HEADER, source),
+                    ],
                 )
             period, entries = self.ledger.pending_record()
             if entries:
                 self._produce(producer, topics.shuffler_state, entries, key=str(period).encode())
-            if self.crash_point is not _no_crash:
+            if getattr(self.crash_point, "point", None) == "shuffler.before_commit":
                 producer.flush(30)  # make "after produce, before commit" as harsh as it gets
             self.crash_point("shuffler.before_commit")
             covered = [TopicPartition(t, p, o) for (t, p), o in self.window.offsets.items()]

@@ -31,7 +31,7 @@ class ShuffleWindow:
     max_reports: int
     max_wait_seconds: float
     values: list[bytes] = field(default_factory=list)
-    rejected: list[tuple[bytes, str]] = field(default_factory=list)
+    rejected: list[tuple[bytes, str, tuple[str, int, int]]] = field(default_factory=list)
     opened_at: float | None = None
     # next offset to commit per (topic, partition): everything below is in this window
     offsets: dict[tuple[str, int], int] = field(default_factory=dict)
@@ -43,7 +43,7 @@ class ShuffleWindow:
         self._covers(source)
 
     def reject(self, value: bytes, reason: str, source: tuple[str, int, int]) -> None:
-        self.rejected.append((value, reason))
+        self.rejected.append((value, reason, source))
         self._covers(source)
 
     def _covers(self, source: tuple[str, int, int]) -> None:

@@ -22,7 +22,8 @@ def test_example_configuration_is_valid() -> None:
     assert uc.mechanism.name == "cms" and uc.mechanism.k == 1024
     assert uc.topics.partitions == 2 and uc.topics.dlq == "ldp.emoji.dlq"
     assert uc.dictionary_items is not None and "GRINNING FACE" in uc.dictionary_items
-    assert uc.private_keys[0].name == "emoji.private.json"
+    assert uc.private_keys[0].name == "keys" and uc.public_key is not None
+    assert uc.public_key.name == "emoji-1.public.json"
 
 
 def test_defaults() -> None:
@@ -45,7 +46,7 @@ def test_defaults() -> None:
             "max_reports: 10 is below n_min=100",
         ),
         (MINIMAL.replace("m = 64", "m = 64\np = 0.9"), "use_case.emoji: cms does not take p"),
-        (MINIMAL.replace('"emoji"', '"Emoji!"'), "must be 1-64 of"),
+        (MINIMAL.replace('"emoji"', '"Emoji!"'), "must be 1-51 of"),
         (MINIMAL + MINIMAL, "duplicate name"),
         ("", "no \\[\\[use_case\\]\\] tables"),
         ("[[use_case]\n", "not valid TOML"),

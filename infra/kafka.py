@@ -317,7 +317,8 @@ def read_to_end(
     Tansu 0.6 among them, under-report). Raises :class:`PipelineKafkaError` if the end is not
     reached within ``timeout``: a partial read must never pass for a whole one.
     """
-    consumer = Consumer(settings.consumer_config(group_id, {"enable.partition.eof": True}))
+    overrides = {**EXACTLY_ONCE_CONSUMER, "enable.partition.eof": True}
+    consumer = Consumer(settings.consumer_config(group_id, overrides))
     records: list[Message] = []
     try:
         topics = consumer.list_topics(timeout=timeout).topics  # all: naming one may create it

@@ -468,7 +468,16 @@ def _read(source: Path, *, mmap: bool, verify: bool, windows: bool) -> SnapshotF
         return _parse(buffer, source, verify=verify, decode_windows=windows)
     except SnapshotError:
         raise
-    except (pa.ArrowException, OSError, ValueError, LookupError, TypeError, struct.error) as exc:
+    except (
+        pa.ArrowException,
+        OSError,
+        ValueError,
+        LookupError,
+        TypeError,
+        struct.error,
+        ArithmeticError,  # OverflowError from absurd numbers in the metadata
+        RecursionError,  # pathologically nested JSON in the metadata
+    ) as exc:
         raise SnapshotError(f"{source}: not a valid snapshot: {exc}") from exc
 
 

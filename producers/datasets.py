@@ -27,6 +27,10 @@ __all__ = [
 ]
 
 
+_MAX_ITEMS = 50_000_000  # a population's domain must fit in memory several times over
+_MAX_COUNT = 2**53  # counts beyond this cannot be simulated (and sum safely in int64)
+
+
 class DatasetError(ValueError):
     """A dataset spec or file that cannot be read; the message says what to fix."""
 
@@ -85,8 +89,10 @@ def _zipf(fields: dict[str, str], n: int | None, rng: np.random.Generator) -> Po
         d, a = int(fields["d"]), float(fields["a"])
     except ValueError as exc:
         raise DatasetError(f"zipf spec values must be numbers: {exc}") from None
-    if d < 1 or not np.isfinite(a) or a < 0:
-        raise DatasetError(f"zipf needs d >= 1 and a finite a >= 0, got d={d}, a={a}")
+    if not 1 <= d <= _MAX_ITEMS or not np.isfinite(a) or a < 0:
+        raise DatasetError(
+            f"zipf needs 1 <= d <= {_MAX_ITEMS:,} and a finite a >= 0, got d={d}, a={a}"
+        )
     if n is None or n < 1:
         raise DatasetError("a zipf dataset needs --n, the number of devices (>= 1)")
     weights = np.arange(1, d + 1, dtype=np.float64) ** -a
@@ -100,12 +106,22 @@ def _file(path_text: str, n: int | None, rng: np.random.Generator) -> Population
     if not path.is_file():
         raise DatasetError(f"dataset file {path} does not exist; give an existing file:<path>")
     tally: dict[str, int] = {}
-    for number, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise DatasetError(
+            f"dataset file {path} is not UTF-8 text ({exc.reason} at byte {exc.start}); "
+            f"save it as UTF-8"
+        ) from None
+    for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
         if not line:
             continue
         item, comma, count_text = line.rpartition(",")
-        if comma and count_text.strip().isdigit():
+        count_text = count_text.strip()
+        if comma and count_text.isascii() and count_text.isdigit():
+            if len(count_text) > 16 or int(count_text) > _MAX_COUNT:
+                raise DatasetError(f"{path}:{number}: count {count_text[:20]} is above 2^53")
             count = int(count_text)
         else:
             item, count = line, 1
@@ -115,8 +131,12 @@ def _file(path_text: str, n: int | None, rng: np.random.Generator) -> Population
     if not tally:
         raise DatasetError(f"dataset file {path} has no items")
     items = tuple(tally)
+    total = sum(tally.values())
+    if total == 0:
+        raise DatasetError(f"dataset file {path} has only zero counts; give at least one device")
+    if total > _MAX_COUNT:
+        raise DatasetError(f"dataset file {path}: the counts sum to more than 2^53")
     counts = np.fromiter(tally.values(), dtype=np.int64)
-    total = int(counts.sum())
     if n is not None and n != total:
         if n < 1:
             raise DatasetError(f"--n must be >= 1, got {n}")

@@ -71,9 +71,10 @@ def _get(where: str, table: Mapping[str, Any], key: str, kind: type, default: An
 
 
 def _positive(where: str, value: float, *, allow_zero: bool = False) -> None:
-    if value < 0 or (value == 0 and not allow_zero):
+    ok = value >= 0 if allow_zero else value > 0  # False for NaN
+    if not ok or value == float("inf"):
         bound = ">= 0" if allow_zero else "> 0"
-        raise ConfigError(f"{where}: must be {bound}, got {value}")
+        raise ConfigError(f"{where}: must be {bound} and finite, got {value}")
 
 
 @dataclass(frozen=True)
@@ -149,7 +150,13 @@ class UseCase:
                 f"use_case.{self.name}.dictionary: file {path} does not exist; give a file with "
                 f"one item per line or builtin:emoji"
             )
-        lines = path.read_text(encoding="utf-8").splitlines()
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except UnicodeDecodeError as exc:
+            raise ConfigError(
+                f"use_case.{self.name}.dictionary: {path} is not UTF-8 text ({exc.reason} at "
+                f"byte {exc.start}); save it as UTF-8, one item per line"
+            ) from None
         return tuple(dict.fromkeys(line.strip() for line in lines if line.strip()))
 
     @cached_property
@@ -165,8 +172,11 @@ class UseCase:
             options["dictionary_size"] = len(self.dictionary_items)  # Pan Thm 3.7 needs d
         try:
             return build_mechanism(self.mechanism_name, epsilon=self.epsilon, **options)
-        except ValueError as exc:
-            raise ConfigError(f"use_case.{self.name}: {exc}") from exc
+        except (ValueError, ArithmeticError) as exc:  # OverflowError: an absurd epsilon
+            raise ConfigError(
+                f"use_case.{self.name}: {exc} (check epsilon={self.epsilon} and the mechanism "
+                f"options)"
+            ) from exc
 
 
 @dataclass(frozen=True)
@@ -215,7 +225,7 @@ def _use_case(raw: Mapping[str, Any], index: int, base: Path) -> UseCase:
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{where}: expected a [[use_case]] table")
     name = _get(where, raw, "name", str)
-    if not _NAME.match(name):
+    if not _NAME.fullmatch(name):
         raise ConfigError(
             f"{where}.name: {name!r} must be 1-51 of [a-z0-9_.-], starting with a letter or digit"
         )

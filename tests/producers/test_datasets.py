@@ -40,7 +40,7 @@ def test_file_population_lines_and_counts(tmp_path: Path) -> None:
         ("poisson:d=3", "not understood"),
         ("zipf:d=10", "needs exactly d=<items> and a=<exponent>"),
         ("zipf:d=ten,a=1", "must be numbers"),
-        ("zipf:d=0,a=1", "d >= 1"),
+        ("zipf:d=0,a=1", "1 <= d <="),
         ("file:/nonexistent/x.txt", "does not exist"),
     ],
 )

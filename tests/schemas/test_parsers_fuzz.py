@@ -865,8 +865,8 @@ def test_decode_batch_never_raises_and_partitions(values: list[bytes | None]) ->
         assert expected_report(values[i]) is None
 
 
-# ==== bugs the fuzzers found (fixed; kept as regression tests), and known ones (xfail) ================================================================================
-# Each test states the behaviour the acceptance criterion asks for and fails today.
+# ==== bugs the fuzzers found: fixed ones are regression tests, open ones strict xfails ====
+# Each test states the behaviour the acceptance criterion asks for.
 def _config(mechanism: str, extra: str = "", epsilon: str = "4.0", name: str = "emoji") -> str:
     return (
         f'[[use_case]]\nname = {toml_string(name)}\nmechanism = "{mechanism}"\n'

@@ -167,7 +167,8 @@ def normalized_variance(p: np.ndarray, s: np.ndarray, m: int, lam: float) -> np.
     g = collision_probability(m)
     q = (s - p) / (m - 1)
     a1 = g * p + (1 - g) * q
-    return (lam * p * (1 - p) + (1 - lam) * a1 * (1 - a1)) / ((p - q) * (1 - g)) ** 2
+    var_c = lam * p * (1 - p) + (1 - lam) * a1 * (1 - a1)
+    return np.asarray(var_c / ((p - q) * (1 - g)) ** 2, dtype=np.float64)
 
 
 def brute_force_minimum(epsilon: float, m: int, lam: float, points: int = 4000) -> float:
@@ -332,8 +333,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\ntotal {seconds:.0f} s")
     sources_at_end = source_digests()
     if sources_at_end != SOURCES_AT_IMPORT:
-        print("warning: library files changed during the run; the JSON records both digests",
-              file=sys.stderr)
+        print(
+            "warning: library files changed during the run; the JSON records both digests",
+            file=sys.stderr,
+        )
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         payload = {

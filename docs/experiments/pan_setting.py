@@ -91,8 +91,7 @@ SOURCE_FILES = (
 def source_digests() -> dict[str, str]:
     """SHA-256 (first 12 hex) of the library files the numbers came from."""
     return {
-        name: hashlib.sha256((REPO / name).read_bytes()).hexdigest()[:12]
-        for name in SOURCE_FILES
+        name: hashlib.sha256((REPO / name).read_bytes()).hexdigest()[:12] for name in SOURCE_FILES
     }
 
 
@@ -224,10 +223,10 @@ def pan_closed_forms(epsilon: float, n: int, f_star: float) -> dict[str, float]:
 
 def z_score(row: dict[str, Any]) -> float:
     """(mean ratio - 1) / its batch standard error; |z| > 3 is flagged in the table."""
-    se = row["ratio_se_batches"]
+    se = float(row["ratio_se_batches"])
     if not math.isfinite(se) or se <= 0:
-        se = row["ratio_sd_per_item"]
-    return (row["mean_ratio"] - 1.0) / se
+        se = float(row["ratio_sd_per_item"])
+    return (float(row["mean_ratio"]) - 1.0) / se
 
 
 def describe(params: dict[str, Any]) -> str:
@@ -351,8 +350,10 @@ def main(argv: list[str] | None = None) -> int:
     print(pan_table(rows, pop.n, f_top))
     sources_at_end = source_digests()
     if sources_at_end != SOURCES_AT_IMPORT:
-        print("warning: library files changed during the run; the JSON records both digests",
-              file=sys.stderr)
+        print(
+            "warning: library files changed during the run; the JSON records both digests",
+            file=sys.stderr,
+        )
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         payload = {

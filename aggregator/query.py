@@ -1,8 +1,14 @@
 """The query worker: latest snapshot of every writer -> merged sketches -> estimates.
 
 Sketches add: the latest snapshot of each aggregator process (disjoint partitions) is summed per
-parameter epoch over the time windows asked for; each epoch's mechanism estimates the counts of
-its own reports, unbiased, so the total is the sum over epochs and its variance the sum of theirs.
+parameter epoch over the time windows asked for. Each epoch's mechanism estimates the counts of
+its own n_e reports, unbiased. Epochs are then combined one of two ways:
+
+* ``ivw`` (default): inverse-variance weighting of the per-epoch *frequencies*
+  ``f_e = C_e / n_e`` (weights ``n_e^2 / Var[C_e]``), scaled to all ``N = sum n_e`` reports —
+  the minimum-variance unbiased combination when an item's frequency is the same in every epoch
+  (a stationary population), which is what lets a retuned epoch (GCMS §6.2) tighten intervals;
+* ``sum``: the sum of per-epoch counts and variances — unbiased whatever the population does.
 """
 
 from __future__ import annotations
@@ -12,12 +18,14 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from statistics import NormalDist
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
+import numpy.typing as npt
 
 from aggregator.exceptions import QueryError
 from aggregator.snapshot import MergedSketch, WindowSketch, latest_snapshots, merge_windows
+from schemas.calibrate import FitMethod, NoiseModel, PriorFamily, fit_prior, posterior_mean
 from schemas.config import UseCase
 from schemas.mechanisms import Mechanism
 
@@ -34,9 +42,13 @@ class ItemEstimate:
     low: float
     high: float
     z: float | None  # estimate / std_error (None if no reports): significance of a heavy hitter
+    calibrated: float | None = None  # posterior mean (Calibrate §III) when asked for
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        if self.calibrated is None:
+            del out["calibrated"]
+        return out
 
 
 @dataclass(frozen=True)
@@ -50,10 +62,13 @@ class QueryResult:
     offsets: dict[str, int]
     level: float
     items: list[ItemEstimate]
+    calibration: dict[str, Any] | None = None  # the fitted prior, when calibrated
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["items"] = [item.as_dict() for item in self.items]
+        if self.calibration is None:
+            del out["calibration"]
         return out
 
 
@@ -101,8 +116,15 @@ def query_use_case(
     end: int | None = None,
     level: float = 0.95,
     directory: Path | None = None,
+    combine: Literal["ivw", "sum"] = "ivw",
+    calibrate: PriorFamily | None = None,
+    calibrate_fit: FitMethod = "mv",
 ) -> QueryResult:
-    """Estimates with standard errors and ``level`` intervals, for ``items`` or the top N."""
+    """Estimates with standard errors and ``level`` intervals, for ``items`` or the top N.
+
+    ``calibrate`` (a prior family) adds each item's calibrated count: the prior is fitted to
+    the estimates of the whole dictionary, which is then required (see ``_calibrate``).
+    """
     if not 0 < level < 1:
         raise QueryError(f"confidence level must be in (0, 1), got {level}")
     if items is None:
@@ -116,20 +138,42 @@ def query_use_case(
         candidates = items
     if not candidates:
         raise QueryError("no items to estimate; give at least one")
+    queried = len(candidates)
+    if calibrate is not None:
+        candidates = _with_dictionary(use_case, candidates)
     merged, coverage = load_merged(
         directory or use_case.snapshot.directory, use_case.name, start, end
     )
-    estimate = np.zeros(len(candidates))
-    variance = np.zeros(len(candidates))
-    reports = 0
+    if combine not in ("ivw", "sum"):
+        raise QueryError(f"combine must be 'ivw' or 'sum', got {combine!r}")
+    per_epoch = []
     windows: set[tuple[int, int]] = set()
     for part in merged.values():
-        mech = _rebuild(part)
-        est = mech.estimate(part.sketch, list(candidates))
-        estimate += est.estimates
-        variance += est.std_errors**2
-        reports += part.sketch.n
         windows.update(part.windows)
+        if part.sketch.n == 0:
+            continue
+        est = _rebuild(part).estimate(part.sketch, list(candidates))
+        per_epoch.append((part.sketch.n, est.estimates, est.std_errors**2))
+    reports = sum(n for n, _, _ in per_epoch)
+    if not per_epoch:
+        estimate = np.zeros(len(candidates))
+        variance = np.zeros(len(candidates))
+    elif combine == "sum" or len(per_epoch) == 1:
+        estimate = np.sum([e for _, e, _ in per_epoch], axis=0)
+        variance = np.sum([v for _, _, v in per_epoch], axis=0)
+    else:
+        weights = np.array([n * n / np.maximum(v, 1e-300) for n, _, v in per_epoch])
+        freqs = np.array([e / n for n, e, _ in per_epoch])
+        total = weights.sum(axis=0)
+        estimate = reports * (weights * freqs).sum(axis=0) / total
+        variance = reports * reports / total
+    calibrated, calibration = None, None
+    if calibrate is not None:
+        calibrated, calibration = _calibrate(
+            merged, estimate, reports, candidates, use_case, calibrate, calibrate_fit, combine
+        )
+        candidates = candidates[:queried]
+        estimate, variance = estimate[:queried], variance[:queried]
     std = np.sqrt(variance)
     order = np.argsort(-estimate, kind="stable")
     if top is not None:
@@ -145,6 +189,7 @@ def query_use_case(
             low=float(estimate[i] - z_level * std[i]),
             high=float(estimate[i] + z_level * std[i]),
             z=float(estimate[i] / std[i]) if std[i] > 0 else None,
+            calibrated=None if calibrated is None else float(calibrated[i]),
         )
         for i in order
     ]
@@ -158,4 +203,58 @@ def query_use_case(
         offsets=coverage["offsets"],
         level=level,
         items=rows,
+        calibration=calibration,
     )
+
+
+def _with_dictionary(use_case: UseCase, candidates: Sequence[str]) -> list[str]:
+    """The queried items followed by the rest of the dictionary (calibration fits to all)."""
+    dictionary = use_case.dictionary_items
+    if dictionary is None:
+        raise QueryError(
+            f"calibration needs a dictionary: it fits its prior to the estimates of every item, "
+            f"and use case {use_case.name!r} has none; configure `dictionary`"
+        )
+    seen = set(candidates)
+    return [*candidates, *(item for item in dictionary if item not in seen)]
+
+
+def _calibrate(
+    merged: dict[int, MergedSketch],
+    estimate: npt.NDArray[np.float64],
+    reports: int,
+    candidates: Sequence[str],
+    use_case: UseCase,
+    prior: PriorFamily,
+    fit: FitMethod,
+    combine: str,
+) -> tuple[npt.NDArray[np.float64], dict[str, Any]]:
+    """Posterior means of ``estimate`` under a prior fitted to the dictionary's estimates.
+
+    The noise is each epoch's ``Var[f_hat | f = k]`` (``NoiseModel.from_mechanism``, with the
+    dictionary's plug-in ``sum f^2`` for the collision term), epoch e seeing ``n_e / N`` of the
+    count: summed for ``sum``; for ``ivw``, ``N^2 / sum_e n_e^2 / v_e``, taken as the quadratic
+    through k = 0, N/2, N.
+    """
+    if reports == 0:
+        raise QueryError("no reports in the selected windows: there is nothing to calibrate")
+    position = {item: i for i, item in enumerate(candidates)}
+    rows = np.array([position[item] for item in use_case.dictionary_items or ()], dtype=np.int64)
+    parts = []
+    for part in merged.values():
+        n_e = part.sketch.n
+        if n_e == 0:
+            continue
+        share = n_e / reports
+        plug = np.clip(estimate[rows] * share, 0.0, float(n_e))
+        model = NoiseModel.from_mechanism(_rebuild(part), n_e, float(plug @ plug))
+        parts.append((n_e, share, model))
+    if combine == "sum" or len(parts) == 1:
+        noise = NoiseModel.pooled([(model, share) for _, share, model in parts])
+    else:
+        ks = np.array([0.0, reports / 2.0, float(reports)])
+        inverse = sum(n_e * n_e / model.variance(share * ks) for n_e, share, model in parts)
+        combined = reports * reports / np.asarray(inverse)
+        noise = NoiseModel.through(reports, *(float(v) for v in combined))
+    fitted = fit_prior(estimate[rows], noise, reports, prior=prior, fit=fit)
+    return posterior_mean(estimate, noise, fitted.prior), fitted.as_dict()

@@ -48,11 +48,12 @@ from aggregator.snapshot import (
     prune,
     write_snapshot,
 )
-from aggregator.windows import WindowedSketches, decode_batch
+from aggregator.windows import DecodedBatch, WindowedSketches, decode_epochs
+from infra.epochs_io import read_epochs
 from infra.kafka import EXACTLY_ONCE_CONSUMER, KafkaSettings, message_position
 from schemas.config import UseCase
 from schemas.envelope import PrivateKeyLookup
-from schemas.payloads import PayloadCodec
+from schemas.mechanisms import Reports
 
 __all__ = ["Aggregator", "AggregatorOptions"]
 
@@ -112,11 +113,13 @@ class Aggregator:
         self.crash_point = crash_point or (lambda _point: None)
         self.clock = clock
         self.metrics = AggregatorMetrics.create(registry or CollectorRegistry())
-        self.mechanism = use_case.mechanism
-        self.codec = PayloadCodec.for_mechanism(self.mechanism)
-        self.spec = mechanism_params(self.mechanism)
+        # the configured epoch now; run() adds the published ones (ldp.<uc>.params)
+        self.epochs = use_case.epoch_set()
         window = opts.window_seconds or use_case.snapshot.window_seconds
-        self.windows = WindowedSketches(self.mechanism, window, use_case.snapshot.keep_windows)
+        self.windows = WindowedSketches(
+            self.epochs.mechanisms, window, use_case.snapshot.keep_windows
+        )
+        self._epochs_loaded = 0.0
         self.offsets: dict[int, int] = {}
         self.horizon = (
             use_case.snapshot.dedupe_horizon
@@ -145,11 +148,17 @@ class Aggregator:
         for window in snap.windows:
             if window.use_case != self.use_case.name:
                 continue
-            if window.params != self.spec:
+            mechanism = self.epochs.mechanisms.get(window.epoch)
+            if mechanism is None:
                 raise AggregatorError(
-                    f"snapshot {self.writer}#{snap.sequence} was built with other mechanism "
-                    f"parameters than the configuration now gives; new parameters need a new "
-                    f"snapshot directory (and a new epoch, so devices and aggregators agree)"
+                    f"snapshot {self.writer}#{snap.sequence} holds epoch {window.epoch}, which "
+                    f"neither the configuration nor {self.use_case.topics.params} defines"
+                )
+            if window.params != mechanism_params(mechanism):
+                raise AggregatorError(
+                    f"snapshot {self.writer}#{snap.sequence} was built with other parameters "
+                    f"for epoch {window.epoch} than the configuration now gives; changed "
+                    f"parameters need a new epoch (ldpipe adapt) or a new snapshot directory"
                 )
             key = (window.epoch, window.window_start, window.window_end)
             self.windows.sketches[key] = window.sketch.copy()
@@ -161,6 +170,44 @@ class Aggregator:
             self.offsets,
         )
         return snap
+
+    def _reload_epochs(self) -> None:
+        """Add the epochs published to the parameters topic (they never change once known)."""
+        self._epochs_loaded = time.monotonic()
+        for problem in self.epochs.add_all(read_epochs(self.kafka, self.use_case)):
+            log.warning("ignoring a parameter epoch: %s", problem)
+
+    def _decode(
+        self, values: list[bytes | None]
+    ) -> tuple[dict[int, DecodedBatch], list[tuple[int, str, str]]]:
+        """``decode_epochs``; envelopes of an unknown epoch trigger one reload of the params
+        topic (at most every 2 s) and are decoded again if their epoch has been published."""
+        name = self.use_case.name
+        parts, rejections = decode_epochs(values, self.keyring, self.epochs.codecs, use_case=name)
+        retry = [i for i, _layer, reason in rejections if reason == "wrong_epoch"]
+        if not retry or time.monotonic() - self._epochs_loaded < 2.0:
+            return parts, rejections
+        known = len(self.epochs.epochs)
+        self._reload_epochs()
+        if len(self.epochs.epochs) == known:
+            return parts, rejections
+        again, rejections_again = decode_epochs(
+            [values[i] for i in retry], self.keyring, self.epochs.codecs, use_case=name
+        )
+        where = np.asarray(retry, dtype=np.int64)
+        for epoch, part in again.items():
+            part = DecodedBatch(part.reports, where[part.positions], [])
+            if epoch in parts:
+                merged = parts[epoch]
+                part = DecodedBatch(
+                    Reports.concat([merged.reports, part.reports]),
+                    np.concatenate([merged.positions, part.positions]),
+                    [],
+                )
+            parts[epoch] = part
+        kept = [r for r in rejections if r[2] != "wrong_epoch"]
+        kept += [(int(where[i]), layer, reason) for i, layer, reason in rejections_again]
+        return parts, sorted(kept)
 
     def partitions(self, consumer: Consumer) -> list[int]:
         meta = consumer.list_topics(self.topic, timeout=15)
@@ -186,6 +233,7 @@ class Aggregator:
         Returns the number of reports aggregated by this run.
         """
         stop = stop or threading.Event()
+        self._reload_epochs()
         self.recover()
         group = self.options.group_id or f"ldpipe-aggregator-{self.use_case.name}"
         overrides: dict[str, object] = dict(EXACTLY_ONCE_CONSUMER)
@@ -265,18 +313,14 @@ class Aggregator:
             self.metrics.reports_rejected.labels(**labels, reason="duplicate").inc(dropped)
             log.warning("dropped %d re-published duplicate reports", dropped)
             good = [good[i] for i in fresh]
-        decoded = decode_batch(
-            [m.value() for m in good],
-            self.keyring,
-            self.codec,
-            use_case=self.use_case.name,
-            epochs={self.use_case.epoch},
-        )
-        stamps = np.fromiter((good[i].timestamp()[1] for i in decoded.positions), dtype=np.int64)
-        self.windows.add(self.use_case.epoch, decoded.reports, stamps)
-        for position, layer, reason in decoded.rejections:
+        parts, rejections = self._decode([m.value() for m in good])
+        accepted = 0
+        for epoch, part in parts.items():
+            stamps = np.fromiter((good[i].timestamp()[1] for i in part.positions), np.int64)
+            self.windows.add(epoch, part.reports, stamps)
+            accepted += len(part.positions)
+        for position, layer, reason in rejections:
             self._dead_letter(producer, good[position], layer, reason)
-        accepted = len(decoded.positions)
         self.metrics.reports_aggregated.labels(**labels).inc(accepted)
         self.metrics.batch_seconds.labels(**labels).observe(time.perf_counter() - started)
         self.crash_point("aggregator.after_accumulate")
@@ -321,8 +365,8 @@ class Aggregator:
             windows=tuple(
                 WindowSketch(
                     use_case=self.use_case.name,
-                    mechanism=self.mechanism.name,
-                    params=self.spec,
+                    mechanism=self.epochs.mechanisms[epoch].name,
+                    params=mechanism_params(self.epochs.mechanisms[epoch]),
                     epoch=epoch,
                     window_start=start,
                     window_end=end,

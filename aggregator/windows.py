@@ -7,7 +7,7 @@ read the same timestamps, so they rebuild the same windows (or other lengths, on
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -30,6 +30,38 @@ class DecodedBatch:
     rejections: list[tuple[int, str, str]]
 
 
+def decode_epochs(
+    values: Sequence[bytes | None],
+    keyring: PrivateKeyLookup,
+    codecs: Mapping[int, PayloadCodec],
+    *,
+    use_case: str,
+) -> tuple[dict[int, DecodedBatch], list[tuple[int, str, str]]]:
+    """Open envelopes and decode each payload with its epoch's codec; never raises on bad data.
+
+    Returns the valid reports per epoch (with their batch positions) and every rejection as
+    ``(position, layer, reason)``; envelopes of an epoch not in ``codecs`` are ``wrong_epoch``.
+    """
+    opened = open_many(values, keyring, use_case=use_case, epochs=codecs.keys())
+    rejections: list[tuple[int, str, str]] = []
+    grouped: dict[int, tuple[list[int], list[bytes]]] = {}
+    for i, result in enumerate(opened):
+        if isinstance(result, EnvelopeError):
+            rejections.append((i, "envelope", str(result.reason)))
+        else:
+            positions, payloads = grouped.setdefault(result.header.epoch, ([], []))
+            positions.append(i)
+            payloads.append(result.payload)
+    parts: dict[int, DecodedBatch] = {}
+    for epoch, (positions, payloads) in grouped.items():
+        decoded = codecs[epoch].decode_batch(payloads)
+        where = np.asarray(positions, dtype=np.int64)
+        rejections.extend((int(where[j]), "payload", str(r)) for j, r in decoded.rejected)
+        parts[epoch] = DecodedBatch(decoded.reports, where[decoded.accepted_index], [])
+    rejections.sort()
+    return parts, rejections
+
+
 def decode_batch(
     values: Sequence[bytes | None],
     keyring: PrivateKeyLookup,
@@ -38,22 +70,18 @@ def decode_batch(
     use_case: str,
     epochs: set[int],
 ) -> DecodedBatch:
-    """Open envelopes and decode payloads; never raises on bad data."""
-    opened = open_many(values, keyring, use_case=use_case, epochs=epochs)
-    rejections: list[tuple[int, str, str]] = []
-    payloads: list[bytes] = []
-    positions: list[int] = []
-    for i, result in enumerate(opened):
-        if isinstance(result, EnvelopeError):
-            rejections.append((i, "envelope", str(result.reason)))
-        else:
-            payloads.append(result.payload)
-            positions.append(i)
-    decoded = codec.decode_batch(payloads)
-    where = np.asarray(positions, dtype=np.int64)
-    rejections.extend((int(where[j]), "payload", str(reason)) for j, reason in decoded.rejected)
-    rejections.sort()
-    return DecodedBatch(decoded.reports, where[decoded.accepted_index], rejections)
+    """``decode_epochs`` for epochs sharing one codec, as one batch in input order."""
+    parts, rejections = decode_epochs(
+        values, keyring, dict.fromkeys(epochs, codec), use_case=use_case
+    )
+    if not parts:
+        empty = codec.decode_batch([])
+        return DecodedBatch(empty.reports, np.zeros(0, dtype=np.int64), rejections)
+    batches = list(parts.values())
+    positions = np.concatenate([b.positions for b in batches])
+    order = np.argsort(positions, kind="stable")
+    reports = Reports.concat([b.reports for b in batches]).take(order)
+    return DecodedBatch(reports, positions[order], rejections)
 
 
 @dataclass
@@ -63,7 +91,7 @@ class WindowedSketches:
     Windows recovered from a snapshot keep their own bounds, whatever ``window_seconds`` is now.
     """
 
-    mechanism: Mechanism
+    mechanisms: Mapping[int, Mechanism]  # by epoch (an EpochSet's, which grows as epochs appear)
     window_seconds: int
     keep: int
     sketches: dict[tuple[int, int, int], Sketch] = field(default_factory=dict)
@@ -81,9 +109,9 @@ class WindowedSketches:
             key = (epoch, int(start), int(start) + self.window_seconds)
             sketch = self.sketches.get(key)
             if sketch is None:
-                sketch = self.sketches[key] = self.mechanism.new_sketch()
+                sketch = self.sketches[key] = self.mechanisms[epoch].new_sketch()
             batch = reports if len(starts) == 1 else reports.take(starts == start)
-            self.mechanism.accumulate(sketch, batch)
+            self.mechanisms[epoch].accumulate(sketch, batch)
 
     def trim(self) -> list[tuple[int, int, int]]:
         """Drop all but the newest ``keep`` windows; returns the dropped keys."""

@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from infra.common import add_service_args, service_context
+from infra.epochs_io import load_epochs
 from producers.client import DeviceClient
 from producers.datasets import dictionary_population, load_population
 from producers.loadgen import produce_population
@@ -33,6 +34,7 @@ def add_parser(sub: Any) -> None:
         "--rate", type=float, help="target reports per second (default: as fast as possible)"
     )
     p.add_argument("--public-key", help="public key file (default: the use case's)")
+    p.add_argument("--epoch", type=int, help="parameter epoch to report with (default: newest)")
     p.add_argument("--json", action="store_true", help="print a JSON summary with the true counts")
     p.set_defaults(run=run)
 
@@ -50,7 +52,11 @@ def run(args: argparse.Namespace) -> int:
         population = dictionary_population(uc.dictionary_items, exponent, args.n, args.seed)
     else:
         population = load_population(args.dataset, n=args.n, seed=args.seed)
-    client = DeviceClient(uc.name, uc.epoch, load_public_key(key_path), uc.mechanism)
+    epochs = load_epochs(ctx.kafka, uc)  # the configured epoch and every published one
+    epoch = epochs.latest if args.epoch is None else args.epoch
+    if epoch not in epochs:
+        raise ValueError(f"epoch {epoch} is not known; known: {sorted(epochs.epochs)}")
+    client = DeviceClient(uc.name, epoch, load_public_key(key_path), epochs.mechanisms[epoch])
     result = produce_population(
         client, ctx.kafka, uc.topics.reports, population, seed=args.seed, rate=args.rate
     )

@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
 from aggregator.query import QueryResult, query_use_case
 from infra.common import stop_on_signals
+from schemas.calibrate import FIT_METHODS, PRIOR_FAMILIES
 from schemas.config import load_config
 from schemas.errors import LdpipeError
 
@@ -34,6 +35,24 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--end", type=int, help="last window end (unix seconds, exclusive)")
     p.add_argument("--level", type=float, default=0.95, help="confidence level of the intervals")
     p.add_argument("--snapshots", help="snapshot directory (default: the use case's)")
+    p.add_argument(
+        "--combine",
+        choices=["ivw", "sum"],
+        default="ivw",
+        help="how parameter epochs combine: inverse-variance weighting of frequencies (default) "
+        "or the plain sum of counts",
+    )
+    p.add_argument(
+        "--calibrate",
+        choices=PRIOR_FAMILIES,
+        help="add each item's calibrated count: the posterior mean under this prior, fitted to "
+        "the whole dictionary's estimates (Calibrate §III; needs a dictionary)",
+    )
+    p.add_argument(
+        "--calibrate-fit",
+        choices=FIT_METHODS,
+        help="how the prior is fitted: mean-variance (mv, default) or maximum likelihood (ml)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--serve", action="store_true", help="export the estimates as Prometheus gauges")
     p.add_argument("--port", type=int, default=9108, help="--serve: metrics port")
@@ -59,6 +78,9 @@ def _once(args: argparse.Namespace) -> QueryResult:
         end=args.end,
         level=args.level,
         directory=Path(args.snapshots) if args.snapshots else None,
+        combine=args.combine,
+        calibrate=args.calibrate,
+        calibrate_fit=args.calibrate_fit or "mv",
     )
 
 
@@ -69,10 +91,17 @@ def _print(result: QueryResult) -> None:
         f"epochs {result.epochs}, writers {', '.join(result.writers)}; "
         f"newest-oldest snapshot age {result.snapshot_age_seconds:.1f} s"
     )
-    print(f"{'item':<36} {'estimate':>10} {'std err':>9}   {pct}% interval")
+    calibrated = result.calibration is not None
+    if result.calibration is not None:
+        fit = result.calibration
+        params = ", ".join(f"{name}={value:.4g}" for name, value in fit["params"].items())
+        print(f"calibrated with a {fit['prior']} prior ({fit['fit']} fit: {params})")
+    cal_header = f" {'calibrated':>10}" if calibrated else ""
+    print(f"{'item':<36} {'estimate':>10}{cal_header} {'std err':>9}   {pct}% interval")
     for row in result.items:
+        cal = f" {row.calibrated:>10.1f}" if row.calibrated is not None else ""
         print(
-            f"{row.item[:36]:<36} {row.estimate:>10.1f} {row.std_error:>9.1f}   "
+            f"{row.item[:36]:<36} {row.estimate:>10.1f}{cal} {row.std_error:>9.1f}   "
             f"[{row.low:.1f}, {row.high:.1f}]"
         )
 
@@ -121,6 +150,10 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.calibrate_fit is not None and args.calibrate is None:
+        raise ValueError("--calibrate-fit needs --calibrate (the prior family: powerlaw, gaussian)")
+    if args.serve and args.calibrate is not None:
+        raise ValueError("--serve exports raw estimates only; drop --calibrate")
     if args.serve:
         return _serve(args)
     started = time.perf_counter()

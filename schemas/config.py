@@ -24,6 +24,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from schemas.epochs import EpochSet, ParameterEpoch
 from schemas.errors import LdpipeError
 from schemas.mechanisms import MECHANISMS, Mechanism, build_mechanism
 
@@ -91,6 +92,7 @@ class Topics:
     shuffled: str
     dlq: str
     shuffler_state: str
+    params: str = ""  # compacted: one record per parameter epoch (schemas/epochs.py)
     partitions: int = 1
 
 
@@ -158,6 +160,18 @@ class UseCase:
                 f"byte {exc.start}); save it as UTF-8, one item per line"
             ) from None
         return tuple(dict.fromkeys(line.strip() for line in lines if line.strip()))
+
+    def base_epoch(self) -> ParameterEpoch:
+        """The configured parameters as epoch ``epoch`` (later ones come from the params topic)."""
+        return ParameterEpoch(
+            self.name, self.epoch, self.mechanism_name, self.epsilon, self.mechanism_options
+        )
+
+    def epoch_set(self) -> EpochSet:
+        """The known epochs, starting with the configured one."""
+        epochs = EpochSet(self.name, self.epsilon, self.dictionary_items)
+        epochs.add(self.base_epoch(), self.mechanism)
+        return epochs
 
     @cached_property
     def mechanism(self) -> Mechanism:
@@ -248,12 +262,15 @@ def _use_case(raw: Mapping[str, Any], index: int, base: Path) -> UseCase:
 
     topics_raw = _get(where, raw, "topics", dict, {})
     tw = f"{where}.topics"
-    _check_keys(tw, topics_raw, {"reports", "shuffled", "dlq", "shuffler_state", "partitions"})
+    _check_keys(
+        tw, topics_raw, {"reports", "shuffled", "dlq", "shuffler_state", "params", "partitions"}
+    )
     topics = Topics(
         reports=_get(tw, topics_raw, "reports", str, f"ldp.{name}.reports"),
         shuffled=_get(tw, topics_raw, "shuffled", str, f"ldp.{name}.shuffled"),
         dlq=_get(tw, topics_raw, "dlq", str, f"ldp.{name}.dlq"),
         shuffler_state=_get(tw, topics_raw, "shuffler_state", str, f"ldp.{name}.shuffler-state"),
+        params=_get(tw, topics_raw, "params", str, f"ldp.{name}.params"),
         partitions=_get(tw, topics_raw, "partitions", int, 1),
     )
     _positive(f"{tw}.partitions", topics.partitions)

@@ -23,11 +23,13 @@ uint64 arithmetic never overflows.
 from __future__ import annotations
 
 import hashlib
+import operator
 import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import cached_property
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -36,6 +38,7 @@ __all__ = [
     "MERSENNE_61",
     "HashFamily",
     "collision_probability",
+    "field_elements",
     "item_bytes",
     "item_key",
     "item_keys",
@@ -49,6 +52,7 @@ _ITEM_DOMAIN = b"ldpipe/item/v1\x00"
 _HASH_DOMAIN = b"ldpipe/hash/v1\x00"
 _MAX_SEED = (1 << 64) - 1
 _MAX_ROWS = 1 << 32
+_HASH_ALL_CHUNK = 1 << 17  # values per hash_all block (1 MiB per uint64 temporary)
 
 Keys = npt.NDArray[np.uint64]
 
@@ -60,6 +64,72 @@ def item_bytes(item: str | bytes) -> bytes:
     if not isinstance(item, str):
         raise TypeError(f"an item must be str or bytes, got {type(item).__name__}")
     return unicodedata.normalize("NFC", item).encode("utf-8")
+
+
+def field_elements(keys: npt.ArrayLike) -> Keys:
+    """``keys`` as a uint64 array of elements of GF(2^61 - 1), refusing anything else.
+
+    Keys come from :func:`item_key`/:func:`item_keys`, which always return values below
+    ``2^61 - 1``; a larger value (or a negative or non-integer one) is not a field element and
+    would hash outside the family the spec defines, so it raises ValueError (TypeError for a
+    non-integer array).
+    """
+    arr = _as_integers(keys, "keys")
+    if arr.size:
+        if arr.dtype.kind == "i" and int(arr.min()) < 0:
+            raise ValueError(f"keys must be field elements in [0, 2^61 - 1), got {int(arr.min())}")
+        top = int(arr.max())
+        if top >= MERSENNE_61:
+            raise ValueError(
+                f"keys must be field elements in [0, 2^61 - 1) (the 61-bit keys item_keys "
+                f"returns), got {top}"
+            )
+    return arr.astype(np.uint64, copy=False)
+
+
+def _as_integers(values: npt.ArrayLike, what: str) -> npt.NDArray[np.integer[Any]]:
+    arr = np.asarray(values)
+    if arr.dtype.kind in "iu":
+        return arr
+    if arr.size == 0:  # np.asarray([]) is float64
+        return arr.astype(np.uint64)
+    if arr.dtype == object:  # Python ints beyond 64 bits
+        raise ValueError(f"{what} must fit in 64 bits; got a value that does not")
+    raise TypeError(f"{what} must be integers, got an array of {arr.dtype}")
+
+
+_PARAMETER_NAMES = {
+    "seed": "hash seed",
+    "k": "k (number of hash functions)",
+    "m": "m (hash range)",
+    "prime": "prime",
+}
+
+
+def _as_int(value: object, name: str) -> int:
+    """``value`` as a Python int: numpy integers accepted, bools, floats and strings refused."""
+    label = _PARAMETER_NAMES[name]
+    if isinstance(value, bool | np.bool_):
+        raise TypeError(f"{label} must be an integer, got the bool {value}")
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        shown = repr(value) if isinstance(value, str) else str(value)
+        raise TypeError(f"{label} must be an integer, got {type(value).__name__} {shown}") from None
+
+
+def _is_prime(number: int) -> bool:
+    """Trial division (the analysis primes are below 2^31: at most ~23,000 divisions)."""
+    if number < 2:
+        return False
+    if number % 2 == 0:
+        return number == 2
+    divisor = 3
+    while divisor * divisor <= number:
+        if number % divisor == 0:
+            return False
+        divisor += 2
+    return True
 
 
 def _word61(digest: bytes, offset: int) -> int:
@@ -92,15 +162,20 @@ def _mulmod(a: Keys, b: Keys) -> Keys:
         + (lo & _P)
     )
     s = (s & _P) + (s >> np.uint64(61))
-    reduced: Keys = np.where(s >= _P, s - _P, s)
+    return _reduce_once(s)
+
+
+def _reduce_once(s: Keys) -> Keys:
+    """``s - P`` if ``s >= P`` else ``s``, for ``s < 2P``: when ``s < P`` the unsigned
+    ``s - P`` wraps above ``s``, so the minimum picks the right one (5-10x faster than where)."""
+    reduced: Keys = np.minimum(s, np.subtract(s, _P))  # the ufunc: no warning on 0-d input
     return reduced
 
 
 def _addmod(a: Keys, b: Keys) -> Keys:
     s = a + b
     s = (s & _P) + (s >> np.uint64(61))
-    reduced: Keys = np.where(s >= _P, s - _P, s)
-    return reduced
+    return _reduce_once(s)
 
 
 def collision_probability(m: int, prime: int = MERSENNE_61) -> float:
@@ -123,7 +198,10 @@ class HashFamily:
     prime: int = MERSENNE_61  # the wire format fixes 2^61 - 1; small primes are for analysis
 
     def __post_init__(self) -> None:
-        if self.prime != MERSENNE_61 and not 2 < self.prime < (1 << 31):
+        # numpy integers are accepted and stored as Python ints; floats and bools are refused
+        for name in ("seed", "k", "m", "prime"):
+            object.__setattr__(self, name, _as_int(getattr(self, name), name))
+        if self.prime != MERSENNE_61 and not (2 < self.prime < (1 << 31) and _is_prime(self.prime)):
             raise ValueError(f"prime must be 2^61 - 1 or a prime below 2^31, got {self.prime}")
         if not 0 <= self.seed <= _MAX_SEED:
             raise ValueError(f"hash seed must be an unsigned 64-bit integer, got {self.seed}")
@@ -155,20 +233,38 @@ class HashFamily:
             prime = np.uint64(self.prime)
             x = keys % prime
             value = ((c2 * x + c1) % prime * x + c0) % prime
-            return (value % np.uint64(self.m)).astype(np.int64)
+            return self._reduce_m(value)
         value = _addmod(_mulmod(c2, keys), c1)
         value = _addmod(_mulmod(value, keys), c0)
+        return self._reduce_m(value)
+
+    def _reduce_m(self, value: Keys) -> npt.NDArray[np.int64]:
+        """``value mod m`` as int64 (a mask when m is a power of two: no 64-bit division)."""
+        if self.m & (self.m - 1) == 0:
+            return (value & np.uint64(self.m - 1)).astype(np.int64)
         return (value % np.uint64(self.m)).astype(np.int64)
 
     def hash_rows(self, rows: npt.ArrayLike, keys: npt.ArrayLike) -> npt.NDArray[np.int64]:
-        """``h_{rows[i]}(keys[i])`` for each i: what devices compute, one function each."""
-        rows_arr = np.asarray(rows, dtype=np.int64)
-        keys_arr = np.asarray(keys, dtype=np.uint64)
-        return self._evaluate(self.coefficients[rows_arr], keys_arr)
+        """``h_{rows[i]}(keys[i])`` for each i: what devices compute, one function each.
 
-    def hash_all(self, keys: npt.ArrayLike, chunk: int = 1 << 22) -> npt.NDArray[np.int64]:
-        """``(len(keys), k)`` matrix of every function at every key: what a query needs."""
-        keys_arr = np.asarray(keys, dtype=np.uint64).reshape(-1)
+        Rows must be in ``[0, k)`` and keys field elements (below 2^61 - 1), else ValueError.
+        """
+        rows_arr = _as_integers(rows, "hash rows")
+        if rows_arr.size and not (int(rows_arr.min()) >= 0 and int(rows_arr.max()) < self.k):
+            raise ValueError(
+                f"hash rows must be in [0, {self.k}) for a family of k={self.k} functions, got "
+                f"values in [{int(rows_arr.min())}, {int(rows_arr.max())}]"
+            )
+        keys_arr = field_elements(keys)
+        return self._evaluate(self.coefficients[rows_arr.astype(np.int64, copy=False)], keys_arr)
+
+    def hash_all(self, keys: npt.ArrayLike, chunk: int = _HASH_ALL_CHUNK) -> npt.NDArray[np.int64]:
+        """``(len(keys), k)`` matrix of every function at every key: what a query needs.
+
+        Evaluated ``chunk`` values at a time: small blocks keep the 64-bit temporaries of the
+        field arithmetic in cache (``chunk`` only changes speed, never the result).
+        """
+        keys_arr = field_elements(keys).reshape(-1)
         out = np.empty((keys_arr.size, self.k), dtype=np.int64)
         step = max(1, chunk // self.k)
         for start in range(0, keys_arr.size, step):

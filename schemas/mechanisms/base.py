@@ -7,9 +7,11 @@ plus per-row totals, so one snapshot format and one query path serve all of them
 from __future__ import annotations
 
 import math
+import operator
 import secrets
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
 from statistics import NormalDist
@@ -18,7 +20,7 @@ from typing import Any, ClassVar
 import numpy as np
 import numpy.typing as npt
 
-from schemas.hashing import HashFamily, item_keys
+from schemas.hashing import HashFamily, field_elements, item_keys
 from schemas.mechanisms.variance import ContributionModel
 
 __all__ = [
@@ -28,12 +30,16 @@ __all__ = [
     "Sketch",
     "SketchMechanism",
     "check_epsilon",
+    "check_range",
     "require",
     "secure_rng",
 ]
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
+
+_BINCOUNT_MIN_FILL = 16  # bincount of rows once a batch has at least k/16 reports
+_GATHER_CHUNK_CELLS = 1 << 17  # cells hashed per gather step: the (keys, k) blocks stay in cache
 
 
 def require(condition: bool, message: str) -> None:
@@ -47,6 +53,31 @@ def check_epsilon(epsilon: float) -> None:
     require(
         isinstance(epsilon, int | float) and math.isfinite(epsilon) and epsilon > 0,
         f"epsilon must be a positive finite number, got {epsilon}",
+    )
+
+
+def _positive_int(value: object, name: str) -> int:
+    """``value`` as a Python int >= 1 (numpy integers accepted; bools and floats refused)."""
+    if isinstance(value, bool | np.bool_):
+        raise TypeError(f"{name} must be a positive integer, got the bool {value}")
+    try:
+        number = operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(
+            f"{name} must be a positive integer, got {type(value).__name__} {value!r}"
+        ) from None
+    require(number >= 1, f"{name} must be a positive integer, got {number}")
+    return number
+
+
+def check_range(values: npt.NDArray[Any], upper: int, what: str) -> None:
+    """Refuse any value outside ``[0, upper)``: it would corrupt or wrap into another cell."""
+    if values.size == 0:
+        return
+    low, high = int(values.min()), int(values.max())
+    require(
+        low >= 0 and high < upper,
+        f"{what} out of range: got values in [{low}, {high}] but they must be in [0, {upper})",
     )
 
 
@@ -88,16 +119,148 @@ class Reports:
         )
 
 
-@dataclass(eq=False)
 class Sketch:
-    """``counts[k, m]`` (int64) and ``row_totals[k]``: the additive server state."""
+    """``counts[k, m]`` (int64) and ``row_totals[k]``: the additive server state.
 
-    counts: IntArray
-    row_totals: IntArray
+    Row totals are either stored (``row_weight=None``: every mechanism can fill the sketch, and
+    each ``accumulate`` adds its reports' rows to them) or, when every report adds exactly
+    ``row_weight`` to its own row (RR-CMS: 1; GCMS/OCMS: s), derived from the counts as
+    ``counts.sum(axis=1) // row_weight`` on access, so accumulate skips a scatter per report.
+
+    >>> sketch = Sketch.zeros(2, 4, row_weight=1)
+    >>> sketch.counts[1, 3] += 1; sketch.mark_modified()
+    >>> sketch.row_totals.tolist(), sketch.n
+    ([0, 1], 1)
+
+    ``version`` counts modifications (``accumulate``, ``+=``, ``mark_modified``); cached values
+    derived from the counts (derived row totals, HCMS's transform) are keyed on it. Code that
+    writes ``counts`` in place by other means must call ``mark_modified()`` afterwards.
+    """
+
+    __slots__ = ("__weakref__", "_counts", "_derived", "_row_totals", "_row_weight", "_version")
+
+    def __init__(
+        self,
+        counts: IntArray,
+        row_totals: IntArray | None = None,
+        *,
+        row_weight: int | None = None,
+    ) -> None:
+        if counts.ndim != 2:
+            raise ValueError(f"sketch counts must be a (k, m) matrix, got shape {counts.shape}")
+        if row_weight is not None:
+            row_weight = _positive_int(row_weight, "row_weight")
+        if row_totals is None and row_weight is None:
+            raise ValueError("a sketch needs row_totals, or row_weight to derive them from counts")
+        if row_totals is not None and row_totals.shape != counts.shape[:1]:
+            raise ValueError(
+                f"row_totals must have shape ({counts.shape[0]},) to match counts of shape "
+                f"{counts.shape}, got {row_totals.shape}"
+            )
+        self._counts = counts
+        self._row_weight = row_weight
+        self._version = 0
+        self._derived: tuple[int, IntArray] | None = None
+        self._row_totals = row_totals if row_weight is None else None
+        if row_totals is not None and row_weight is not None:
+            derived = self.row_totals
+            if not np.array_equal(derived, row_totals):
+                bad = int(np.flatnonzero(derived != row_totals)[0])
+                raise ValueError(
+                    f"row_totals[{bad}] = {int(row_totals[bad])} but counts of row {bad} give "
+                    f"{int(derived[bad])} reports at row_weight {row_weight}; pass row_totals "
+                    f"alone (stored totals) or fix the weight"
+                )
 
     @classmethod
-    def zeros(cls, k: int, m: int) -> Sketch:
-        return cls(np.zeros((k, m), dtype=np.int64), np.zeros(k, dtype=np.int64))
+    def zeros(cls, k: int, m: int, *, row_weight: int | None = None) -> Sketch:
+        """An empty sketch; ``row_weight`` set gives derived row totals (see the class doc)."""
+        counts = np.zeros((k, m), dtype=np.int64)
+        if row_weight is not None:
+            return cls(counts, row_weight=row_weight)
+        return cls(counts, np.zeros(k, dtype=np.int64))
+
+    @property
+    def counts(self) -> IntArray:
+        return self._counts
+
+    @counts.setter
+    def counts(self, value: IntArray) -> None:
+        if value.shape != self._counts.shape:
+            raise ValueError(f"counts must keep shape {self._counts.shape}, got {value.shape}")
+        self._counts = value
+        self.mark_modified()
+
+    @property
+    def row_weight(self) -> int | None:
+        """Increments each report adds to its row when row totals are derived, else None."""
+        return self._row_weight
+
+    @property
+    def row_totals(self) -> IntArray:
+        """Reports per row: the stored array, or (derived) a read-only array cached per version."""
+        if self._row_totals is not None:
+            return self._row_totals
+        cached = self._derived
+        if cached is not None and cached[0] == self._version:
+            return cached[1]
+        assert self._row_weight is not None
+        version = self._version
+        sums: IntArray = self._counts.sum(axis=1, dtype=np.int64)
+        totals: IntArray = sums // self._row_weight
+        rest = sums - totals * self._row_weight
+        if np.any(rest):
+            bad = int(np.flatnonzero(rest)[0])
+            raise ValueError(
+                f"counts of row {bad} sum to {int(sums[bad])}, not a multiple of row_weight "
+                f"{self._row_weight}: these counts were not filled by a mechanism adding exactly "
+                f"{self._row_weight} per report; keep such a sketch with stored row_totals"
+            )
+        totals.setflags(write=False)
+        self._derived = (version, totals)
+        return totals
+
+    @row_totals.setter
+    def row_totals(self, value: IntArray) -> None:
+        if self._row_totals is None:
+            raise AttributeError(
+                "row_totals of this sketch are derived from counts (row_weight="
+                f"{self._row_weight}); modify counts instead"
+            )
+        if value.shape != self._row_totals.shape:
+            raise ValueError(f"row_totals must keep shape {self._row_totals.shape}")
+        self._row_totals = value
+
+    @property
+    def derives_row_totals(self) -> bool:
+        return self._row_totals is None
+
+    def flat_counts(self) -> IntArray:
+        """``counts`` as a writable flat view (refused where a reshape would silently copy)."""
+        require(
+            self._counts.flags.c_contiguous and self._counts.flags.writeable,
+            "accumulating needs writable C-contiguous counts; build the sketch from "
+            "np.ascontiguousarray(counts) or a copy",
+        )
+        return self._counts.reshape(-1)
+
+    @property
+    def version(self) -> int:
+        """Modification counter: changes whenever counts (and so anything derived) may change."""
+        return self._version
+
+    def mark_modified(self) -> None:
+        """Invalidate values cached from the counts; call after writing ``counts`` directly."""
+        self._version += 1
+
+    @contextmanager
+    def updating(self) -> Iterator[None]:
+        """Bracket an in-place update: caches are invalidated before and after it."""
+        self.mark_modified()
+        try:
+            yield
+        finally:
+            self.mark_modified()
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -112,12 +275,34 @@ class Sketch:
     def __iadd__(self, other: Sketch) -> Sketch:
         if self.counts.shape != other.counts.shape:
             raise ValueError(f"cannot add sketches of shapes {self.shape} and {other.shape}")
-        self.counts += other.counts
-        self.row_totals += other.row_totals
+        weight = self._row_weight
+        if weight is not None and other.row_weight != weight:
+            # other's totals must be what our weight derives from its counts, or the sum is wrong
+            expected = other.counts.sum(axis=1, dtype=np.int64)
+            if not np.array_equal(other.row_totals * weight, expected):
+                raise ValueError(
+                    f"cannot add a sketch whose row totals are not its counts / {weight} into a "
+                    f"sketch deriving them at row_weight {weight}; add into a sketch with stored "
+                    f"row_totals instead"
+                )
+        other_totals = None if weight is not None else other.row_totals
+        with self.updating():
+            self.counts += other.counts
+            if other_totals is not None:
+                assert self._row_totals is not None
+                self._row_totals += other_totals
         return self
 
     def copy(self) -> Sketch:
-        return Sketch(self.counts.copy(), self.row_totals.copy())
+        if self._row_totals is None:
+            return Sketch(self.counts.copy(), row_weight=self._row_weight)
+        return Sketch(self.counts.copy(), self._row_totals.copy())
+
+    def __repr__(self) -> str:
+        kind = (
+            "stored" if self._row_totals is not None else f"derived, row_weight={self._row_weight}"
+        )
+        return f"Sketch(shape={self.shape}, row_totals {kind}, version={self._version})"
 
 
 @dataclass(frozen=True)
@@ -187,6 +372,18 @@ class Mechanism(ABC):
     def params(self) -> dict[str, Any]:
         """Every effective parameter, named as ``ldpipe simulate`` takes them."""
 
+    def check_reports(self, reports: Reports, width: int) -> None:
+        """Refuse reports of another width or with a row outside ``[0, k)`` (cheap: O(n))."""
+        self._check_width(reports, width)
+        check_range(reports.rows, self.k, "report row")
+
+    def _check_width(self, reports: Reports, width: int) -> None:
+        require(
+            reports.values.shape[1] == width,
+            f"{self.name} reports with these parameters carry {width} values each, got "
+            f"{reports.values.shape[1]}; were they made with other parameters?",
+        )
+
     # ---- conveniences built on the batch path -------------------------------------------
     def randomize(self, items: Sequence[str | bytes], rng: np.random.Generator) -> Reports:
         """Encode and perturb a batch of items."""
@@ -196,14 +393,33 @@ class Mechanism(ABC):
         """What one device sends: a batch of one, randomized with a secure generator by default."""
         return self.randomize([item], rng if rng is not None else secure_rng())
 
+    @property
+    def row_weight(self) -> int | None:
+        """Increments every report adds to its own row when that number is fixed, else None.
+
+        When set, ``new_sketch`` derives row totals from the counts instead of storing them.
+        """
+        return None
+
     def new_sketch(self) -> Sketch:
-        return Sketch.zeros(self.k, self.m)
+        return Sketch.zeros(self.k, self.m, row_weight=self.row_weight)
 
     def check_sketch(self, sketch: Sketch) -> None:
+        """Refuse a sketch of another shape, or one deriving row totals at another weight.
+
+        A sketch with stored row totals suits every mechanism of its shape.
+        """
         require(
             sketch.shape == (self.k, self.m),
             f"sketch has shape {sketch.shape} but {self.name} with these parameters needs "
             f"{(self.k, self.m)}; build it with mechanism.new_sketch()",
+        )
+        weight = sketch.row_weight
+        require(
+            weight is None or weight == self.row_weight,
+            f"sketch derives row totals as counts / {weight} but every {self.name} report adds "
+            f"{self.row_weight or 'a varying number of'} increments to its row; build it with "
+            f"mechanism.new_sketch() or give it stored row_totals",
         )
 
     def variance(
@@ -286,7 +502,7 @@ class SketchMechanism(Mechanism, ABC):
         self, codes: npt.ArrayLike, rng: np.random.Generator
     ) -> tuple[IntArray, IntArray]:
         """Each device picks a function uniformly (Apple Alg. 2 line 1) and hashes its item."""
-        keys = np.asarray(codes, dtype=np.uint64).reshape(-1)
+        keys = field_elements(codes).reshape(-1)
         rows = rng.integers(0, self.k, size=keys.size, dtype=np.int64)
         return rows, self.family.hash_rows(rows, keys)
 
@@ -301,8 +517,10 @@ class SketchMechanism(Mechanism, ABC):
         """The matrix estimates read from; mechanisms with a server transform override."""
         return sketch.counts
 
-    def _gather(self, matrix: IntArray, codes: npt.ArrayLike, chunk: int = 1 << 22) -> FloatArray:
-        keys = np.asarray(codes, dtype=np.uint64).reshape(-1)
+    def _gather(
+        self, matrix: IntArray, codes: npt.ArrayLike, chunk: int = _GATHER_CHUNK_CELLS
+    ) -> FloatArray:
+        keys = field_elements(codes).reshape(-1)
         flat = matrix.reshape(-1)
         out = np.empty(keys.size, dtype=np.float64)
         step = max(1, chunk // self.k)
@@ -311,8 +529,19 @@ class SketchMechanism(Mechanism, ABC):
             out[start : start + step] = flat[cells].sum(axis=1)
         return out
 
+    def _check_batch(self, sketch: Sketch, reports: Reports, width: int) -> None:
+        """Check sketch and reports (width, rows in ``[0, k)``) before anything is written."""
+        self.check_sketch(sketch)
+        self.check_reports(reports, width)
+
     def _add_rows(self, sketch: Sketch, rows: IntArray) -> None:
-        np.add.at(sketch.row_totals, rows, 1)
+        """Count reports per row, unless the sketch derives its row totals from the counts."""
+        if sketch.derives_row_totals:
+            return
+        if rows.size * _BINCOUNT_MIN_FILL >= self.k:  # a dense histogram beats add.at's scatter
+            sketch.row_totals += np.bincount(rows, minlength=self.k)
+        else:
+            np.add.at(sketch.row_totals, rows, 1)
 
     def base_params(self) -> dict[str, Any]:
         return {"k": self.k, "m": self.m, "seed": self.seed}

@@ -21,7 +21,7 @@ from schemas.mechanisms.variance import ContributionModel
 
 __all__ = ["CountMeanSketch", "pack_bits", "scatter_bits", "unpack_bits"]
 
-_CHUNK_CELLS = 1 << 24
+_CHUNK_CELLS = 1 << 20  # unpacked bits per step: 1 MiB, reused from cache, few page faults
 
 
 def pack_bits(bits: npt.NDArray[np.bool_]) -> npt.NDArray[np.uint8]:
@@ -37,7 +37,7 @@ def scatter_bits(
 ) -> None:
     """``counts[rows[i], c] += bit[i, c]`` for every set bit, chunked, via one flat ``add.at``."""
     _k, m = sketch.shape
-    flat_counts = sketch.counts.reshape(-1)
+    flat_counts = sketch.flat_counts()
     step = max(1, _CHUNK_CELLS // m)
     for start in range(0, len(rows), step):
         bits = unpack_bits(packed[start : start + step], m)
@@ -99,9 +99,10 @@ class CountMeanSketch(SketchMechanism):
         return Reports(rows, packed)
 
     def accumulate(self, sketch: Sketch, reports: Reports) -> None:
-        self.check_sketch(sketch)
-        scatter_bits(sketch, reports.rows, reports.values)
-        self._add_rows(sketch, reports.rows)
+        self._check_batch(sketch, reports, (self.m + 7) // 8)
+        with sketch.updating():
+            scatter_bits(sketch, reports.rows, reports.values)
+            self._add_rows(sketch, reports.rows)
 
     def output_probability(self, reports: Reports, cells: npt.ArrayLike) -> FloatArray:
         bits = unpack_bits(reports.values, self.m)

@@ -5,12 +5,15 @@ probability 1/2, every other 1 with probability ``q = 1/(e^eps + 1)``. No hashin
 is a single row of d columns and no two items collide (``gamma = 0`` in ``variance.py``), so
 ``f_hat = (C - n q)/(1/2 - q)`` and ``Var = n q(1-q)/(1/2-q)^2 + f (1/4 - q(1-q))/(1/2-q)^2``.
 
-Report values: ``uint8[n, ceil(d/8)]``, the d bits packed little-endian within each byte.
+Items are compared in NFC (bytes decoded as UTF-8 first), as ``schemas.hashing.item_bytes``
+normalizes strings. Report values: ``uint8[n, ceil(d/8)]``, the d bits packed little-endian
+within each byte.
 """
 
 from __future__ import annotations
 
 import math
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -29,9 +32,28 @@ from schemas.mechanisms.base import (
 from schemas.mechanisms.cms import pack_bits, unpack_bits
 from schemas.mechanisms.variance import ContributionModel
 
-__all__ = ["OptimizedUnaryEncoding"]
+__all__ = ["OptimizedUnaryEncoding", "canonical_text"]
 
 _CHUNK_CELLS = 1 << 23
+_ACCUMULATE_CELLS = 1 << 20  # unpacked bits per reduction step: 1 MiB, stays in cache
+_MAX_UINT16_ROWS = (1 << 16) - 1  # rows a uint16 column sum can hold
+
+
+def canonical_text(item: str | bytes) -> str:
+    """An item as OUE compares it: NFC text, bytes decoded as UTF-8 first.
+
+    The same NFC normalization as ``schemas.hashing.item_bytes`` applies to strings; OUE's
+    dictionary is text, so bytes are decoded and normalized too (the hash keys leave bytes
+    as they are).
+    """
+    if isinstance(item, bytes):
+        try:
+            item = item.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"OUE item {item!r} is not valid UTF-8: {exc.reason}") from None
+    elif not isinstance(item, str):
+        raise TypeError(f"an item must be str or bytes, got {type(item).__name__}")
+    return unicodedata.normalize("NFC", item)
 
 
 @dataclass(frozen=True)
@@ -48,11 +70,16 @@ class OptimizedUnaryEncoding(Mechanism):
     def __post_init__(self) -> None:
         check_epsilon(self.epsilon)
         require(len(self.dictionary) >= 2, "oue needs a dictionary of at least 2 items")
-        index = {item: i for i, item in enumerate(self.dictionary)}
-        require(
-            len(index) == len(self.dictionary),
-            "oue dictionary has duplicate items; remove them",
-        )
+        index: dict[str, int] = {}
+        for i, item in enumerate(self.dictionary):
+            key = canonical_text(item)
+            if key in index:
+                first = self.dictionary[index[key]]
+                raise ValueError(
+                    f"oue dictionary has duplicate items: {first!a} (position {index[key]}) "
+                    f"and {item!a} (position {i}) are the same text in NFC; remove one"
+                )
+            index[key] = i
         object.__setattr__(self, "m", len(self.dictionary))
         object.__setattr__(self, "_index", index)
 
@@ -78,16 +105,21 @@ class OptimizedUnaryEncoding(Mechanism):
         return ContributionModel(p, p * (1 - p), q, q * (1 - q), 0.0, 1)
 
     def encode(self, items: Sequence[str | bytes]) -> npt.NDArray[np.int64]:
-        try:
-            return np.fromiter(
-                (self._index[i.decode() if isinstance(i, bytes) else i] for i in items),
-                dtype=np.int64,
-            )
-        except KeyError as exc:
+        """Dictionary indices of ``items``, compared in NFC (``"e\\u0301"`` finds ``"é"``)."""
+        return np.fromiter((self._lookup(item) for item in items), dtype=np.int64)
+
+    def _lookup(self, item: str | bytes) -> int:
+        # an NFC string hits directly; anything else is normalized first (the index is NFC)
+        found = self._index.get(item) if isinstance(item, str) else None
+        if found is not None:
+            return found
+        found = self._index.get(canonical_text(item))
+        if found is None:
             raise ValueError(
-                f"item {exc.args[0]!r} is not in the OUE dictionary; OUE only reports known "
+                f"item {item!r} is not in the OUE dictionary; OUE only reports known "
                 f"items: add it to the dictionary or use a sketch mechanism (cms, gcms, ...)"
-            ) from None
+            )
+        return found
 
     def perturb(self, codes: npt.ArrayLike, rng: np.random.Generator) -> Reports:
         idx = np.asarray(codes, dtype=np.int64).reshape(-1)
@@ -102,12 +134,21 @@ class OptimizedUnaryEncoding(Mechanism):
         return Reports(np.zeros(n, dtype=np.int64), packed)
 
     def accumulate(self, sketch: Sketch, reports: Reports) -> None:
+        """Column sums of the reports' bits: every report touches all d columns, so this is a
+        dense reduction (uint16 partial sums over at most 65,535 rows), not a scatter."""
         self.check_sketch(sketch)
-        step = max(1, _CHUNK_CELLS // self.m)
-        for start in range(0, len(reports), step):
-            bits = unpack_bits(reports.values[start : start + step], self.m)
-            sketch.counts[0] += bits.sum(axis=0, dtype=np.int64)
-        sketch.row_totals[0] += len(reports)
+        self.check_reports(reports, (self.m + 7) // 8)
+        n = len(reports)
+        step = max(1, min(_MAX_UINT16_ROWS, _ACCUMULATE_CELLS // self.m))
+        with sketch.updating():
+            for start in range(0, n, _MAX_UINT16_ROWS):
+                stop = min(n, start + _MAX_UINT16_ROWS)
+                partial = np.zeros(self.m, dtype=np.uint16)  # <= 65,535 rows: cannot overflow
+                for block in range(start, stop, step):
+                    bits = unpack_bits(reports.values[block : min(stop, block + step)], self.m)
+                    partial += np.add.reduce(bits.view(np.uint8), axis=0, dtype=np.uint16)
+                sketch.counts[0] += partial
+            sketch.row_totals[0] += n
 
     def column_totals(self, sketch: Sketch, codes: npt.ArrayLike) -> FloatArray:
         totals: FloatArray = sketch.counts[0, np.asarray(codes, dtype=np.int64)].astype(np.float64)

@@ -16,7 +16,8 @@ RR). m is chosen for an objective unless given:
 The estimator is Pan's g(x) of eq. 8 with ``m' = 1 / c`` where c is the exact collision
 probability of the hash family (Lemma 3.2), as every ldpipe sketch estimator is.
 
-Report values: ``int64[n, 1]``, the reported value y.
+Report values: ``int64[n, 1]``, the reported value y. Each report adds exactly 1 to its own
+row, so ``new_sketch()`` derives row totals from the counts (``row_weight = 1``).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from schemas.mechanisms.base import (
     Sketch,
     SketchMechanism,
     check_epsilon,
+    check_range,
     require,
 )
 from schemas.mechanisms.variance import ContributionModel
@@ -125,10 +127,21 @@ class RandomizedResponseCountMeanSketch(SketchMechanism):
         other += other >= cells
         return Reports(rows, np.where(keep, cells, other)[:, None])
 
+    @property
+    def row_weight(self) -> int:
+        """One increment per report in its own row: row totals are derived from the counts."""
+        return 1
+
     def accumulate(self, sketch: Sketch, reports: Reports) -> None:
-        self.check_sketch(sketch)
-        np.add.at(sketch.counts.reshape(-1), reports.rows * self.m + reports.values[:, 0], 1)
-        self._add_rows(sketch, reports.rows)
+        self._check_batch(sketch, reports, 1)
+        values = reports.values[:, 0]
+        check_range(values, self.m, "rrcms report value")
+        flat_counts = sketch.flat_counts()
+        cells = np.multiply(reports.rows, self.m, dtype=np.int64)  # int64 whatever rows are
+        cells += values
+        with sketch.updating():
+            np.add.at(flat_counts, cells, 1)
+            self._add_rows(sketch, reports.rows)
 
     def output_probability(self, reports: Reports, cells: npt.ArrayLike) -> FloatArray:
         return np.where(reports.values[:, 0] == np.asarray(cells), self.p, self.q)

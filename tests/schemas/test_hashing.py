@@ -344,3 +344,83 @@ def test_triples_are_jointly_uniform(key_set: str) -> None:
     prob = 1.0 / m**3
     for count in cells.tolist():
         assert within_binomial(count, len(values), prob, sigmas=5.0), (key_set, cells.tolist())
+
+
+# ---- parameter types and key validation ------------------------------------------------------
+def test_numpy_integer_parameters_are_accepted_as_python_ints() -> None:
+    family = HashFamily(seed=np.uint64(2**63), k=np.int64(4), m=np.int32(1000))  # type: ignore[arg-type]
+    assert family == HashFamily(seed=2**63, k=4, m=1000)
+    assert all(type(v) is int for v in (family.seed, family.k, family.m, family.prime))
+    assert family.coefficients.tolist() == [list(ref_coefficients(2**63, j)) for j in range(4)]
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"seed": 1.0}, r"hash seed must be an integer, got float 1.0"),
+        ({"seed": True}, r"hash seed must be an integer, got the bool True"),
+        ({"seed": np.True_}, r"hash seed must be an integer, got the bool True"),
+        ({"seed": "7"}, r"hash seed must be an integer, got str '7'"),
+        ({"k": 4.0}, r"k \(number of hash functions\) must be an integer, got float 4.0"),
+        ({"m": np.float64(16)}, r"m \(hash range\) must be an integer, got float64 16.0"),
+        ({"prime": 13.0}, r"prime must be an integer, got float 13.0"),
+    ],
+)
+def test_non_integer_parameters_are_refused(options: dict[str, Any], message: str) -> None:
+    params: dict[str, Any] = {"seed": 0, "k": 4, "m": 16, **options}
+    with pytest.raises(TypeError, match=message):
+        HashFamily(**params)
+
+
+@pytest.mark.parametrize("prime", [15, 91, 2**31 - 3, 65537 * 3])
+def test_composite_analysis_prime_is_refused(prime: int) -> None:
+    message = rf"prime must be 2\^61 - 1 or a prime below 2\^31, got {prime}"
+    with pytest.raises(ValueError, match=message):
+        HashFamily(seed=0, k=1, m=4, prime=prime)
+
+
+@pytest.mark.parametrize("prime", [3, 13, 65537, 2**31 - 1])
+def test_analysis_primes_are_accepted(prime: int) -> None:
+    assert HashFamily(seed=0, k=1, m=2, prime=np.int64(prime)).prime == prime  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "keys",
+    [[P], [0, P - 1, P], [2**64 - 1], np.array([P, 1], dtype=np.uint64)],
+    ids=["P", "P-in-batch", "max-uint64", "uint64-array"],
+)
+def test_keys_that_are_not_field_elements_are_refused(keys: Any) -> None:
+    family = HashFamily(seed=0, k=4, m=16)
+    with pytest.raises(ValueError, match=r"keys must be field elements in \[0, 2\^61 - 1\)"):
+        family.hash_all(keys)
+    with pytest.raises(ValueError, match="keys must be field elements"):
+        family.hash_rows(np.zeros(len(keys), dtype=np.int64), keys)
+
+
+def test_negative_float_and_oversized_keys_are_refused() -> None:
+    family = HashFamily(seed=0, k=4, m=16)
+    with pytest.raises(ValueError, match=r"keys must be field elements.*got -1"):
+        family.hash_all(np.array([3, -1]))
+    with pytest.raises(TypeError, match="keys must be integers, got an array of float64"):
+        family.hash_all([1.5])
+    with pytest.raises(ValueError, match="keys must fit in 64 bits"):
+        family.hash_all([2**64])
+    assert family.hash_all([]).shape == (0, 4)
+
+
+def test_hash_rows_refuses_rows_outside_the_family() -> None:
+    family = HashFamily(seed=0, k=4, m=16)
+    for rows in ([4], [-1]):
+        with pytest.raises(ValueError, match=r"hash rows must be in \[0, 4\)"):
+            family.hash_rows(rows, [1])
+    with pytest.raises(TypeError, match="hash rows must be integers"):
+        family.hash_rows([1.0], [1])
+
+
+def test_scalar_inputs_and_chunk_sizes_give_the_same_values() -> None:
+    family = HashFamily(seed=5, k=7, m=1000)
+    keys = np.array(EDGE_KEYS, dtype=np.uint64)
+    full = family.hash_all(keys)
+    for chunk in (1, 3, 7, 1 << 17, 1 << 22):
+        np.testing.assert_array_equal(family.hash_all(keys, chunk=chunk), full)
+    assert int(family.hash_rows(2, int(keys[-1]))) == full[-1, 2]  # 0-d: no overflow warning

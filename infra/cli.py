@@ -12,10 +12,13 @@ import sys
 from collections.abc import Sequence
 
 from infra import (
+    adapt_cmd,
     aggregator_cmd,
     broker_cmd,
     demo_cmd,
     keys_cmd,
+    params_cmd,
+    privacy_cmd,
     produce_cmd,
     query_cmd,
     replay_cmd,
@@ -34,8 +37,11 @@ _COMMANDS = (
     shuffler_cmd,
     aggregator_cmd,
     query_cmd,
+    adapt_cmd,
     replay_cmd,
     simulate_cmd,
+    params_cmd,
+    privacy_cmd,
 )
 
 

@@ -7,6 +7,9 @@
 
   valid when ``eps0 <= log(n / (8 log(2/delta)) - 1)``; outside that range the shuffle gives no
   proven amplification here and eps0 itself is returned (post-processing never hurts).
+* :func:`amplification_bounds` — that closed form beside the tighter numerical bound of
+  ``schemas.amplification`` (Feldman, McMillan & Talwar 2021, Thm 3.2 computed exactly), for
+  one window; what the shuffler exports and records in the privacy ledger.
 """
 
 from __future__ import annotations
@@ -14,7 +17,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["Amplification", "shuffle_amplification"]
+from schemas.amplification import numerical_amplification
+
+__all__ = [
+    "Amplification",
+    "AmplificationBounds",
+    "amplification_bounds",
+    "numerical_amplification",
+    "shuffle_amplification",
+]
 
 
 @dataclass(frozen=True)
@@ -45,3 +56,39 @@ def shuffle_amplification(epsilon0: float, n: int, delta: float) -> Amplificatio
         (e - 1) * (4 * math.sqrt(2 * math.log(4 / delta)) / math.sqrt((e + 1) * n) + 4 / n)
     )
     return Amplification(min(bound, epsilon0), delta, n, epsilon0, True)
+
+
+@dataclass(frozen=True)
+class AmplificationBounds:
+    """Both amplification bounds of one shuffled window of n eps0-LDP reports, at one delta.
+
+    ``closed_form``: GCMS Thm 1 / eq. (2) (eps0 when ``closed_form_applies`` is False).
+    ``numerical``: FMT21 Thm 3.2 computed exactly (``schemas.amplification``); valid for any n.
+    ``epsilon``: the smaller of the two, what the window is (epsilon, delta)-DP with. Taking the
+    minimum is a safety net only: the tests check ``numerical <= closed_form`` wherever the
+    closed form applies.
+    """
+
+    epsilon0: float
+    n: int
+    delta: float
+    closed_form: float
+    closed_form_applies: bool
+    numerical: float
+
+    @property
+    def epsilon(self) -> float:
+        return min(self.closed_form, self.numerical)
+
+
+def amplification_bounds(epsilon0: float, n: int, delta: float) -> AmplificationBounds:
+    """The closed-form and numerical amplified epsilon of one window (numerical is cached)."""
+    closed = shuffle_amplification(epsilon0, n, delta)
+    return AmplificationBounds(
+        epsilon0=epsilon0,
+        n=n,
+        delta=delta,
+        closed_form=closed.epsilon,
+        closed_form_applies=closed.applies,
+        numerical=numerical_amplification(epsilon0, n, delta),
+    )

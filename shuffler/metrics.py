@@ -18,6 +18,9 @@ class ShufflerMetrics:
     window_size: Histogram
     window_epsilon: Gauge
     window_delta: Gauge
+    window_epsilon_numerical: Gauge
+    report_epsilon: Gauge
+    user_epsilon_period: Gauge
     release_seconds: Histogram
     buffered: Gauge
     consumer_lag: Gauge
@@ -60,6 +63,26 @@ class ShufflerMetrics:
             window_delta=Gauge(
                 "ldpipe_shuffler_window_delta",
                 "Delta of the last window's amplified epsilon",
+                label,
+                registry=registry,
+            ),
+            window_epsilon_numerical=Gauge(
+                "ldpipe_shuffler_window_epsilon_numerical",
+                "Amplified central epsilon of the last window, numerical bound (FMT21 Thm 3.2) "
+                "at ldpipe_shuffler_window_delta's configured delta",
+                label,
+                registry=registry,
+            ),
+            report_epsilon=Gauge(
+                "ldpipe_shuffler_report_epsilon",
+                "Local epsilon of one report (the mechanism's effective epsilon)",
+                label,
+                registry=registry,
+            ),
+            user_epsilon_period=Gauge(
+                "ldpipe_shuffler_user_epsilon_per_period",
+                "Local epsilon one client can spend per contribution period "
+                "(contribution_limit x report epsilon, basic composition)",
                 label,
                 registry=registry,
             ),

@@ -6,9 +6,11 @@ Each release is one Kafka transaction (numbered, the order matters):
 2. produce them to the shuffled topic, all stamped with the release time;
 3. produce rejected reports (over the contribution limit) to the dead-letter topic with a reason;
 4. produce the window's contribution-count delta to the shuffler-state topic;
-5. ``send_offsets_to_transaction`` with the consumer's positions, then commit.
+5. produce the window's privacy-ledger record (size, amplified epsilon by both bounds;
+   ``schemas/ledger.md``) to the ledger topic;
+6. ``send_offsets_to_transaction`` with the consumer's positions, then commit.
 
-A crash anywhere before step 5 completes aborts the transaction (the next producer with the same
+A crash anywhere before step 6 completes aborts the transaction (the next producer with the same
 ``transactional.id`` fences and aborts it) and the reports are consumed again from the committed
 offsets; after it, they are published exactly once and read_committed consumers see them.
 While a window fills, the loop keeps polling, so ``max.poll.interval.ms`` never expires.
@@ -42,7 +44,8 @@ from infra.kafka import (
     read_to_end,
 )
 from schemas.config import UseCase
-from schemas.privacy import shuffle_amplification
+from schemas.ledger import WindowRecord, encode_record, ledger_topic, window_id
+from schemas.privacy import AmplificationBounds, amplification_bounds
 from shuffler.contributions import ContributionLedger
 from shuffler.exceptions import ShufflerError
 from shuffler.metrics import ShufflerMetrics
@@ -86,9 +89,15 @@ class Shuffler:
         cfg = use_case.shuffle
         self.window = ShuffleWindow(cfg.n_min, cfg.max_reports, cfg.max_wait_seconds)
         self.ledger = ContributionLedger(cfg.contribution_limit, cfg.contribution_period_seconds)
-        self.epsilon0 = use_case.mechanism.effective_epsilon
+        # the budget caps every parameter epoch, so it bounds any report this shuffler sees
+        self.epsilon0 = use_case.epsilon
         self.windows_released = 0
         self._labels = {"use_case": use_case.name}
+        self._first_offsets: dict[tuple[str, int], int] = {}  # of the open window, for the ledger
+        self.metrics.report_epsilon.labels(**self._labels).set(self.epsilon0)
+        self.metrics.user_epsilon_period.labels(**self._labels).set(
+            cfg.contribution_limit * self.epsilon0  # basic composition, docs/privacy.md
+        )
         self._consumer: Consumer | None = None
         self._producer: Producer | None = None
         self._last_lag = 0.0
@@ -112,6 +121,9 @@ class Shuffler:
         if topic is None or topic.error is not None or not topic.partitions:
             raise ShufflerError(f"topic {shuffled!r} does not exist; create the use case's topics")
         self._shuffled_partitions = len(topic.partitions)
+        ledger = ledger_topic(name)
+        if ledger not in producer.list_topics(timeout=15).topics:
+            raise ShufflerError(f"topic {ledger!r} does not exist; create the use case's topics")
         consumer = Consumer(
             self.kafka.consumer_config(f"ldpipe-shuffler-{name}", EXACTLY_ONCE_CONSUMER)
         )
@@ -129,6 +141,7 @@ class Shuffler:
         if len(self.window) or self.window.rejected:
             log.info("revoked: dropping %d uncommitted reports", len(self.window))
         self.window.clear()
+        self._first_offsets.clear()
         self.ledger.discard()
 
     def _restore_ledger(self) -> None:
@@ -196,6 +209,7 @@ class Shuffler:
         self.metrics.reports_in.labels(**self._labels).inc()
         value = msg.value() or b""
         source = message_position(msg)
+        self._first_offsets.setdefault(source[:2], source[2])
         if self.ledger.admit(msg.key(), source[1:], now):
             self.window.add(value, now, source)
         else:
@@ -207,6 +221,11 @@ class Shuffler:
         topics = self.use_case.topics
         values = self.window.shuffled()
         stamp = int(now * 1000)
+        bounds = (
+            amplification_bounds(self.epsilon0, len(values), self.use_case.shuffle.delta)
+            if values
+            else None
+        )  # before the transaction: the numerical bound takes milliseconds (then cached)
         try:
             producer.begin_transaction()
             for value in values:
@@ -232,6 +251,10 @@ class Shuffler:
             period, entries = self.ledger.pending_record()
             if entries:
                 self._produce(producer, topics.shuffler_state, entries, key=str(period).encode())
+            if bounds is not None:
+                record = self._ledger_record(bounds, now, period)
+                key = self.use_case.name.encode()
+                self._produce(producer, ledger_topic(self.use_case.name), record, key=key)
             if getattr(self.crash_point, "point", None) == "shuffler.before_commit":
                 producer.flush(30)  # make "after produce, before commit" as harsh as it gets
             self.crash_point("shuffler.before_commit")
@@ -244,15 +267,44 @@ class Shuffler:
                 producer.abort_transaction(30)
                 self._rewind(consumer)
                 self.window.clear()
+                self._first_offsets.clear()
                 self.ledger.discard()
                 log.warning("window transaction aborted (%s); reports will be re-consumed", error)
                 return False
             raise ShufflerError(f"shuffler transaction failed: {error}") from exc
         self.crash_point("shuffler.after_commit")
         self.ledger.commit()
-        self._record(len(values), len(self.window.rejected), time.perf_counter() - started)
+        self._record(len(values), len(self.window.rejected), time.perf_counter() - started, bounds)
         self.window.clear()
+        self._first_offsets.clear()
         return True
+
+    def _ledger_record(self, bounds: AmplificationBounds, now: float, period: int) -> bytes:
+        """The window's privacy-ledger record (``schemas/ledger.md``)."""
+        inputs = tuple(
+            (partition, self._first_offsets.get((topic, partition), end - 1), end)
+            for (topic, partition), end in sorted(self.window.offsets.items())
+        )
+        uc = self.use_case
+        return encode_record(
+            WindowRecord(
+                use_case=uc.name,
+                window_id=window_id(inputs),
+                released_at=now,
+                period=period,
+                n=bounds.n,
+                epsilon0=bounds.epsilon0,
+                delta=bounds.delta,
+                closed_form=bounds.closed_form,
+                closed_form_applies=bounds.closed_form_applies,
+                numerical=bounds.numerical,
+                contribution_limit=uc.shuffle.contribution_limit,
+                period_seconds=uc.shuffle.contribution_period_seconds,
+                mechanism=uc.mechanism_name,
+                epoch=uc.epoch,
+                inputs=inputs,
+            )
+        )
 
     def _partition_of(self, value: bytes) -> int:
         """Shuffled partition from the envelope's hash: a report published twice (after an
@@ -292,7 +344,9 @@ class Shuffler:
             except BufferError:
                 producer.poll(0.05)  # queue full: serve delivery reports and retry
 
-    def _record(self, published: int, rejected: int, seconds: float) -> None:
+    def _record(
+        self, published: int, rejected: int, seconds: float, bounds: AmplificationBounds | None
+    ) -> None:
         labels = self._labels
         self.windows_released += 1
         self.metrics.windows.labels(**labels).inc()
@@ -301,18 +355,21 @@ class Shuffler:
             self.metrics.reports_rejected.labels(**labels, reason="contribution_limit").inc(
                 rejected
             )
-        if published:
+        if bounds is not None:
             self.metrics.window_size.labels(**labels).observe(published)
-            amp = shuffle_amplification(self.epsilon0, published, self.use_case.shuffle.delta)
-            self.metrics.window_epsilon.labels(**labels).set(amp.epsilon)
-            self.metrics.window_delta.labels(**labels).set(amp.delta)
+            self.metrics.window_epsilon.labels(**labels).set(bounds.closed_form)
+            self.metrics.window_delta.labels(**labels).set(
+                bounds.delta if bounds.closed_form_applies else 0.0
+            )
+            self.metrics.window_epsilon_numerical.labels(**labels).set(bounds.numerical)
             log.info(
                 "released window of %d reports (%d rejected): amplified epsilon %.4g "
-                "(delta %.1e) from %.3g per report",
+                "(numerical; closed form %.4g), delta %.1e, from %.3g per report",
                 published,
                 rejected,
-                amp.epsilon,
-                amp.delta,
+                bounds.numerical,
+                bounds.closed_form,
+                bounds.delta,
                 self.epsilon0,
             )
         self.metrics.release_seconds.labels(**labels).observe(seconds)

@@ -1,0 +1,170 @@
+"""``ldpipe privacy``: amplification bounds of one window, and the privacy ledger's report.
+
+``ldpipe privacy amplification --epsilon0 E0 --n N --delta D [--json]`` prints the closed form
+(GCMS paper Thm 1) and the numerical bound (FMT21 Thm 3.2) for one shuffled window.
+``ldpipe privacy report --config CFG [--use-case UC] [--json]`` reads each use case's ledger
+topic and prints what it adds up to (``schemas/accounting.py``; ``docs/privacy.md``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from infra.kafka import KafkaSettings, parse_extra
+from infra.ledger_io import read_ledger
+from schemas.accounting import PrivacyReport, Spread, summarize_ledger
+from schemas.config import load_config
+from schemas.ledger import ledger_topic
+from schemas.privacy import amplification_bounds
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "privacy", help="amplification bounds of a window; the privacy ledger's report"
+    )
+    commands = p.add_subparsers(dest="privacy_command", required=True, metavar="SUBCOMMAND")
+
+    amp = commands.add_parser(
+        "amplification",
+        help="amplified epsilon of one shuffled window: closed form and numerical bound",
+    )
+    amp.add_argument("--epsilon0", required=True, type=float, help="local epsilon per report")
+    amp.add_argument("--n", required=True, type=int, help="reports in the window")
+    amp.add_argument("--delta", required=True, type=float, help="delta of the central guarantee")
+    amp.add_argument("--json", action="store_true", help="print one JSON object")
+    amp.set_defaults(run=_run_amplification)
+
+    rep = commands.add_parser(
+        "report", help="per use case: windows, amplified epsilons, user-level guarantees"
+    )
+    rep.add_argument("--config", required=True, help="pipeline configuration (TOML)")
+    rep.add_argument("--use-case", help="only this use case (default: every one configured)")
+    rep.add_argument(
+        "--bootstrap-servers", help="Kafka brokers host:port[,...] (overrides the configuration)"
+    )
+    rep.add_argument(
+        "-X",
+        dest="kafka_extra",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="librdkafka setting, e.g. -X security.protocol=SSL",
+    )
+    rep.add_argument("--timeout", type=float, default=30.0, help="seconds to read each ledger")
+    rep.add_argument("--json", action="store_true", help="print one JSON object")
+    rep.set_defaults(run=_run_report)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.privacy_command == "amplification":
+        return _run_amplification(args)
+    return _run_report(args)
+
+
+# ---- amplification ----------------------------------------------------------------------
+def _run_amplification(args: argparse.Namespace) -> int:
+    started = time.perf_counter()
+    bounds = amplification_bounds(args.epsilon0, args.n, args.delta)
+    payload = {
+        "epsilon0": bounds.epsilon0,
+        "n": bounds.n,
+        "delta": bounds.delta,
+        "closed_form": bounds.closed_form,
+        "applies": bounds.closed_form_applies,
+        "numerical": bounds.numerical,
+        "epsilon": bounds.epsilon,
+        "seconds": time.perf_counter() - started,
+    }
+    if args.json:
+        json.dump(payload, sys.stdout)
+        print()
+        return 0
+    closed = f"{bounds.closed_form:.6g}"
+    if not bounds.closed_form_applies:
+        closed += "  (does not apply: eps0 > log(n / (8 log(2/delta)) - 1); no amplification)"
+    print(f"window of n={bounds.n:,} reports, each {bounds.epsilon0:g}-LDP, delta={bounds.delta:g}")
+    print(f"{'closed form (GCMS paper Thm 1, eq. 2)':<42} epsilon = {closed}")
+    print(f"{'numerical (Feldman et al. 2021, Thm 3.2)':<42} epsilon = {bounds.numerical:.6g}")
+    return 0
+
+
+# ---- report -----------------------------------------------------------------------------
+def _run_report(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    cases = [config.use_case(args.use_case)] if args.use_case else list(config.use_cases)
+    extra = {**config.kafka.extra, **parse_extra(args.kafka_extra)}
+    kafka = KafkaSettings(args.bootstrap_servers or config.kafka.bootstrap_servers, extra)
+    reports = []
+    for uc in cases:
+        records = read_ledger(kafka, uc.name, timeout=args.timeout)
+        reports.append(
+            summarize_ledger(
+                records,
+                use_case=uc.name,
+                mechanism=uc.mechanism_name,
+                epsilon0=uc.mechanism.effective_epsilon,
+                contribution_limit=uc.shuffle.contribution_limit,
+                period_seconds=uc.shuffle.contribution_period_seconds,
+                delta=uc.shuffle.delta,
+            )
+        )
+    if args.json:
+        json.dump({"use_cases": [r.as_dict() for r in reports]}, sys.stdout)
+        print()
+    else:
+        for i, report in enumerate(reports):
+            if i:
+                print()
+            _print_report(report)
+    return 0
+
+
+def _spread(spread: Spread | None, fmt: str = ".4g") -> str:
+    if spread is None:
+        return "-"
+    return f"{spread.minimum:{fmt}} / {spread.median:{fmt}} / {spread.maximum:{fmt}}"
+
+
+def _pair(pair: tuple[float, float] | None) -> str:
+    if pair is None:
+        return "-"
+    epsilon, delta = pair
+    return f"epsilon {epsilon:.4g}" + (f", delta {delta:.2g}" if delta else " (pure)")
+
+
+def _print_report(r: PrivacyReport) -> None:
+    days = r.period_seconds / 86_400
+    period = f"{days:g} day(s)" if days >= 1 else f"{r.period_seconds} s"
+    overlaps = f"; {r.overlapping_windows} overlap an earlier one" if r.overlapping_windows else ""
+    rows = [
+        ("per report (local DP)", f"epsilon0 {r.epsilon0:.4g}"),
+        ("contribution limit", f"{r.contribution_limit} report(s) per client per {period}"),
+        (
+            "windows",
+            f"{r.windows:,} in {r.periods} period(s); closed form applies to "
+            f"{r.closed_form_applied}{overlaps}",
+        ),
+        ("window size, min / median / max", _spread(r.window_size, ",.0f")),
+        ("amplified eps, closed form", _spread(r.closed_form) + f"  (delta {r.delta:g})"),
+        ("amplified eps, numerical", _spread(r.numerical) + f"  (delta {r.delta:g})"),
+        ("user, per period, local basic", _pair(r.user_local_per_period)),
+        ("user, per period, local advanced", _pair(r.user_local_per_period_advanced)),
+        ("user, per period, central closed", _pair(r.user_central_per_period_closed_form)),
+        ("user, per period, central numerical", _pair(r.user_central_per_period_numerical)),
+        (f"user, {r.periods} period(s), local basic", _pair(r.user_local_span)),
+        (f"user, {r.periods} period(s), local advanced", _pair(r.user_local_span_advanced)),
+        ("discovery releases", f"{r.discovery_releases}, total {_pair(r.discovery_total)}"),
+    ]
+    print(f"use case {r.use_case} ({r.mechanism}), ledger {ledger_topic(r.use_case)}")
+    for label, value in rows:
+        print(f"  {label:<40} {value}")
+    print("  central = towards the aggregators, worst window, group privacy over the limit")
+    print("  assumptions:")
+    for assumption in r.assumptions:
+        print(f"    - {assumption}")

@@ -1,0 +1,60 @@
+"""The shuffler's privacy figures: gauges per window and the ledger record, without Kafka."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry
+
+from infra.kafka import KafkaSettings
+from schemas.config import parse_config
+from schemas.ledger import WindowRecord, decode_record
+from schemas.privacy import amplification_bounds
+from shuffler.service import Shuffler
+
+CONFIG = """
+[[use_case]]
+name = "emoji"
+mechanism = "rrcms"
+epsilon = 2.0
+k = 64
+m = 8
+[use_case.shuffle]
+n_min = 10
+max_reports = 5000
+contribution_limit = 3
+delta = 1e-7
+"""
+
+
+def make_shuffler(registry: CollectorRegistry) -> Shuffler:
+    use_case = parse_config(CONFIG).use_case("emoji")
+    return Shuffler(use_case, KafkaSettings("127.0.0.1:1"), registry=registry, clock=lambda: 1e9)
+
+
+def test_gauges_show_both_bounds_and_the_user_level_epsilon() -> None:
+    registry = CollectorRegistry()
+    shuffler = make_shuffler(registry)
+    eps0 = shuffler.epsilon0
+    labels = {"use_case": "emoji"}
+    assert registry.get_sample_value("ldpipe_shuffler_report_epsilon", labels) == eps0
+    assert registry.get_sample_value("ldpipe_shuffler_user_epsilon_per_period", labels) == 3 * eps0
+    bounds = amplification_bounds(eps0, 4000, 1e-7)
+    shuffler._record(4000, 0, 0.01, bounds)
+    numerical = registry.get_sample_value("ldpipe_shuffler_window_epsilon_numerical", labels)
+    closed = registry.get_sample_value("ldpipe_shuffler_window_epsilon", labels)
+    assert numerical == bounds.numerical and closed == bounds.closed_form
+    assert numerical is not None and closed is not None and numerical < closed < eps0
+    assert registry.get_sample_value("ldpipe_shuffler_window_delta", labels) == 1e-7
+
+
+def test_ledger_record_describes_the_window() -> None:
+    shuffler = make_shuffler(CollectorRegistry())
+    for offset in range(5, 25):
+        shuffler._first_offsets.setdefault(("ldp.emoji.reports", offset % 2), offset)
+        shuffler.window.add(b"x", 1e9, ("ldp.emoji.reports", offset % 2, offset))
+    bounds = amplification_bounds(shuffler.epsilon0, 20, 1e-7)
+    record = decode_record(shuffler._ledger_record(bounds, 1e9, 11574))
+    assert isinstance(record, WindowRecord)
+    assert record.inputs == ((0, 6, 25), (1, 5, 24))
+    assert record.window_id == "0:6-25,1:5-24"
+    assert (record.n, record.period, record.contribution_limit) == (20, 11574, 3)
+    assert record.numerical == bounds.numerical and record.mechanism == "rrcms"

@@ -333,14 +333,20 @@ def _use_case(raw: Mapping[str, Any], index: int, base: Path) -> UseCase:
         shuffle=shuffle,
         snapshot=snapshot,
     )
+    if mechanism != "oue" and "m" in options:  # refuse a huge sketch before building anything
+        _check_cells(where, int(options.get("k", 1024)), int(options["m"]))
     mech = use_case.mechanism  # validate the mechanism parameters now, naming the use case
-    if mech.k * mech.m > 2**31 - 1:
+    _check_cells(where, mech.k, mech.m)
+    return use_case
+
+
+def _check_cells(where: str, k: int, m: int) -> None:
+    if k * m > 2**31 - 1:
         raise ConfigError(
-            f"{where}: a sketch of k={mech.k} x m={mech.m} cells exceeds 2^31 - 1 cells (the "
-            f"snapshot format's limit, and {mech.k * mech.m * 8 / 2**30:.0f} GiB per window); "
+            f"{where}: a sketch of k={k} x m={m} cells exceeds 2^31 - 1 cells (the "
+            f"snapshot format's limit, and {k * m * 8 / 2**30:.0f} GiB per window); "
             f"lower k or m"
         )
-    return use_case
 
 
 def parse_config(

@@ -84,15 +84,39 @@ def optimal_parameters(
         return min(p, subset_max_p(epsilon, s, m)), s
     require(method == "exact", f"optimizer method must be 'exact' or 'paper', got {method!r}")
     gamma = collision_probability(m)
-    sizes = np.arange(1, m, dtype=np.float64)
-    hi = np.array([subset_max_p(epsilon, int(s), m) for s in sizes])
-    lo = sizes / m
-    frac = np.linspace(0.0, 1.0, _GRID + 1)[1:]
-    grid_p = lo[:, None] + (hi - lo)[:, None] * frac[None, :]
-    values = _normalized_variance(
-        grid_p, sizes[:, None], m, k, target_frequency, gamma, excess_concentration
-    )
-    s_idx, p_idx = (int(i) for i in np.unravel_index(np.argmin(values), values.shape))
+
+    def scored(sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        e = math.exp(epsilon)
+        hi = e * sizes / (m - sizes + e * sizes)  # subset_max_p, vectorized
+        lo = sizes / m
+        frac = np.linspace(0.0, 1.0, _GRID + 1)[1:]
+        grid_p = lo[:, None] + (hi - lo)[:, None] * frac[None, :]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            values = _normalized_variance(
+                grid_p, sizes[:, None], m, k, target_frequency, gamma, excess_concentration
+            )
+        values = np.where(grid_p > lo[:, None] + 1e-15, values, np.inf)  # p > q needed
+        return grid_p, values, lo
+
+    # every integer s for small m; for large m a geometric grid, narrowed around the best
+    # point until the remaining interval is searched exhaustively (the variance is smooth in s)
+    low, high = 1, m - 1
+    while True:
+        if high - low + 1 <= 4 * _GRID:
+            sizes = np.arange(low, high + 1, dtype=np.float64)
+        else:
+            sizes = np.unique(np.round(np.geomspace(low, high, 4 * _GRID)))
+        grid_p, values, lo = scored(sizes)
+        if not np.isfinite(values).any():
+            raise ValueError(
+                f"ocms: epsilon={epsilon} is too small for m={m}: no inclusion probability p "
+                f"above q meets it; raise epsilon"
+            )
+        s_idx, p_idx = (int(i) for i in np.unravel_index(np.argmin(values), values.shape))
+        if high - low + 1 <= 4 * _GRID:
+            break
+        low = int(sizes[max(s_idx - 1, 0)])
+        high = int(sizes[min(s_idx + 1, len(sizes) - 1)])
     s_best = int(sizes[s_idx])
     lo_p = grid_p[s_idx, max(p_idx - 1, 0)] if p_idx > 0 else lo[s_idx] + 1e-12
     hi_p = grid_p[s_idx, min(p_idx + 1, _GRID - 1)]

@@ -893,14 +893,6 @@ def test_config_dictionary_file_not_utf8_is_a_config_error(tmp_path: Path) -> No
         parse_config(_config("oue", 'dictionary = "words.txt"\n'), base=tmp_path)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=RuntimeWarning,
-    reason="BUG schemas/mechanisms/ocms.py optimal_parameters: with a tiny epsilon (<= 1e-12) "
-    "_normalized_variance divides by zero (a RuntimeWarning, an error under this suite's "
-    "filterwarnings), and then scipy's 'The lower bound exceeds the upper bound.' surfaces as "
-    "the ConfigError message, naming neither epsilon nor the fix",
-)
 def test_config_ocms_tiny_epsilon_is_a_config_error_naming_epsilon() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
@@ -908,13 +900,6 @@ def test_config_ocms_tiny_epsilon_is_a_config_error_naming_epsilon() -> None:
             parse_config(_config("ocms", "m = 8\n", epsilon="1e-300"))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG schemas/config.py _use_case: ocms's optimizer builds (m-1) x 256 float grids "
-    "(ocms.optimal_parameters), so validating m = 2^32 (which HashFamily allows) raises "
-    "MemoryError or runs for hours; m = 65536 already takes ~5 s and m = 2^20 ~55 s on every "
-    "start-up that parses the configuration",
-)
 def test_config_ocms_huge_m_is_refused_quickly() -> None:
     script = textwrap.dedent(
         """

@@ -77,7 +77,7 @@ Spread = Literal["worst", "even", "distinct"]
 FloatArray = npt.NDArray[np.float64]
 
 DEFAULT_MAX_CELLS = 1 << 26  # Apple's CMS deployments: k = 65,536 rows of m = 1,024 cells
-OUE_MAX_DICTIONARY = 1 << 16  # d bits per report; larger dictionaries are not a candidate
+_OUE_MAX_DICTIONARY = 1 << 16  # d bits per report; larger dictionaries are not a candidate
 _GRID = 33  # frequencies evaluated across a range (its ends included)
 
 # the options `ldpipe simulate` takes, per mechanism (Candidate.params uses exactly these)
@@ -488,8 +488,8 @@ def _oue_fit(req: AdvisorRequest) -> _Fit | str:
     d = req.d
     if d is None:
         return "needs the dictionary size d"
-    if d > OUE_MAX_DICTIONARY:
-        return f"d = {d:,} bits per report (more than {OUE_MAX_DICTIONARY:,})"
+    if d > _OUE_MAX_DICTIONARY:
+        return f"d = {d:,} bits per report (more than {_OUE_MAX_DICTIONARY:,})"
     if req.max_bits is not None and d > req.max_bits:
         return f"{d:,} bits per report"
     dictionary = tuple(f"item-{i}" for i in range(d))

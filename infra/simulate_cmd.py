@@ -9,6 +9,7 @@ from typing import Any
 
 from producers.datasets import load_population
 from producers.simulate import SimulationResult, evaluation_indices, simulate
+from schemas.calibrate import FIT_METHODS, PRIOR_FAMILIES
 from schemas.mechanisms import MECHANISMS, build_mechanism
 
 __all__ = ["add_parser", "run"]
@@ -40,6 +41,17 @@ def add_parser(sub: Any) -> None:
     group.add_argument("--top", type=int, help="evaluate the N most frequent items (default 10)")
     group.add_argument("--items", help="comma-separated items to evaluate")
     p.add_argument("--fixed-hash", action="store_true", help="keep one hash family for all trials")
+    p.add_argument(
+        "--calibrate",
+        choices=PRIOR_FAMILIES,
+        help="also calibrate every item's estimate with this prior (Calibrate §III) and report "
+        "calibrated_mse",
+    )
+    p.add_argument(
+        "--calibrate-fit",
+        choices=FIT_METHODS,
+        help="how the prior is fitted: mean-variance (mv, default) or maximum likelihood (ml)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=run)
 
@@ -70,23 +82,32 @@ def _print_table(result: SimulationResult) -> None:
         file=out,
     )
     header = ("item", "true", "mean est", "emp. MSE", "theory var", "ratio")
-    print("{:>16} {:>8} {:>10} {:>12} {:>12} {:>6}".format(*header))
+    calibrated = "mean_calibrated_mse" in summary
+    print("{:>16} {:>8} {:>10} {:>12} {:>12} {:>6}".format(*header) + ("  cal. MSE" * calibrated))
     for item in result.items:
         ratio = item.empirical_mse / item.theoretical_variance
+        cal = f" {item.calibrated_mse:>9.1f}" if item.calibrated_mse is not None else ""
         print(
             f"{item.item[:16]:>16} {item.true_count:>8} {item.mean_estimate:>10.1f} "
-            f"{item.empirical_mse:>12.1f} {item.theoretical_variance:>12.1f} {ratio:>6.2f}"
+            f"{item.empirical_mse:>12.1f} {item.theoretical_variance:>12.1f} {ratio:>6.2f}{cal}"
         )
     print(
         f"max empirical MSE {summary['max_empirical_mse']:.1f}, max theoretical variance "
         f"{summary['max_theoretical_variance']:.1f}, "
         f"mean MSE/theory {summary['mean_mse_ratio']:.3f}  ({result.seconds:.1f} s)"
     )
+    if calibrated:
+        print(
+            f"mean empirical MSE {summary['mean_empirical_mse']:.1f}, calibrated "
+            f"({json.dumps(result.extra['calibration'])}) {summary['mean_calibrated_mse']:.1f}"
+        )
 
 
 def run(args: argparse.Namespace) -> int:
     if args.trials < 1:
         raise ValueError(f"--trials must be >= 1, got {args.trials}")
+    if args.calibrate_fit is not None and args.calibrate is None:
+        raise ValueError("--calibrate-fit needs --calibrate (the prior family: powerlaw, gaussian)")
     population = load_population(args.dataset, n=args.n, seed=args.seed)
     names = [s for s in args.items.split(",") if s] if args.items else None
     population, evaluate = evaluation_indices(population, top=args.top, items=names)
@@ -98,6 +119,8 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         evaluate=evaluate,
         fixed_hash=args.fixed_hash,
+        calibrate=args.calibrate,
+        calibrate_fit=args.calibrate_fit or "mv",
     )
     if args.json:
         payload = result.as_dict()

@@ -27,6 +27,8 @@ import numpy.typing as npt
 from tqdm import tqdm
 
 from producers.datasets import Population
+from schemas.calibrate import FitMethod, NoiseModel, PriorFamily
+from schemas.calibrate import calibrate as calibrate_counts
 from schemas.mechanisms import Mechanism, SketchMechanism
 
 __all__ = ["ItemResult", "SimulationResult", "evaluation_indices", "simulate"]
@@ -40,9 +42,13 @@ class ItemResult:
     empirical_mse: float
     theoretical_variance: float
     mean_std_error: float
+    calibrated_mse: float | None = None  # with calibration: MSE of the posterior mean
 
     def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        out = dataclasses.asdict(self)
+        if self.calibrated_mse is None:
+            del out["calibrated_mse"]
+        return out
 
 
 @dataclass(frozen=True)
@@ -61,11 +67,16 @@ class SimulationResult:
     def summary(self) -> dict[str, float]:
         mse = np.array([i.empirical_mse for i in self.items])
         var = np.array([i.theoretical_variance for i in self.items])
-        return {
+        out = {
             "max_empirical_mse": float(mse.max()),
             "max_theoretical_variance": float(var.max()),
             "mean_mse_ratio": float(np.mean(mse / var)),
         }
+        calibrated = [i.calibrated_mse for i in self.items if i.calibrated_mse is not None]
+        if calibrated:
+            out["mean_empirical_mse"] = float(mse.mean())
+            out["mean_calibrated_mse"] = float(np.mean(calibrated))
+        return out
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -115,8 +126,16 @@ def simulate(
     evaluate: npt.NDArray[np.int64] | None = None,
     fixed_hash: bool = False,
     progress: bool | None = None,
+    calibrate: PriorFamily | None = None,
+    calibrate_fit: FitMethod = "mv",
 ) -> SimulationResult:
-    """Run ``trials`` independent rounds of the mechanism over ``population``."""
+    """Run ``trials`` independent rounds of the mechanism over ``population``.
+
+    With ``calibrate`` (a prior family), each trial also estimates every item of the population
+    (calibration fits its prior to the whole distribution of estimates), calibrates them
+    (``schemas.calibrate``, fitted by ``calibrate_fit``) and records each evaluated item's
+    calibrated squared error.
+    """
     if trials < 1:
         raise ValueError(f"trials must be >= 1, got {trials}")
     started = time.perf_counter()
@@ -133,6 +152,9 @@ def simulate(
     err_sum = np.zeros(len(evaluate))
     err_sq = np.zeros(len(evaluate))
     se_sum = np.zeros(len(evaluate))
+    cal_sq = np.zeros(len(evaluate))
+    fitted: list[dict[str, float]] = []
+    noise = None if calibrate is None else NoiseModel.from_mechanism(mechanism, n, sum_sq)
     disable = None if progress is None else not progress
     for child in tqdm(children, desc=mechanism.name, unit="trial", disable=disable, leave=False):
         hash_seed = base_seed if fixed_hash else int(child.generate_state(1, np.uint64)[0])
@@ -145,6 +167,12 @@ def simulate(
         err_sum += err
         err_sq += err * err
         se_sum += est.std_errors
+        if calibrate is not None and noise is not None:
+            every = mech.estimate_codes(sketch, codes, sum_sq=sum_sq).estimates
+            cal = calibrate_counts(every, noise, n, prior=calibrate, fit=calibrate_fit)
+            cal_err = cal.calibrated[evaluate] - truth
+            cal_sq += cal_err * cal_err
+            fitted.append(cal.fit.prior.params())
     theory = mechanism.variance(truth, n, sum_sq - truth * truth)
     results = [
         ItemResult(
@@ -154,6 +182,7 @@ def simulate(
             empirical_mse=float(err_sq[i] / trials),
             theoretical_variance=float(theory[i]),
             mean_std_error=float(se_sum[i] / trials),
+            calibrated_mse=None if calibrate is None else float(cal_sq[i] / trials),
         )
         for i, idx in enumerate(evaluate)
     ]
@@ -175,4 +204,19 @@ def simulate(
         items=results,
         seconds=time.perf_counter() - started,
         collision_bias_bound=bias,
+        extra={}
+        if calibrate is None
+        else {"calibration": _calibration_summary(calibrate, calibrate_fit, fitted)},
     )
+
+
+def _calibration_summary(
+    prior: PriorFamily, fit: FitMethod, fitted: list[dict[str, float]]
+) -> dict[str, Any]:
+    """The prior and fit used, with the fitted parameters averaged over trials."""
+    names = fitted[0].keys() if fitted else ()
+    return {
+        "prior": prior,
+        "fit": fit,
+        "mean_params": {name: float(np.mean([f[name] for f in fitted])) for name in names},
+    }

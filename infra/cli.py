@@ -16,6 +16,7 @@ from infra import (
     aggregator_cmd,
     broker_cmd,
     demo_cmd,
+    discover_sim_cmd,
     keys_cmd,
     params_cmd,
     privacy_cmd,
@@ -40,6 +41,7 @@ _COMMANDS = (
     adapt_cmd,
     replay_cmd,
     simulate_cmd,
+    discover_sim_cmd,
     params_cmd,
     privacy_cmd,
 )

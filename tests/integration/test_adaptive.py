@@ -89,9 +89,8 @@ def test_adaptive_epoch_beats_fixed_cms_on_target_items(
     s = query_use_case(uc, items=items, combine="sum")
     for row, t in zip(s.items, truth[in_range], strict=True):
         assert abs(row.estimate - t) <= 5 * row.std_error
-    print(
-        f"target items: mean std error adaptive {se_adaptive.mean():.1f} vs fixed {se_fixed.mean():.1f}"
-    )
+    mean_a, mean_f = se_adaptive.mean(), se_fixed.mean()
+    print(f"target items: mean std error adaptive {mean_a:.1f} vs fixed {mean_f:.1f}")
 
 
 @pytest.mark.parametrize("bad", ["0,0.1", "0.2,0.1", "x"])

@@ -39,6 +39,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa  # type: ignore[import-untyped]
 
+from schemas.durable import fsync_directory, publish_immutable
 from schemas.errors import SnapshotError, SnapshotExistsError
 from schemas.mechanisms import MECHANISMS, Mechanism, Sketch
 
@@ -329,13 +330,13 @@ def write_snapshot(
         size = _write_temp(temp, snapshot, compression)
         if crash_point is not None:
             crash_point("before_rename")
-        _publish(temp, final)
+        publish_immutable(temp, final, SnapshotExistsError, "snapshot")
     except BaseException:
         temp.unlink(missing_ok=True)
         raise
     if crash_point is not None:
         crash_point("after_rename")
-    _fsync_directory(folder)
+    fsync_directory(folder)
     logger.info(
         "wrote snapshot %s: %d windows, %d partitions, %d bytes (%s) in %.3f s",
         final,
@@ -414,30 +415,6 @@ def _seen_batch(seen: npt.NDArray[np.uint64]) -> Any:
     offsets = pa.array(np.array([0, len(seen)], dtype=np.int32), type=pa.int32())
     counts = pa.ListArray.from_arrays(offsets, values, type=_SCHEMA.field("counts").type)
     return pa.record_batch([counts, pa.array([len(seen)], type=pa.int64())], schema=_SCHEMA)
-
-
-def _publish(temp: Path, final: Path) -> None:
-    """Give ``temp`` the name ``final``, refusing to replace an existing file."""
-    try:
-        os.link(temp, final)
-    except FileExistsError as exc:
-        raise SnapshotExistsError(f"{final} exists already; snapshot files are immutable") from exc
-    except OSError:  # no hard links on this filesystem
-        if final.exists():
-            raise SnapshotExistsError(
-                f"{final} exists already; snapshot files are immutable"
-            ) from None
-        os.rename(temp, final)
-        return
-    temp.unlink()
-
-
-def _fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # ---- reading -----------------------------------------------------------------------------------
@@ -757,7 +734,7 @@ def prune(
                     Path(entry.path).unlink(missing_ok=True)
                     removed.append(Path(entry.path))
     if removed:
-        _fsync_directory(folder)
+        fsync_directory(folder)
         logger.info("prune: deleted %d files from %s", len(removed), folder)
     return removed
 

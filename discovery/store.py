@@ -44,6 +44,7 @@ from discovery.exceptions import DiscoveryExistsError, DiscoveryStoreError
 from discovery.layers import MAX_DISCOVERY_USE_CASE_LENGTH
 from discovery.server import Discovery
 from discovery.tags import TAG_LENGTH
+from schemas.durable import fsync_directory, publish_immutable
 
 __all__ = [
     "STORE_FORMAT",
@@ -145,11 +146,11 @@ class DiscoveryStore:
                 pq.write_table(_table(window), sink, compression="zstd")
                 sink.flush()
                 os.fsync(sink.fileno())
-            _publish(temp, final)
+            publish_immutable(temp, final, DiscoveryExistsError, "discoveries")
         except BaseException:
             temp.unlink(missing_ok=True)
             raise
-        _fsync_directory(folder)
+        fsync_directory(folder)
         logger.info(
             "recorded %d discoveries of window %s in %s",
             len(window.discoveries),
@@ -312,29 +313,3 @@ def _metadata(schema: Any, path: Path) -> dict[str, Any]:
     for name in ("released_at", "threshold", "laplace_scale", "epsilon", "delta"):
         meta[name] = float(meta[name])
     return meta
-
-
-def _publish(temp: Path, final: Path) -> None:
-    """Give ``temp`` the name ``final``, refusing to replace an existing file."""
-    try:
-        os.link(temp, final)
-    except FileExistsError as exc:
-        raise DiscoveryExistsError(
-            f"{final} exists already; discoveries files are immutable"
-        ) from exc
-    except OSError:  # no hard links on this filesystem
-        if final.exists():
-            raise DiscoveryExistsError(
-                f"{final} exists already; discoveries files are immutable"
-            ) from None
-        os.rename(temp, final)
-        return
-    temp.unlink()
-
-
-def _fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

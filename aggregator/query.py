@@ -29,7 +29,13 @@ from schemas.calibrate import FitMethod, NoiseModel, PriorFamily, fit_prior, pos
 from schemas.config import UseCase
 from schemas.mechanisms import Mechanism
 
-__all__ = ["ItemEstimate", "QueryResult", "load_merged", "query_use_case"]
+__all__ = [
+    "ItemEstimate",
+    "QueryResult",
+    "discovered_items",
+    "load_merged",
+    "query_use_case",
+]
 
 _FOREVER = 2**62
 
@@ -119,21 +125,26 @@ def query_use_case(
     combine: Literal["ivw", "sum"] = "ivw",
     calibrate: PriorFamily | None = None,
     calibrate_fit: FitMethod = "mv",
+    discovered: bool = True,
 ) -> QueryResult:
     """Estimates with standard errors and ``level`` intervals, for ``items`` or the top N.
 
-    ``calibrate`` (a prior family) adds each item's calibrated count: the prior is fitted to
-    the estimates of the whole dictionary, which is then required (see ``_calibrate``).
+    Without ``items`` the candidates are the dictionary followed by the items discovered so
+    far (``discovered``, GCMS §6.2 joint use: :func:`discovered_items`). ``calibrate`` (a prior
+    family) adds each item's calibrated count: the prior is fitted to the estimates of the
+    whole dictionary, which is then required (see ``_calibrate``).
     """
     if not 0 < level < 1:
         raise QueryError(f"confidence level must be in (0, 1), got {level}")
     if items is None:
-        if use_case.dictionary_items is None:
+        found = discovered_items(use_case) if discovered else ()
+        if use_case.dictionary_items is None and not found:
             raise QueryError(
                 f"use case {use_case.name!r} has no dictionary: name the items to estimate "
                 f"(--items a,b,c) or configure `dictionary`"
             )
-        candidates: Sequence[str] = use_case.dictionary_items
+        dictionary = use_case.dictionary_items or ()
+        candidates: Sequence[str] = tuple(dict.fromkeys((*dictionary, *found)))
     else:
         candidates = items
     if not candidates:
@@ -205,6 +216,23 @@ def query_use_case(
         items=rows,
         calibration=calibration,
     )
+
+
+def discovered_items(use_case: UseCase) -> tuple[str, ...]:
+    """The items the discovery server recorded for the use case (first discovery first).
+
+    Empty without ``[use_case.discovery]``, before the first discovery, and for ``oue``, whose
+    sketch answers only for its dictionary. They are estimated like dictionary items: the
+    frequency sketch was built from every device's report, whatever its item.
+    """
+    if use_case.discovery is None or use_case.mechanism_name == "oue":
+        return ()
+    from discovery.runtime import discovery_store_directory
+    from discovery.store import DiscoveryStore
+
+    store = DiscoveryStore(discovery_store_directory(use_case))
+    found = (d.item for window in store.iter_windows(use_case.name) for d in window.discoveries)
+    return tuple(dict.fromkeys(found))
 
 
 def _with_dictionary(use_case: UseCase, candidates: Sequence[str]) -> list[str]:

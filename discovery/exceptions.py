@@ -11,6 +11,7 @@ __all__ = [
     "DiscoveryError",
     "DiscoveryExistsError",
     "DiscoveryRejection",
+    "DiscoveryServiceError",
     "DiscoveryStoreError",
     "PrivacyParameterError",
     "Reason",
@@ -77,3 +78,7 @@ class DiscoveryStoreError(LdpipeError):
 
 class DiscoveryExistsError(DiscoveryStoreError, FileExistsError):
     """The window's discoveries file exists already: discoveries files are immutable."""
+
+
+class DiscoveryServiceError(LdpipeError, RuntimeError):
+    """A discovery service (``ldpipe discovery-aux``/``discovery-server``) cannot go on."""

@@ -22,6 +22,8 @@ from typing import Any
 from confluent_kafka import Consumer, TopicPartition
 
 from aggregator.snapshot import latest_snapshots
+from discovery.runtime import save_tag_key
+from discovery.tags import TagKey
 from infra.kafka import KafkaSettings, ensure_topics, read_to_end
 from infra.topics import use_case_topics
 from schemas.config import PipelineConfig, UseCase, load_config
@@ -48,6 +50,9 @@ class PipelineSettings:
     contribution_limit: int = 1
     snapshot_interval: float = 0.5
     window_seconds: int = 3600
+    discovery: bool = False  # add [use_case.discovery] with its own aux keys and a tag key
+    discovery_epsilon: float = 2.0
+    discovery_delta: float = 1e-9
 
 
 def _toml_value(value: Any) -> str:
@@ -100,6 +105,8 @@ class LocalPipeline:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.key_pair = KeyPair.generate(name=self.settings.name)
         private, public = save_key_pair(self.key_pair, self.workdir / "keys")
+        self.aux_key_pair: KeyPair | None = None
+        self.tag_key: TagKey | None = None
         self.config_path = self.workdir / "ldpipe.toml"
         self.config_path.write_text(self._config_text(private, public), encoding="utf-8")
         self.config: PipelineConfig = load_config(self.config_path)
@@ -135,7 +142,26 @@ class LocalPipeline:
             f"interval_seconds = {_toml_value(float(s.snapshot_interval))}",
             f"window_seconds = {s.window_seconds}",
         ]
+        if s.discovery:
+            lines += self._discovery_lines()
         return "\n".join(lines) + "\n"
+
+    def _discovery_lines(self) -> list[str]:
+        """Aux key pair (its own directory: the aux server never holds the server's key), tag
+        key, and the ``[use_case.discovery]`` table."""
+        s = self.settings
+        self.aux_key_pair = KeyPair.generate(name=f"{s.name}-aux")
+        aux_private, aux_public = save_key_pair(self.aux_key_pair, self.workdir / "aux-keys")
+        self.tag_key = TagKey.generate()
+        tag_path = save_tag_key(self.tag_key, self.workdir / "tag.key")
+        return [
+            "[use_case.discovery]",
+            f"epsilon = {_toml_value(float(s.discovery_epsilon))}",
+            f"delta = {_toml_value(float(s.discovery_delta))}",
+            f"tag_key = {_toml_value(tag_path)}",
+            f"aux_public_key = {_toml_value(aux_public)}",
+            f"aux_private_keys = [{_toml_value(aux_private)}]",
+        ]
 
     # ---- topics and processes -------------------------------------------------------------
     def create_topics(self) -> None:
@@ -178,6 +204,21 @@ class LocalPipeline:
             ["aggregator", "--instance", str(instance), "--instances", str(instances)],
             env=env,
         )
+
+    def start_discovery(
+        self, *, env: Mapping[str, str] | None = None
+    ) -> list[subprocess.Popen[bytes]]:
+        """The discovery services: shuffler on the discovery topics, aux server, server."""
+        return [
+            self.start("discovery-shuffler", ["discovery-shuffler"], env=env),
+            self.start_discovery_aux(env=env),
+            self.start("discovery-server", ["discovery-server"], env=env),
+        ]
+
+    def start_discovery_aux(
+        self, *, env: Mapping[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        return self.start("discovery-aux", ["discovery-aux"], env=env)
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         process = self.processes.get(name)

@@ -6,7 +6,7 @@ from infra.kafka import TopicSpec
 from schemas.config import PipelineConfig, UseCase
 from schemas.ledger import ledger_topic
 
-__all__ = ["config_topics", "use_case_topics"]
+__all__ = ["config_topics", "discovery_topics", "use_case_topics"]
 
 
 def use_case_topics(use_case: UseCase) -> list[TopicSpec]:
@@ -20,6 +20,25 @@ def use_case_topics(use_case: UseCase) -> list[TopicSpec]:
         TopicSpec(t.shuffler_state, 1),
         TopicSpec(t.params, 1, {"cleanup.policy": "compact"}),
         TopicSpec(ledger_topic(use_case.name), 1, {"retention.ms": "-1"}),  # privacy ledger
+        *discovery_topics(use_case),
+    ]
+
+
+def discovery_topics(use_case: UseCase) -> list[TopicSpec]:
+    """With discovery enabled: the discovery shuffler's topics (reports with the configured
+    partitions; shuffled with one, so a window stays contiguous for the aux server), the
+    release topic (one) and the discovery shuffler's own window ledger."""
+    d = use_case.discovery
+    if d is None:
+        return []
+    t = d.topics
+    return [
+        TopicSpec(t.reports, use_case.topics.partitions),
+        TopicSpec(t.shuffled, 1),
+        TopicSpec(t.released, 1),
+        TopicSpec(t.dlq, 1),
+        TopicSpec(t.shuffler_state, 1),
+        TopicSpec(ledger_topic(f"{use_case.name}.discovery"), 1, {"retention.ms": "-1"}),
     ]
 
 

@@ -30,6 +30,8 @@ from schemas.mechanisms import MECHANISMS, Mechanism, build_mechanism
 
 __all__ = [
     "ConfigError",
+    "DiscoverySettings",
+    "DiscoveryTopics",
     "KafkaConfig",
     "PipelineConfig",
     "ShuffleConfig",
@@ -122,6 +124,57 @@ class SnapshotConfig:
 
 
 @dataclass(frozen=True)
+class DiscoveryTopics:
+    """The discovery topics of a use case (``docs/discovery.md``, "On the pipeline")."""
+
+    reports: str  # devices -> discovery shuffler
+    shuffled: str  # discovery shuffler -> aux server (one partition: windows stay contiguous)
+    released: str  # aux server -> server (one partition)
+    dlq: str
+    shuffler_state: str
+
+
+@dataclass(frozen=True)
+class DiscoverySettings:
+    """The ``[use_case.discovery]`` table: the aux-server protocol (GCMS §5) on the pipeline.
+
+    The release is set either by ``threshold`` and ``laplace_scale`` (T, b) or by a target
+    ``epsilon`` and ``delta`` (Theorem 4 inverted, ``discovery/privacy.py``), never both.
+    The server opens the inner layer with the use case's own keys; the aux server has its
+    own (``aux_public_key`` for devices, ``aux_private_keys`` for the aux server).
+
+    >>> cfg = parse_config('''
+    ... [[use_case]]
+    ... name = "words"
+    ... mechanism = "cms"
+    ... epsilon = 4.0
+    ... [use_case.discovery]
+    ... epsilon = 2.0
+    ... delta = 1e-9
+    ... tag_key = "tag.key"
+    ... ''', base=Path("/etc/ldpipe"))
+    >>> d = cfg.use_case("words").discovery
+    >>> d.topics.released, d.tag_key
+    ('ldp.words.discovery.released', PosixPath('/etc/ldpipe/tag.key'))
+    """
+
+    topics: DiscoveryTopics
+    tag_key: Path
+    aux_public_key: Path | None = None
+    aux_private_keys: tuple[Path, ...] = ()
+    threshold: float | None = None
+    laplace_scale: float | None = None
+    epsilon: float | None = None
+    delta: float | None = None
+    neighbours: str = "replace-one"
+    epoch: int = 1
+    max_bytes: int = 64
+    mode: str = "text"
+    lowercase: bool = False
+    store: Path | None = None  # default: <snapshot directory>/discoveries
+
+
+@dataclass(frozen=True)
 class UseCase:
     """One use case: its mechanism and parameters, topics, keys, shuffle and snapshot settings."""
 
@@ -136,6 +189,7 @@ class UseCase:
     topics: Topics
     shuffle: ShuffleConfig
     snapshot: SnapshotConfig
+    discovery: DiscoverySettings | None = None  # None: discovery not enabled
 
     @cached_property
     def dictionary_items(self) -> tuple[str, ...] | None:
@@ -210,7 +264,12 @@ class PipelineConfig:
 _UC_KEYS = {
     "name", "mechanism", "epsilon", "epoch", "k", "m", "p", "s", "hash_seed",
     "target_frequency", "objective", "f_star", "dictionary", "private_keys", "public_key",
-    "topics", "shuffle", "snapshot",
+    "topics", "shuffle", "snapshot", "discovery",
+}  # fmt: skip
+_DISCOVERY_KEYS = {
+    "enabled", "threshold", "laplace_scale", "epsilon", "delta", "neighbours", "epoch",
+    "max_bytes", "mode", "lowercase", "tag_key", "aux_public_key", "aux_private_keys", "store",
+    "topics",
 }  # fmt: skip
 _MECH_KEYS = {
     "k": int, "m": int, "p": float, "s": int, "target_frequency": float,
@@ -332,12 +391,98 @@ def _use_case(raw: Mapping[str, Any], index: int, base: Path) -> UseCase:
         topics=topics,
         shuffle=shuffle,
         snapshot=snapshot,
+        discovery=_discovery(raw, where, name, base),
     )
     if mechanism != "oue" and "m" in options:  # refuse a huge sketch before building anything
         _check_cells(where, int(options.get("k", 1024)), int(options["m"]))
     mech = use_case.mechanism  # validate the mechanism parameters now, naming the use case
     _check_cells(where, mech.k, mech.m)
     return use_case
+
+
+def _discovery(
+    raw: Mapping[str, Any], where: str, name: str, base: Path
+) -> DiscoverySettings | None:
+    """The ``[use_case.discovery]`` table, validated (None if absent or ``enabled = false``)."""
+    dr = _get(where, raw, "discovery", dict, None)
+    dw = f"{where}.discovery"
+    if dr is None:
+        return None
+    _check_keys(dw, dr, _DISCOVERY_KEYS)
+    if not _get(dw, dr, "enabled", bool, True):
+        return None
+    from discovery.exceptions import PrivacyParameterError
+    from discovery.item import ItemRules
+    from discovery.layers import MAX_DISCOVERY_USE_CASE_LENGTH
+    from discovery.privacy import NEIGHBOURS, ReleaseParameters, parameters_for
+
+    if len(name) > MAX_DISCOVERY_USE_CASE_LENGTH:
+        raise ConfigError(
+            f"{dw}: the use case name {name!r} is longer than {MAX_DISCOVERY_USE_CASE_LENGTH} "
+            f"characters, the limit of a discovery use case id; shorten the name"
+        )
+    tr = _get(dw, dr, "topics", dict, {})
+    tw = f"{dw}.topics"
+    _check_keys(tw, tr, set(DiscoveryTopics.__dataclass_fields__))
+    prefix = f"ldp.{name}.discovery"
+    topics = DiscoveryTopics(
+        reports=_get(tw, tr, "reports", str, f"{prefix}.reports"),
+        shuffled=_get(tw, tr, "shuffled", str, f"{prefix}.shuffled"),
+        released=_get(tw, tr, "released", str, f"{prefix}.released"),
+        dlq=_get(tw, tr, "dlq", str, f"{prefix}.dlq"),
+        shuffler_state=_get(tw, tr, "shuffler_state", str, f"{prefix}.shuffler-state"),
+    )
+    pair = [_get(dw, dr, key, float, None) for key in ("threshold", "laplace_scale")]
+    target = [_get(dw, dr, key, float, None) for key in ("epsilon", "delta")]
+    neighbours = _get(dw, dr, "neighbours", str, "replace-one")
+    if neighbours not in NEIGHBOURS:
+        raise ConfigError(f"{dw}.neighbours: {neighbours!r} unknown; use one of {NEIGHBOURS}")
+    given = (None not in pair, None not in target)
+    if (
+        given == (True, True)
+        or given == (False, False)
+        or any((v is None) != (pair[0] is None) for v in pair)
+        or any((v is None) != (target[0] is None) for v in target)
+    ):
+        raise ConfigError(
+            f"{dw}: give either threshold and laplace_scale (T, b) or epsilon and delta (a "
+            f"target Theorem 4 turns into T and b), not both and not one of a pair"
+        )
+    try:
+        if given[0]:
+            ReleaseParameters(threshold=pair[0], laplace_scale=pair[1])
+        else:
+            parameters_for(target[0], target[1], neighbours=neighbours)
+    except PrivacyParameterError as exc:
+        raise ConfigError(f"{dw}: {exc}") from exc
+    max_bytes = _get(dw, dr, "max_bytes", int, 64)
+    mode = _get(dw, dr, "mode", str, "text")
+    lowercase = _get(dw, dr, "lowercase", bool, False)
+    try:
+        ItemRules(max_bytes=max_bytes, mode=mode, lowercase=lowercase)
+    except ValueError as exc:
+        raise ConfigError(f"{dw}: {exc}") from exc
+    epoch = _get(dw, dr, "epoch", int, 1)
+    if not 0 <= epoch < 2**32:
+        raise ConfigError(f"{dw}.epoch: must be in [0, 2^32), got {epoch}")
+    tag_key = _paths(base, f"{dw}.tag_key", _get(dw, dr, "tag_key", str))[0]
+    store = _get(dw, dr, "store", str, None)
+    return DiscoverySettings(
+        topics=topics,
+        tag_key=tag_key,
+        aux_public_key=_single_path(base, f"{dw}.aux_public_key", dr.get("aux_public_key")),
+        aux_private_keys=_paths(base, f"{dw}.aux_private_keys", dr.get("aux_private_keys", [])),
+        threshold=pair[0],
+        laplace_scale=pair[1],
+        epsilon=target[0],
+        delta=target[1],
+        neighbours=neighbours,
+        epoch=epoch,
+        max_bytes=max_bytes,
+        mode=mode,
+        lowercase=lowercase,
+        store=None if store is None else _paths(base, f"{dw}.store", store)[0],
+    )
 
 
 def _check_cells(where: str, k: int, m: int) -> None:

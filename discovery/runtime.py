@@ -1,0 +1,118 @@
+"""What the discovery services derive from a configured use case (``[use_case.discovery]``).
+
+* :func:`discovery_config` — the :class:`~discovery.layers.DiscoveryConfig` devices, aux server
+  and server agree on (use case id = the use case's name, the table's epoch and item rules);
+* :func:`release_parameters` — (T, b), given or from a target (epsilon, delta) (Theorem 4);
+* :func:`discovery_shuffle_use_case` — the use case the discovery shuffler runs as: the same
+  shuffler code on the discovery topics, named ``<uc>.discovery`` so its consumer group,
+  transactional id, contribution state and window ledger are its own;
+* tag key files: ``{"format": "ldpipe-tag-key", "version": 1, "key_id": ..., "secret": b64}``,
+  written 0600 (:func:`save_tag_key`, :func:`load_tag_key`).
+
+>>> import tempfile, pathlib
+>>> with tempfile.TemporaryDirectory() as d:
+...     path = save_tag_key(TagKey(7, bytes(32)), pathlib.Path(d) / "tag.key")
+...     load_tag_key(path) == TagKey(7, bytes(32))
+True
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import cast
+
+from discovery.item import ItemMode, ItemRules
+from discovery.layers import DiscoveryConfig
+from discovery.privacy import Neighbours, ReleaseParameters, parameters_for
+from discovery.tags import TagKey
+from schemas.config import ConfigError, DiscoverySettings, Topics, UseCase
+
+__all__ = [
+    "discovery_config",
+    "discovery_settings",
+    "discovery_shuffle_use_case",
+    "discovery_store_directory",
+    "load_tag_key",
+    "release_parameters",
+    "save_tag_key",
+]
+
+_TAG_KEY_FORMAT = "ldpipe-tag-key"
+
+
+def discovery_settings(use_case: UseCase) -> DiscoverySettings:
+    """The use case's discovery settings; ``ConfigError`` if discovery is not enabled."""
+    if use_case.discovery is None:
+        raise ConfigError(
+            f"use_case.{use_case.name}: discovery is not enabled; add a [use_case.discovery] "
+            f"table (docs/discovery.md)"
+        )
+    return use_case.discovery
+
+
+def discovery_config(use_case: UseCase) -> DiscoveryConfig:
+    d = discovery_settings(use_case)
+    rules = ItemRules(max_bytes=d.max_bytes, mode=cast(ItemMode, d.mode), lowercase=d.lowercase)
+    return DiscoveryConfig(use_case.name, epoch=d.epoch, rules=rules)
+
+
+def release_parameters(use_case: UseCase) -> ReleaseParameters:
+    d = discovery_settings(use_case)
+    if d.threshold is not None and d.laplace_scale is not None:
+        return ReleaseParameters(threshold=d.threshold, laplace_scale=d.laplace_scale)
+    assert d.epsilon is not None and d.delta is not None  # checked by the config
+    return parameters_for(d.epsilon, d.delta, neighbours=cast(Neighbours, d.neighbours))
+
+
+def discovery_store_directory(use_case: UseCase) -> Path:
+    """Where the server records discoveries: ``store``, else ``<snapshot dir>/discoveries``."""
+    d = discovery_settings(use_case)
+    return d.store if d.store is not None else use_case.snapshot.directory / "discoveries"
+
+
+def discovery_shuffle_use_case(use_case: UseCase) -> UseCase:
+    """The use case a :class:`~shuffler.service.Shuffler` runs as for discovery reports."""
+    t = discovery_settings(use_case).topics
+    topics = Topics(
+        reports=t.reports,
+        shuffled=t.shuffled,
+        dlq=t.dlq,
+        shuffler_state=t.shuffler_state,
+        params="",
+        partitions=use_case.topics.partitions,
+    )
+    return dataclasses.replace(use_case, name=f"{use_case.name}.discovery", topics=topics)
+
+
+def save_tag_key(key: TagKey, path: str | os.PathLike[str]) -> Path:
+    """Write a tag key file (mode 0600; refuses to overwrite)."""
+    target = Path(path)
+    document = {
+        "format": _TAG_KEY_FORMAT,
+        "version": 1,
+        "key_id": key.key_id,
+        "secret": base64.b64encode(key.secret).decode("ascii"),
+    }
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as sink:
+        json.dump(document, sink)
+    return target
+
+
+def load_tag_key(path: str | os.PathLike[str]) -> TagKey:
+    """Read a tag key file; ``ConfigError`` names what is wrong."""
+    source = Path(path)
+    try:
+        document = json.loads(source.read_text(encoding="utf-8"))
+        if document.get("format") != _TAG_KEY_FORMAT or document.get("version") != 1:
+            raise ValueError("not an ldpipe tag key file of version 1")
+        return TagKey(int(document["key_id"]), base64.b64decode(document["secret"], validate=True))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, binascii.Error) as exc:
+        raise ConfigError(
+            f"tag key file {source}: {exc}; create one with discovery.runtime.save_tag_key"
+        ) from exc

@@ -1,0 +1,29 @@
+"""``ldpipe discovery-server``: open released buckets, record discoveries in the store."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from discovery.server_service import DiscoveryRecorder
+from infra.common import add_service_args, service_context, stop_on_signals
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "discovery-server",
+        help="open what the aux server releases and record discovered items per window",
+    )
+    add_service_args(p)
+    p.add_argument("--idle-exit", type=float, help="exit after this many idle seconds")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    ctx = service_context(args)
+    DiscoveryRecorder(ctx.use_case, ctx.kafka, registry=ctx.registry).run(
+        stop_on_signals(), idle_timeout=args.idle_exit
+    )
+    return 0

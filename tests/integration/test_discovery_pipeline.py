@@ -1,0 +1,109 @@
+"""Discovery end to end on the embedded broker (GCMS §5, §6.2): devices send a frequency report
+and a discovery report for their item; planted words outside the emoji dictionary go through
+discovery-shuffler -> discovery-aux -> discovery-server into the store, and ``query_use_case``
+estimates their frequencies from the frequency sketch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from confluent_kafka import Producer
+
+from aggregator.query import discovered_items, query_use_case
+from discovery.client import DiscoveryClient
+from discovery.runtime import discovery_config, discovery_store_directory
+from discovery.store import DiscoveryStore
+from infra.kafka import KafkaSettings
+from infra.ledger_io import read_ledger
+from infra.pipeline import LocalPipeline
+from producers.client import DeviceClient
+from producers.datasets import dictionary_population
+from schemas.ledger import DiscoveryRelease
+from tests.integration.pipeline_helpers import make_pipeline
+
+N = 3000
+PLANTED = {"zyzzyvaquux": 500, "quokkabloom": 400}  # not emoji: outside the dictionary
+
+
+def _publish(pipe: LocalPipeline, topic: str, keys: list[bytes], values: list[bytes]) -> None:
+    producer = Producer(pipe.kafka.producer_config({"enable.idempotence": True}))
+    for key, value in zip(keys, values, strict=True):
+        while True:
+            try:
+                producer.produce(topic, value=value, key=key)
+                break
+            except BufferError:
+                producer.poll(0.05)
+    assert producer.flush(60) == 0
+
+
+def _device_items(pipe: LocalPipeline, seed: int) -> list[str]:
+    dictionary = pipe.use_case.dictionary_items
+    assert dictionary is not None
+    assert not set(PLANTED) & set(dictionary)
+    rest = dictionary_population(dictionary, 1.1, N - sum(PLANTED.values()), seed)
+    items = [rest.items[i] for i in rest.device_items()]
+    items += [word for word, count in PLANTED.items() for _ in range(count)]
+    np.random.default_rng(seed).shuffle(items)
+    return items
+
+
+def test_planted_words_are_discovered_and_estimated(broker: KafkaSettings, tmp_path: Path) -> None:
+    # one window of all N reports in each shuffler, so every planted word is one bucket
+    pipe = make_pipeline(tmp_path, broker.bootstrap_servers, n_min=N, max_reports=N, discovery=True)
+    uc = pipe.use_case
+    assert uc.discovery is not None and pipe.aux_key_pair is not None and pipe.tag_key
+    items = _device_items(pipe, seed=7)
+    rng = np.random.default_rng(7)
+    frequency = DeviceClient(uc.name, uc.epoch, pipe.key_pair.public, uc.mechanism)
+    discovery = DiscoveryClient(
+        discovery_config(uc),
+        server_key=pipe.key_pair.public,
+        aux_key=pipe.aux_key_pair.public,
+        tag_key=pipe.tag_key,
+    )
+    encoded = discovery.encode_many(items)
+    assert all(isinstance(report, bytes) for report in encoded)
+    keys = [rng.bytes(16) for _ in items]  # one client token per device, for both reports
+    store = DiscoveryStore(discovery_store_directory(uc))
+
+    def discovered() -> bool:
+        return set(PLANTED) <= set(discovered_items(uc))
+
+    pipe.start_shuffler()
+    pipe.start_aggregator()
+    pipe.start_discovery()
+    try:
+        _publish(pipe, uc.topics.reports, keys, frequency.reports(items, rng))
+        _publish(
+            pipe, uc.discovery.topics.reports, keys, [r for r in encoded if isinstance(r, bytes)]
+        )
+        pipe.wait_until(discovered, 180, "the planted words in the discoveries store", poll=0.5)
+        pipe.wait_until(lambda: pipe.aggregated() == N, 120, "the aggregator", poll=0.5)
+    finally:
+        pipe.stop_all()
+
+    windows = list(store.iter_windows(uc.name))
+    assert len(windows) == 1  # one shuffler window, recorded once
+    window = windows[0]
+    counts = {d.item: d.noisy_count for d in window.discoveries}
+    assert set(counts) <= set(items)  # only items some device holds
+    for word, true_count in PLANTED.items():
+        # noisy count = c + rint(L), L ~ Laplace(b): |L| <= 30 b fails with prob e^-30
+        assert abs(counts[word] - true_count) <= 30 * window.laplace_scale + 0.5
+    assert window.epsilon == uc.discovery.epsilon
+
+    releases = [r for r in read_ledger(pipe.kafka, uc.name) if isinstance(r, DiscoveryRelease)]
+    assert [r.release_id for r in releases] == [window.window_id]
+    assert releases[0].epsilon == window.epsilon and releases[0].delta == window.delta
+
+    # joint use: the dictionary plus the discoveries, estimated from the frequency sketch;
+    # a 99.99% interval (z = 3.9) misses the true count of either word with prob ~2e-4
+    result = query_use_case(uc, level=0.9999)
+    assert result.reports == N
+    rows = {row.item: row for row in result.items}
+    for word, true_count in PLANTED.items():
+        assert rows[word].low <= true_count <= rows[word].high, rows[word]
+    top = {row.item for row in query_use_case(uc, top=5).items}
+    assert set(PLANTED) <= top  # the most frequent items of the population

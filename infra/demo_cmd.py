@@ -5,6 +5,12 @@ topics, starts a shuffler and two aggregators as real processes, has simulated d
 their favourite emoji (Zipf over the emoji names in Unicode's main blocks) plus a few malformed
 reports, waits until the snapshots hold every published report, queries the top items and prints
 each estimate with its 95% interval beside the true count. It stops everything it started.
+
+Discovery (GCMS §6.2) runs beside it: a few devices hold planted words that are not emoji names
+(``PLANTED``), every device also sends a discovery report for its item under the same client
+token, and the discovery shuffler, aux server and server record the words that pass the
+threshold. The demo prints the discovered words outside the dictionary with their noisy counts
+from the aux releases, their estimates from the frequency sketch and their true counts.
 """
 
 from __future__ import annotations
@@ -21,18 +27,37 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from confluent_kafka import Producer
 
 from aggregator.query import query_use_case
+from discovery.client import DiscoveryClient
+from discovery.item import normalize_item
+from discovery.runtime import (
+    discovery_config,
+    discovery_store_directory,
+    release_parameters,
+)
+from discovery.store import DiscoveryStore
 from infra.broker import EmbeddedBroker
+from infra.kafka import KafkaSettings
+from infra.ledger_io import read_ledger
 from infra.pipeline import LocalPipeline, PipelineSettings, count_dead_letters
 from producers.client import DeviceClient
-from producers.datasets import dictionary_population
-from producers.loadgen import produce_population
+from producers.datasets import Population, dictionary_population
+from producers.loadgen import ProduceResult
+from schemas.config import UseCase
+from schemas.ledger import WindowRecord
 
 __all__ = ["add_parser", "run"]
 
 WINDOWS = 5  # the demo sizes its shuffle windows so the reports fill exactly this many
+# words outside the emoji dictionary and the share of devices holding each. A discovery window
+# holds ~n/5 reports, so a word is in it ~share*n/5 times: with the default n = 50,000 that is
+# 300, 200 and 150 (20,000 devices: 120, 80, 60, binomial sd <= 11) against the threshold
+# T = 21 of (epsilon, delta) = (2, 1e-9) with Laplace noise b = 1, so each word passes in
+# every window with near certainty (the smallest misses with probability < 1e-6 at n = 20,000)
+PLANTED = {"bubble tea": 0.03, "pickleball": 0.02, "rizz": 0.015}
 
 
 def add_parser(sub: Any) -> None:
@@ -85,6 +110,8 @@ def run(args: argparse.Namespace) -> int:
                 mechanism_options=options,
                 n_min=min(1000, max_reports),
                 max_reports=max_reports,
+                # oue answers only for its dictionary: nothing to discover
+                discovery=args.mechanism != "oue",
             )
             pipe = LocalPipeline(workdir, broker.bootstrap_servers, settings)
             pipe.create_topics()
@@ -93,6 +120,13 @@ def run(args: argparse.Namespace) -> int:
             for i in range(2):
                 pipe.start_aggregator(i, 2)
             say("services  shuffler + 2 aggregators started")
+            if pipe.use_case.discovery is not None:
+                pipe.start_discovery()
+                params = release_parameters(pipe.use_case)
+                say(
+                    f"services  discovery shuffler + aux server + server started "
+                    f"(threshold T={params.threshold:.1f}, Laplace b={params.laplace_scale:g})"
+                )
             try:
                 return _drive(args, pipe, bad_count, started, say)
             finally:
@@ -111,15 +145,30 @@ def _drive(
 ) -> int:
     uc = pipe.use_case
     assert uc.dictionary_items is not None
-    population = dictionary_population(uc.dictionary_items, 1.1, args.n, args.seed)
+    discovering = uc.discovery is not None
+    planted = _planted(uc, args.n) if discovering else {}
+    population = _population(uc.dictionary_items, planted, args.n, args.seed)
     client = DeviceClient(uc.name, uc.epoch, pipe.key_pair.public, uc.mechanism)
+    discovery: DiscoveryClient | None = None
+    if discovering:
+        assert pipe.aux_key_pair is not None and pipe.tag_key is not None
+        discovery = DiscoveryClient(
+            discovery_config(uc),
+            server_key=pipe.key_pair.public,
+            aux_key=pipe.aux_key_pair.public,
+            tag_key=pipe.tag_key,
+        )
     say(
         f"devices   {args.n:,} report their favourite of {len(uc.dictionary_items):,} emoji "
         f"({uc.mechanism.name}, epsilon={uc.mechanism.effective_epsilon:.3g} per report)"
     )
-    result = produce_population(
-        client, pipe.kafka, uc.topics.reports, population, seed=args.seed, progress=False
-    )
+    if planted:
+        say(
+            "discovery "
+            + ", ".join(f"{n:,} hold {word!r}" for word, n in planted.items())
+            + "; every device also sends a discovery report"
+        )
+    result, discovery_reports = _produce(client, discovery, pipe.kafka, uc, population, args.seed)
     bad = _bad_reports(client)
     assert len(bad) == bad_count
     producer = Producer(pipe.kafka.producer_config())
@@ -136,8 +185,13 @@ def _drive(
 
     pipe.wait_until(covered, 120, "the aggregators' snapshots", poll=0.5)
     dead = count_dead_letters(pipe.kafka, uc.topics.dlq)
-    query = query_use_case(uc, top=args.top)
+    # the top emoji: the dictionary only (the discovered words have their own section)
+    query = query_use_case(uc, top=args.top, discovered=False)
     truth = result.true_counts
+    discovered: list[dict[str, Any]] = []
+    if discovering:
+        _wait_for_discovery(pipe, discovery_reports)
+        discovered = _discovered(uc, truth)
     items: list[dict[str, Any]] = [
         {
             "item": row.item,
@@ -161,6 +215,7 @@ def _drive(
         "windows": query.windows,
         "writers": query.writers,
         "items": items,
+        "discovered": discovered,
         "seconds": seconds,
     }
     if args.json:
@@ -179,6 +234,19 @@ def _drive(
         )
     inside = sum(r["ci95"][0] <= r["true_count"] <= r["ci95"][1] for r in items)
     print(f"\n{inside} of {len(items)} intervals hold the true count.")
+    if discovering:
+        print(
+            "\nDiscovered (not in the dictionary): noisy count released by the aux server, "
+            "estimate ± 95% from the frequency sketch, true count:"
+        )
+        for row in discovered:
+            print(
+                f"  {row['item'][:34]:<34} noisy {row['reported_count']:>6}   "
+                f"{row['estimate']:>8.0f} ± {1.96 * row['std_error']:>5.0f}"
+                f"   true {row['true_count']:>6}"
+            )
+        if not discovered:
+            print("  (none passed the threshold; more devices per word would)")
     print(
         f"pipeline  {result.produced:,} produced, {summary['reports_aggregated']:,} aggregated, "
         f"{dead.count()} rejected to {uc.topics.dlq}: "
@@ -191,3 +259,141 @@ def _drive(
     print("metrics   start services with --metrics-port; `ldpipe query --serve` exports estimates")
     print(f"done in {seconds:.1f} s")
     return 0
+
+
+def _planted(use_case: UseCase, n: int) -> dict[str, int]:
+    """Planted words (normalized with the use case's item rules) -> devices holding each."""
+    rules = discovery_config(use_case).rules
+    dictionary = set(use_case.dictionary_items or ())
+    planted = {normalize_item(word, rules): round(share * n) for word, share in PLANTED.items()}
+    assert not set(planted) & dictionary, "planted words must be outside the dictionary"
+    return {word: count for word, count in planted.items() if count}
+
+
+def _population(
+    dictionary: tuple[str, ...], planted: dict[str, int], n: int, seed: int
+) -> Population:
+    """Zipf(1.1) over the emoji for the devices that hold no planted word."""
+    rest = dictionary_population(dictionary, 1.1, n - sum(planted.values()), seed)
+    counts = np.concatenate([rest.counts, np.array(list(planted.values()), dtype=np.int64)])
+    return Population(rest.items + tuple(planted), counts)
+
+
+def _produce(
+    client: DeviceClient,
+    discovery: DiscoveryClient | None,
+    kafka: KafkaSettings,
+    use_case: UseCase,
+    population: Population,
+    seed: int,
+    batch: int = 2000,
+) -> tuple[ProduceResult, int]:
+    """One frequency report per device (in random device order) and, with discovery, one
+    discovery report for the same item under the same client token. Returns the frequency
+    result and the number of discovery reports delivered."""
+    rng = np.random.default_rng(seed)
+    devices = population.device_items()
+    rng.shuffle(devices)
+    # client tokens are fresh each run (a real device keeps its own): a rerun is new devices
+    tokens = os.urandom(16 * len(devices))
+    producer = Producer(
+        kafka.producer_config(
+            {"enable.idempotence": True, "linger.ms": 20, "compression.type": "lz4"}
+        )
+    )
+    delivered = {use_case.topics.reports: 0}
+    discovery_topic = use_case.discovery.topics.reports if use_case.discovery else ""
+    delivered[discovery_topic] = 0
+    failed = 0
+
+    def on_delivery(err: Any, msg: Any) -> None:
+        nonlocal failed
+        if err is None:
+            delivered[msg.topic()] += 1
+        else:
+            failed += 1
+
+    def send(topic: str, value: bytes, key: bytes) -> None:
+        while True:
+            try:
+                producer.produce(topic, value=value, key=key, on_delivery=on_delivery)
+                return
+            except BufferError:
+                producer.poll(0.05)  # back-pressure: the local queue is full
+
+    # seal the discovery reports first (two HPKE seals each, the slow part), so both streams
+    # then arrive at the shufflers at full speed: a trickle would let max_wait_seconds close
+    # small windows and leave a remainder below n_min held back
+    hidden = (
+        discovery.encode_many(population.items[i] for i in devices) if discovery is not None else []
+    )
+    started = time.perf_counter()
+    for begin in range(0, len(devices), batch):
+        chunk = [population.items[i] for i in devices[begin : begin + batch]]
+        envelopes = client.reports(chunk, rng)
+        for offset, envelope in enumerate(envelopes):
+            device = begin + offset
+            key = tokens[16 * device : 16 * device + 16]
+            send(use_case.topics.reports, envelope, key)
+            report = hidden[device] if hidden else None
+            if isinstance(report, bytes):  # an item the rules refuse sends none
+                send(discovery_topic, report, key)
+        producer.poll(0)
+    producer.flush(60)
+    counts = {population.items[i]: int(c) for i, c in enumerate(population.counts) if c}
+    result = ProduceResult(
+        produced=delivered[use_case.topics.reports],
+        failed=failed,
+        seconds=time.perf_counter() - started,
+        true_counts=counts,
+    )
+    return result, delivered[discovery_topic]
+
+
+def _wait_for_discovery(pipe: LocalPipeline, reports: int) -> None:
+    """Until the discovery shuffler has released every discovery report in its windows and the
+    store holds a recorded window for each of them."""
+    uc = pipe.use_case
+    shuffled: list[WindowRecord] = []
+
+    def released() -> bool:
+        ledger = read_ledger(pipe.kafka, f"{uc.name}.discovery", timeout=10)
+        shuffled[:] = [r for r in ledger if isinstance(r, WindowRecord)]
+        return sum(r.n for r in shuffled) >= reports
+
+    pipe.wait_until(released, 120, "the discovery shuffler's windows", poll=1.0)
+    store = DiscoveryStore(discovery_store_directory(uc))
+    pipe.wait_until(
+        lambda: len(store.windows(uc.name)) >= len(shuffled),
+        120,
+        "the discovery store",
+        poll=0.5,
+    )
+
+
+def _discovered(use_case: UseCase, truth: dict[str, int]) -> list[dict[str, Any]]:
+    """Discovered items outside the dictionary (nor a dictionary item cut to the item rules):
+    noisy counts summed over the windows that released them, frequency-sketch estimates."""
+    rules = discovery_config(use_case).rules
+    dictionary = set(use_case.dictionary_items or ())
+    dictionary |= {normalize_item(item, rules) for item in dictionary}
+    store = DiscoveryStore(discovery_store_directory(use_case))
+    noisy: dict[str, int] = {}
+    for window in store.iter_windows(use_case.name):
+        for found in window.discoveries:
+            if found.item not in dictionary:
+                noisy[found.item] = noisy.get(found.item, 0) + found.noisy_count
+    if not noisy:
+        return []
+    rows = {row.item: row for row in query_use_case(use_case, items=list(noisy)).items}
+    out = [
+        {
+            "item": item,
+            "true_count": truth.get(item, 0),
+            "reported_count": count,
+            "estimate": rows[item].estimate,
+            "std_error": rows[item].std_error,
+        }
+        for item, count in noisy.items()
+    ]
+    return sorted(out, key=lambda row: -row["estimate"])

@@ -110,3 +110,16 @@ def test_demo_json(capsys: pytest.CaptureFixture[str]) -> None:
     out = json.loads(capsys.readouterr().out)
     assert out["reports_produced"] == out["reports_aggregated"] == 20000
     assert len(out["items"]) == 10
+    # the planted words (3%, 2%, 1.5% of the devices: 600, 400, 300) pass the discovery
+    # threshold (T = 21, b = 1) in each of the 5 windows with near certainty; nothing else
+    # outside the dictionary is held by any device
+    found = {row["item"]: row for row in out["discovered"]}
+    assert set(found) == {"bubble tea", "pickleball", "rizz"}
+    for row, true_count in zip(
+        (found["bubble tea"], found["pickleball"], found["rizz"]), (600, 400, 300), strict=True
+    ):
+        assert row["true_count"] == true_count
+        # the sum of 5 windows' c + rint(L), |L| <= 30 b fails with probability e^-30 each
+        assert abs(row["reported_count"] - true_count) <= 5 * 30.5
+        assert row["std_error"] > 0
+        assert abs(row["estimate"] - true_count) <= 6 * row["std_error"]

@@ -12,31 +12,16 @@ import argparse
 from typing import Any
 
 from discovery.runtime import discovery_shuffle_use_case
-from infra.common import add_service_args, service_context, stop_on_signals
-from infra.crash import crash_point_from_env
-from shuffler.service import Shuffler
+from infra.shuffler_cmd import add_shuffler_parser, run_shuffler
 
 __all__ = ["add_parser", "run"]
 
 
 def add_parser(sub: Any) -> None:
-    p: argparse.ArgumentParser = sub.add_parser(
-        "discovery-shuffler", help="the shuffler on the discovery reports of a use case"
+    add_shuffler_parser(
+        sub, "discovery-shuffler", "the shuffler on the discovery reports of a use case", run
     )
-    add_service_args(p)
-    p.add_argument("--instance", default="0", help="instance name (part of the transactional id)")
-    p.add_argument("--idle-exit", type=float, help="exit after this many idle seconds")
-    p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    ctx = service_context(args)
-    shuffler = Shuffler(
-        discovery_shuffle_use_case(ctx.use_case),
-        ctx.kafka,
-        instance=args.instance,
-        registry=ctx.registry,
-        crash_point=crash_point_from_env(),
-    )
-    shuffler.run(stop_on_signals(), idle_timeout=args.idle_exit)
-    return 0
+    return run_shuffler(args, discovery_shuffle_use_case)

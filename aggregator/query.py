@@ -136,6 +136,13 @@ def query_use_case(
     """
     if not 0 < level < 1:
         raise QueryError(f"confidence level must be in (0, 1), got {level}")
+    if use_case.derived:
+        word = use_case.sfp.word_use_case if use_case.sfp is not None else "?"
+        raise QueryError(
+            f"use case {use_case.name!r} holds the fragment reports of SFP use case {word!r}: "
+            f"its rows are per-position sketches, not one frequency sketch; query {word!r}, or "
+            f"find new words with ldpipe sfp-discover --use-case {word}"
+        )
     if items is None:
         found = discovered_items(use_case) if discovered else ()
         if use_case.dictionary_items is None and not found:
@@ -159,11 +166,12 @@ def query_use_case(
         raise QueryError(f"combine must be 'ivw' or 'sum', got {combine!r}")
     per_epoch = []
     windows: set[tuple[int, int]] = set()
+    keys = _item_keys(use_case, candidates)
     for part in merged.values():
         windows.update(part.windows)
         if part.sketch.n == 0:
             continue
-        est = _rebuild(part).estimate(part.sketch, list(candidates))
+        est = _rebuild(part).estimate(part.sketch, keys)
         per_epoch.append((part.sketch.n, est.estimates, est.std_errors**2))
     reports = sum(n for n, _, _ in per_epoch)
     if not per_epoch:
@@ -221,18 +229,36 @@ def query_use_case(
 def discovered_items(use_case: UseCase) -> tuple[str, ...]:
     """The items the discovery server recorded for the use case (first discovery first).
 
-    Empty without ``[use_case.discovery]``, before the first discovery, and for ``oue``, whose
-    sketch answers only for its dictionary. They are estimated like dictionary items: the
-    frequency sketch was built from every device's report, whatever its item.
+    Empty without ``[use_case.discovery]`` or ``[use_case.sfp]``, before the first discovery,
+    and for ``oue``, whose sketch answers only for its dictionary. They are estimated like
+    dictionary items: the frequency sketch was built from every device's report, whatever its
+    item.
     """
-    if use_case.discovery is None or use_case.mechanism_name == "oue":
-        return ()
-    from discovery.runtime import discovery_store_directory
     from discovery.store import DiscoveryStore
 
-    store = DiscoveryStore(discovery_store_directory(use_case))
+    if use_case.sfp is not None:
+        from discovery.sfp_service import sfp_store_directory
+
+        directory = sfp_store_directory(use_case)
+    elif use_case.discovery is None or use_case.mechanism_name == "oue":
+        return ()
+    else:
+        from discovery.runtime import discovery_store_directory
+
+        directory = discovery_store_directory(use_case)
+    store = DiscoveryStore(directory)
     found = (d.item for window in store.iter_windows(use_case.name) for d in window.discoveries)
     return tuple(dict.fromkeys(found))
+
+
+def _item_keys(use_case: UseCase, candidates: Sequence[str]) -> list[str | bytes]:
+    """What each candidate is hashed as: itself, or for SFP the padded word devices report."""
+    if use_case.sfp is None:
+        return list(candidates)
+    from discovery.sfp import encode_word
+
+    params = use_case.sfp_params
+    return [encode_word(item, params) for item in candidates]
 
 
 def _with_dictionary(use_case: UseCase, candidates: Sequence[str]) -> list[str]:

@@ -84,6 +84,7 @@ __all__ = [
     "fragment_item",
     "new_sketches",
     "parse_fragment_item",
+    "perturb_fragments",
     "perturb_words",
     "piece_of",
     "randomize_words",
@@ -371,15 +372,28 @@ def perturb_words(
     Each device draws its position uniformly, then the oracles randomize the fragment at
     ``epsilon_fragment`` and the word at ``epsilon_word`` (batch path, no per-device loop).
     """
-    index = (
-        np.arange(len(codes), dtype=np.int64)
-        if holders is None
-        else np.asarray(holders, dtype=np.int64).reshape(-1)
-    )
-    positions = rng.integers(0, params.positions, size=index.size, dtype=np.int64)
-    fragments = params.fragment_oracle().perturb(codes.fragment_keys[index, positions], rng)
+    index = _holders(codes, holders)
+    positions, fragments = perturb_fragments(codes, params, rng, index)
     words = params.word_oracle().perturb(codes.word_keys[index], rng)
     return SfpReports(positions, fragments, words)
+
+
+def perturb_fragments(
+    codes: SfpCodes,
+    params: SfpParams,
+    rng: np.random.Generator,
+    holders: npt.ArrayLike | None = None,
+) -> tuple[IntArray, Reports]:
+    """The fragment half of Alg. 9: each device's uniform position and fragment report."""
+    index = _holders(codes, holders)
+    positions = rng.integers(0, params.positions, size=index.size, dtype=np.int64)
+    return positions, params.fragment_oracle().perturb(codes.fragment_keys[index, positions], rng)
+
+
+def _holders(codes: SfpCodes, holders: npt.ArrayLike | None) -> IntArray:
+    if holders is None:
+        return np.arange(len(codes), dtype=np.int64)
+    return np.asarray(holders, dtype=np.int64).reshape(-1)
 
 
 def randomize_words(

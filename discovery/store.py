@@ -47,6 +47,7 @@ from discovery.tags import TAG_LENGTH
 from schemas.durable import fsync_directory, publish_immutable
 
 __all__ = [
+    "PROTOCOLS",
     "STORE_FORMAT",
     "STORE_VERSION",
     "DiscoveryStore",
@@ -59,6 +60,7 @@ logger = logging.getLogger(__name__)
 
 STORE_FORMAT: Final = "ldpipe-discoveries"
 STORE_VERSION: Final = 1
+PROTOCOLS: Final = ("aux", "sfp")
 _METADATA_KEY: Final = b"ldpipe.discoveries"
 _DOMAIN: Final = b"ldpipe/discoveries/v1\x00"
 _NAME_RE: Final = re.compile(
@@ -101,6 +103,9 @@ class DiscoveryWindow:
     delta: float
     neighbours: str
     discoveries: tuple[Discovery, ...]
+    # "aux" (GCMS §5 release: noisy_count is count + Laplace) or "sfp" (Apple Alg. 10:
+    # noisy_count is the rounded word-sketch estimate; no tags, so tag_key_id 0 and a zero tag)
+    protocol: str = "aux"
 
 
 @dataclass(frozen=True, order=True)
@@ -237,11 +242,14 @@ def _read_window(source: Path) -> DiscoveryWindow:
         delta=meta["delta"],
         neighbours=meta["neighbours"],
         discoveries=tuple(discoveries),
+        protocol=meta["protocol"],
     )
 
 
 # ---- helpers -----------------------------------------------------------------------------------
 def _check_window(window: DiscoveryWindow) -> None:
+    if window.protocol not in PROTOCOLS:
+        raise ValueError(f"protocol must be one of {PROTOCOLS}, got {window.protocol!r}")
     if not _NAME_RE.fullmatch(window_file_name(window.use_case, window.window_id)):
         raise ValueError(f"use case {window.use_case!r} is not a discovery use case id")
     for name in ("released_at", "threshold", "laplace_scale", "epsilon", "delta"):
@@ -264,6 +272,7 @@ def _table(window: DiscoveryWindow) -> Any:
         "delta": float(window.delta),
         "neighbours": window.neighbours,
         "items": len(found),
+        "protocol": window.protocol,
     }
     schema = _SCHEMA.with_metadata({_METADATA_KEY: json.dumps(meta, sort_keys=True).encode()})
     return pa.table(
@@ -300,6 +309,9 @@ def _metadata(schema: Any, path: Path) -> dict[str, Any]:
         value = meta.get(name)
         if isinstance(value, bool) or not isinstance(value, types):
             raise DiscoveryStoreError(f"{path}: metadata field {name!r} is missing or invalid")
+    meta.setdefault("protocol", "aux")  # files written before SFP on the pipeline
+    if meta["protocol"] not in PROTOCOLS:
+        raise DiscoveryStoreError(f"{path}: metadata field 'protocol' is not one of {PROTOCOLS}")
     if meta["format"] != STORE_FORMAT or meta["version"] != STORE_VERSION:
         raise DiscoveryStoreError(
             f"{path} is {meta['format']!r} version {meta['version']}; this reader reads "

@@ -121,6 +121,12 @@ def _once(args: argparse.Namespace, ctx: Any) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     ctx = service_context(args)
+    if ctx.use_case.sfp is not None:
+        raise ValueError(
+            f"use case {ctx.use_case.name!r} is an SFP use case: its word and fragment sketches "
+            f"must keep the parameters the puzzle was configured with (Apple §6.1), so it is not "
+            f"retuned; change [use_case.sfp] and the epoch instead"
+        )
     stop = stop_on_signals() if args.every else None
     while True:
         result = _once(args, ctx)

@@ -26,6 +26,7 @@ from infra import (
     produce_cmd,
     query_cmd,
     replay_cmd,
+    sfp_discover_cmd,
     shuffler_cmd,
     simulate_cmd,
 )
@@ -48,6 +49,7 @@ _COMMANDS = (
     discovery_shuffler_cmd,
     discovery_aux_cmd,
     discovery_server_cmd,
+    sfp_discover_cmd,
     params_cmd,
     privacy_cmd,
 )

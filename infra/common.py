@@ -14,7 +14,13 @@ from prometheus_client import CollectorRegistry, start_http_server
 from infra.kafka import KafkaSettings, parse_extra
 from schemas.config import PipelineConfig, UseCase, load_config
 
-__all__ = ["ServiceContext", "add_service_args", "service_context", "stop_on_signals"]
+__all__ = [
+    "ServiceContext",
+    "add_service_args",
+    "select_use_case",
+    "service_context",
+    "stop_on_signals",
+]
 
 log = logging.getLogger(__name__)
 
@@ -55,15 +61,7 @@ class ServiceContext:
 
 def service_context(args: argparse.Namespace) -> ServiceContext:
     config = load_config(args.config)
-    if args.use_case is None:
-        if len(config.use_cases) != 1:
-            names = ", ".join(uc.name for uc in config.use_cases)
-            raise ValueError(
-                f"the configuration has several use cases ({names}); pick one with --use-case"
-            )
-        use_case = config.use_cases[0]
-    else:
-        use_case = config.use_case(args.use_case)
+    use_case = select_use_case(config, args.use_case)
     extra: dict[str, Any] = {**config.kafka.extra, **parse_extra(args.kafka_extra)}
     kafka = KafkaSettings(args.bootstrap_servers or config.kafka.bootstrap_servers, extra)
     registry = CollectorRegistry()
@@ -73,6 +71,19 @@ def service_context(args: argparse.Namespace) -> ServiceContext:
         start_http_server(port, addr=addr, registry=registry)
         log.info("metrics on http://%s:%d/metrics", addr, port)
     return ServiceContext(config, use_case, kafka, registry)
+
+
+def select_use_case(config: PipelineConfig, name: str | None) -> UseCase:
+    """The use case named, else the only one declared (an SFP use case's fragments half is
+    derived, not declared: it is chosen by name only)."""
+    if name is not None:
+        return config.use_case(name)
+    if len(config.declared) != 1:
+        names = ", ".join(uc.name for uc in config.use_cases)
+        raise ValueError(
+            f"the configuration has several use cases ({names}); pick one with --use-case"
+        )
+    return config.declared[0]
 
 
 def stop_on_signals() -> threading.Event:

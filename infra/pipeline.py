@@ -25,7 +25,7 @@ from aggregator.snapshot import latest_snapshots
 from discovery.runtime import save_tag_key
 from discovery.tags import TagKey
 from infra.kafka import KafkaSettings, ensure_topics, read_to_end
-from infra.topics import use_case_topics
+from infra.topics import config_topics
 from schemas.config import PipelineConfig, UseCase, load_config
 from schemas.keys import KeyPair, save_key_pair
 
@@ -53,6 +53,7 @@ class PipelineSettings:
     discovery: bool = False  # add [use_case.discovery] with its own aux keys and a tag key
     discovery_epsilon: float = 2.0
     discovery_delta: float = 1e-9
+    sfp: Mapping[str, Any] | None = None  # the [use_case.sfp] table (None: not SFP)
 
 
 def _toml_value(value: Any) -> str:
@@ -144,6 +145,9 @@ class LocalPipeline:
         ]
         if s.discovery:
             lines += self._discovery_lines()
+        if s.sfp is not None:
+            lines.append("[use_case.sfp]")
+            lines += (f"{key} = {_toml_value(value)}" for key, value in s.sfp.items())
         return "\n".join(lines) + "\n"
 
     def _discovery_lines(self) -> list[str]:
@@ -165,7 +169,7 @@ class LocalPipeline:
 
     # ---- topics and processes -------------------------------------------------------------
     def create_topics(self) -> None:
-        ensure_topics(self.kafka, use_case_topics(self.use_case))
+        ensure_topics(self.kafka, config_topics(self.config))
 
     def command(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "infra.cli", *args, "--config", str(self.config_path)]
@@ -193,17 +197,33 @@ class LocalPipeline:
         self.processes[name] = process
         return process
 
-    def start_shuffler(self, *, env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
-        return self.start("shuffler", ["shuffler"], env=env)
+    def start_shuffler(
+        self, *, env: Mapping[str, str] | None = None, use_case: str | None = None
+    ) -> subprocess.Popen[bytes]:
+        """The shuffler of the first use case, or of ``use_case`` (e.g. SFP fragments)."""
+        name, args = self._of("shuffler", use_case)
+        return self.start(name, ["shuffler", *args], env=env)
 
     def start_aggregator(
-        self, instance: int = 0, instances: int = 1, *, env: Mapping[str, str] | None = None
+        self,
+        instance: int = 0,
+        instances: int = 1,
+        *,
+        env: Mapping[str, str] | None = None,
+        use_case: str | None = None,
     ) -> subprocess.Popen[bytes]:
+        name, args = self._of(f"aggregator-{instance}", use_case)
         return self.start(
-            f"aggregator-{instance}",
-            ["aggregator", "--instance", str(instance), "--instances", str(instances)],
+            name,
+            ["aggregator", "--instance", str(instance), "--instances", str(instances), *args],
             env=env,
         )
+
+    def _of(self, name: str, use_case: str | None) -> tuple[str, list[str]]:
+        """A process name and ``--use-case`` arguments for a service of ``use_case``."""
+        if use_case is None or use_case == self.use_case.name:
+            return name, ["--use-case", self.use_case.name]
+        return f"{name}@{use_case}", ["--use-case", use_case]
 
     def start_discovery(
         self, *, env: Mapping[str, str] | None = None
@@ -260,11 +280,12 @@ class LocalPipeline:
         finally:
             consumer.close()
 
-    def aggregated(self) -> int:
+    def aggregated(self, use_case: str | None = None) -> int:
         """Reports in the latest snapshot of every writer (sum of row totals)."""
+        uc = self.use_case if use_case is None else self.config.use_case(use_case)
         total = 0
-        for snap in latest_snapshots(self.use_case.snapshot.directory).values():
-            total += sum(w.sketch.n for w in snap.windows if w.use_case == self.use_case.name)
+        for snap in latest_snapshots(uc.snapshot.directory).values():
+            total += sum(w.sketch.n for w in snap.windows if w.use_case == uc.name)
         return total
 
     def wait_until(self, condition: Any, timeout: float, what: str, poll: float = 0.25) -> None:

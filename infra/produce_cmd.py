@@ -11,7 +11,8 @@ from infra.common import add_service_args, service_context
 from infra.epochs_io import load_epochs
 from producers.client import DeviceClient
 from producers.datasets import dictionary_population, load_population
-from producers.loadgen import produce_population
+from producers.loadgen import client_streams, produce_population
+from producers.sfp_client import SfpDeviceClient
 from schemas.keys import load_public_key
 
 __all__ = ["add_parser", "run"]
@@ -56,10 +57,20 @@ def run(args: argparse.Namespace) -> int:
     epoch = epochs.latest if args.epoch is None else args.epoch
     if epoch not in epochs:
         raise ValueError(f"epoch {epoch} is not known; known: {sorted(epochs.epochs)}")
-    client = DeviceClient(uc.name, epoch, load_public_key(key_path), epochs.mechanisms[epoch])
-    result = produce_population(
-        client, ctx.kafka, uc.topics.reports, population, seed=args.seed, rate=args.rate
-    )
+    public_key = load_public_key(key_path)
+    if uc.sfp is not None:  # an SFP device sends a word and a fragment report
+        if uc.derived:
+            raise ValueError(
+                f"use case {uc.name!r} is the fragments half of SFP use case "
+                f"{uc.sfp.word_use_case!r}; produce to {uc.sfp.word_use_case!r} (each device "
+                f"sends both reports)"
+            )
+        streams = SfpDeviceClient.for_use_case(ctx.config, uc, epoch, public_key).streams()
+    else:
+        client = DeviceClient(uc.name, epoch, public_key, epochs.mechanisms[epoch])
+        streams = client_streams(client, uc.topics.reports)
+    result = produce_population(streams, ctx.kafka, population, seed=args.seed, rate=args.rate)
+    topics = ", ".join(topic for topic, _ in streams)
     if args.json:
         json.dump(
             {
@@ -74,6 +85,6 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(
             f"produced {result.produced:,} reports ({result.failed} failed) in "
-            f"{result.seconds:.1f} s to {uc.topics.reports}"
+            f"{result.seconds:.1f} s to {topics}"
         )
     return 0 if result.failed == 0 else 1

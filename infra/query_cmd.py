@@ -12,7 +12,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
 from aggregator.query import QueryResult, query_use_case
-from infra.common import stop_on_signals
+from infra.common import select_use_case, stop_on_signals
 from schemas.calibrate import FIT_METHODS, PRIOR_FAMILIES
 from schemas.config import load_config
 from schemas.errors import LdpipeError
@@ -63,9 +63,7 @@ def add_parser(sub: Any) -> None:
 
 def _once(args: argparse.Namespace) -> QueryResult:
     config = load_config(args.config)
-    if args.use_case is None and len(config.use_cases) != 1:
-        raise ValueError("the configuration has several use cases; pick one with --use-case")
-    use_case = config.use_case(args.use_case) if args.use_case else config.use_cases[0]
+    use_case = select_use_case(config, args.use_case)
     items = [s for s in args.items.split(",") if s] if args.items else None
     top = args.top if args.top is not None else (None if items else 10)
     from pathlib import Path

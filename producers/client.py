@@ -25,7 +25,7 @@ import numpy as np
 
 from schemas.envelope import EnvelopeHeader, seal
 from schemas.keys import PublicKey
-from schemas.mechanisms import Mechanism, secure_rng
+from schemas.mechanisms import Mechanism, Reports, secure_rng
 from schemas.payloads import PayloadCodec
 
 __all__ = ["DeviceClient"]
@@ -68,5 +68,9 @@ class DeviceClient:
         """One envelope per item, in order: randomize and encode the batch at once, then seal
         each payload (HPKE has no batch form: every envelope gets its own ephemeral key)."""
         randomized = self.mechanism.randomize(items, rng if rng is not None else secure_rng())
+        return self.seal_reports(randomized)
+
+    def seal_reports(self, randomized: Reports) -> list[bytes]:
+        """One envelope per already randomized report (the mechanism's ``perturb`` output)."""
         header, key = self.header, self.public_key
         return [seal(header, payload, key) for payload in self.codec.encode(randomized)]

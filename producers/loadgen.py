@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,7 +22,7 @@ from infra.kafka import KafkaSettings
 from producers.client import DeviceClient
 from producers.datasets import Population
 
-__all__ = ["ProduceResult", "produce_population"]
+__all__ = ["ProduceResult", "Stream", "client_streams", "produce_population"]
 
 log = logging.getLogger(__name__)
 
@@ -34,10 +35,18 @@ class ProduceResult:
     true_counts: dict[str, int]
 
 
+#: ``(topic, envelopes(items, rng))``: one kind of report every device sends.
+Stream = tuple[str, Callable[[Sequence[str], np.random.Generator], list[bytes]]]
+
+
+def client_streams(client: DeviceClient, topic: str) -> list[Stream]:
+    """The one stream of a use case whose devices send one report each."""
+    return [(topic, client.reports)]
+
+
 def produce_population(
-    client: DeviceClient,
+    streams: Sequence[Stream],
     kafka: KafkaSettings,
-    topic: str,
     population: Population,
     *,
     seed: int,
@@ -45,7 +54,11 @@ def produce_population(
     batch: int = 2000,
     progress: bool | None = None,
 ) -> ProduceResult:
-    """Publish one report per device of ``population`` (in random device order)."""
+    """Publish one report per device and stream of ``population`` (in random device order).
+
+    A device sends one report of each stream (an SFP device: its word and fragment reports),
+    all with its client token as the key, so each topic's shuffler limits it on its own.
+    """
     rng = np.random.default_rng(seed)
     devices = population.device_items()
     rng.shuffle(devices)
@@ -74,21 +87,22 @@ def produce_population(
     sent = 0
     for begin in range(0, len(devices), batch):
         chunk = devices[begin : begin + batch]
-        envelopes = client.reports([population.items[i] for i in chunk], rng)
-        for offset, envelope in enumerate(envelopes):
-            device = begin + offset
-            key = tokens[16 * device : 16 * device + 16]
-            while True:
-                try:
-                    producer.produce(topic, value=envelope, key=key, on_delivery=on_delivery)
-                    break
-                except BufferError:
-                    producer.poll(0.05)  # back-pressure: the local queue is full
-            sent += 1
-            if rate:
-                ahead = sent / rate - (time.perf_counter() - started)
-                if ahead > 0:
-                    producer.poll(ahead)
+        items = [population.items[i] for i in chunk]
+        for topic, envelopes_of in streams:
+            for offset, envelope in enumerate(envelopes_of(items, rng)):
+                device = begin + offset
+                key = tokens[16 * device : 16 * device + 16]
+                while True:
+                    try:
+                        producer.produce(topic, value=envelope, key=key, on_delivery=on_delivery)
+                        break
+                    except BufferError:
+                        producer.poll(0.05)  # back-pressure: the local queue is full
+                sent += 1
+                if rate:
+                    ahead = sent / rate - (time.perf_counter() - started)
+                    if ahead > 0:
+                        producer.poll(ahead)
         producer.poll(0)
         bar.update(len(chunk))
     producer.flush(60)

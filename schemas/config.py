@@ -19,14 +19,17 @@ from __future__ import annotations
 import re
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from schemas.epochs import EpochSet, ParameterEpoch
 from schemas.errors import LdpipeError
-from schemas.mechanisms import MECHANISMS, Mechanism, build_mechanism
+from schemas.mechanisms import MECHANISMS, Mechanism, SketchMechanism, build_mechanism
+
+if TYPE_CHECKING:
+    from discovery.sfp import SfpParams
 
 __all__ = [
     "ConfigError",
@@ -34,6 +37,7 @@ __all__ = [
     "DiscoveryTopics",
     "KafkaConfig",
     "PipelineConfig",
+    "SfpSettings",
     "ShuffleConfig",
     "SnapshotConfig",
     "Topics",
@@ -141,7 +145,9 @@ class DiscoverySettings:
     The release is set either by ``threshold`` and ``laplace_scale`` (T, b) or by a target
     ``epsilon`` and ``delta`` (Theorem 4 inverted, ``discovery/privacy.py``), never both.
     The server opens the inner layer with the use case's own keys; the aux server has its
-    own (``aux_public_key`` for devices, ``aux_private_keys`` for the aux server).
+    own (``aux_public_key`` for devices, ``aux_private_keys`` for the aux server). Devices tag
+    with ``tag_key``; the server also accepts the older keys of ``tag_keys`` (files or
+    directories of ``*.tag.json``) while devices move to a new one (``docs/discovery.md``).
 
     >>> cfg = parse_config('''
     ... [[use_case]]
@@ -159,7 +165,8 @@ class DiscoverySettings:
     """
 
     topics: DiscoveryTopics
-    tag_key: Path
+    tag_key: Path  # the key devices tag with now
+    tag_keys: tuple[Path, ...] = ()  # older keys the server still accepts (rotation)
     aux_public_key: Path | None = None
     aux_private_keys: tuple[Path, ...] = ()
     threshold: float | None = None
@@ -172,6 +179,34 @@ class DiscoverySettings:
     mode: str = "text"
     lowercase: bool = False
     store: Path | None = None  # default: <snapshot directory>/discoveries
+
+
+@dataclass(frozen=True)
+class SfpSettings:
+    """The ``[use_case.sfp]`` table: Apple's Sequence Fragment Puzzle on the pipeline.
+
+    A use case with this table is the SFP **word** use case: its own sketch is the word oracle
+    (Apple Alg. 9's sequence report; devices report the normalized, padded word), and the
+    configuration derives a second use case, ``<name>.fragments``, that carries the fragment
+    reports: one CMS/HCMS sketch of ``positions x fragment_k`` rows in which rows
+    ``[l k', (l+1) k')`` are Apple's ``M_l`` (``docs/sfp.md``, "On the pipeline"). Both
+    use cases hold the same settings; ``role`` says which half a use case is.
+
+    >>> cfg = parse_config('''
+    ... [[use_case]]
+    ... name = "newwords"
+    ... [use_case.sfp]
+    ... ''')
+    >>> [(uc.name, uc.mechanism_name, uc.epsilon, uc.mechanism.k) for uc in cfg.use_cases]
+    [('newwords', 'cms', 2.0, 2048), ('newwords.fragments', 'cms', 6.0, 10240)]
+    """
+
+    role: str  # "word" or "fragments"
+    word_use_case: str
+    fragments_use_case: str
+    params: Mapping[str, Any]  # SfpParams keyword arguments (discovery/sfp.py), all of them
+    threshold: float | None = None  # word threshold in counts (None: word_z standard errors)
+    store: Path | None = None  # default: <word snapshot directory>/discoveries
 
 
 @dataclass(frozen=True)
@@ -190,6 +225,25 @@ class UseCase:
     shuffle: ShuffleConfig
     snapshot: SnapshotConfig
     discovery: DiscoverySettings | None = None  # None: discovery not enabled
+    sfp: SfpSettings | None = None  # None: not an SFP use case
+
+    @property
+    def derived(self) -> bool:
+        """Declared by another use case (an SFP use case's fragments), not by a table."""
+        return self.sfp is not None and self.sfp.role == "fragments"
+
+    @cached_property
+    def sfp_params(self) -> SfpParams:
+        """The SFP settings both halves share (``discovery/sfp.py``); ``ConfigError`` if this
+        is not an SFP use case."""
+        if self.sfp is None:
+            raise ConfigError(
+                f"use_case.{self.name}: not an SFP use case; add a [use_case.sfp] table "
+                f'(docs/sfp.md, "On the pipeline")'
+            )
+        from discovery.sfp import SfpParams
+
+        return SfpParams(**self.sfp.params)
 
     @cached_property
     def dictionary_items(self) -> tuple[str, ...] | None:
@@ -253,6 +307,11 @@ class PipelineConfig:
     use_cases: tuple[UseCase, ...]
     source: Path | None = None
 
+    @property
+    def declared(self) -> tuple[UseCase, ...]:
+        """The use cases of ``[[use_case]]`` tables (without derived ones such as SFP fragments)."""
+        return tuple(uc for uc in self.use_cases if not uc.derived)
+
     def use_case(self, name: str) -> UseCase:
         for uc in self.use_cases:
             if uc.name == name:
@@ -264,12 +323,21 @@ class PipelineConfig:
 _UC_KEYS = {
     "name", "mechanism", "epsilon", "epoch", "k", "m", "p", "s", "hash_seed",
     "target_frequency", "objective", "f_star", "dictionary", "private_keys", "public_key",
-    "topics", "shuffle", "snapshot", "discovery",
+    "topics", "shuffle", "snapshot", "discovery", "sfp",
 }  # fmt: skip
+_SFP_PARAMS = {  # [use_case.sfp] key -> type (SfpParams fields of the fragment oracle and puzzle)
+    "epsilon_fragment": float, "fragment_mechanism": str, "fragment_k": int, "fragment_m": int,
+    "fragment_hash_seed": int, "word_length": int, "fragment_length": int, "piece_bits": int,
+    "alphabet": str, "pad": str, "lowercase": bool, "fragment_z": float, "word_z": float,
+    "fragment_top": int, "max_words_per_piece": int,
+}  # fmt: skip
+_SFP_KEYS = {*_SFP_PARAMS, "enabled", "threshold", "store", "topics"}
+_FRAGMENTS_SUFFIX = ".fragments"
+_SFP_MECHANISMS = ("cms", "hcms")  # the word oracle (Apple Alg. 9)
 _DISCOVERY_KEYS = {
     "enabled", "threshold", "laplace_scale", "epsilon", "delta", "neighbours", "epoch",
-    "max_bytes", "mode", "lowercase", "tag_key", "aux_public_key", "aux_private_keys", "store",
-    "topics",
+    "max_bytes", "mode", "lowercase", "tag_key", "tag_keys", "aux_public_key",
+    "aux_private_keys", "store", "topics",
 }  # fmt: skip
 _MECH_KEYS = {
     "k": int, "m": int, "p": float, "s": int, "target_frequency": float,
@@ -293,7 +361,8 @@ def _single_path(base: Path, where: str, value: Any) -> Path | None:
     return _paths(base, where, value)[0]
 
 
-def _use_case(raw: Mapping[str, Any], index: int, base: Path) -> UseCase:
+def _use_case(raw: Mapping[str, Any], index: int, base: Path) -> tuple[UseCase, ...]:
+    """A ``[[use_case]]`` table's use case (and, for SFP, its derived fragments use case)."""
     where = f"use_case[{index}]"
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{where}: expected a [[use_case]] table")
@@ -304,15 +373,25 @@ def _use_case(raw: Mapping[str, Any], index: int, base: Path) -> UseCase:
         )
     where = f"use_case.{name}"
     _check_keys(where, raw, _UC_KEYS)
-    mechanism = _get(where, raw, "mechanism", str)
+    sfp_raw = _get(where, raw, "sfp", dict, None)
+    if sfp_raw is not None:  # checked even when disabled, like [use_case.discovery]
+        _check_keys(f"{where}.sfp", sfp_raw, _SFP_KEYS)
+    sfp_on = sfp_raw is not None and _get(f"{where}.sfp", sfp_raw, "enabled", bool, True)
+    # an SFP use case defaults to Apple's word sketch (§6.1: CMS, eps = 2, k = 2048, m = 1024)
+    mechanism = _get(where, raw, "mechanism", str, *(("cms",) if sfp_on else ()))
     if mechanism not in MECHANISMS:
         raise ConfigError(
             f"{where}.mechanism: {mechanism!r} unknown; use one of {sorted(MECHANISMS)}"
         )
-    epsilon = _get(where, raw, "epsilon", float)
+    if sfp_on and mechanism not in _SFP_MECHANISMS:  # before the k, m defaults meet e.g. oue
+        raise _sfp_mechanism_error(name, mechanism)
+    epsilon = _get(where, raw, "epsilon", float, *((2.0,) if sfp_on else ()))
     options: dict[str, Any] = {
         key: _get(where, raw, key, kind) for key, kind in _MECH_KEYS.items() if key in raw
     }
+    if sfp_on:
+        options.setdefault("k", 2048)
+        options.setdefault("m", 1024)
     if "hash_seed" in raw:
         options["seed"] = _get(where, raw, "hash_seed", int)
     epoch = _get(where, raw, "epoch", int, 1)
@@ -397,7 +476,118 @@ def _use_case(raw: Mapping[str, Any], index: int, base: Path) -> UseCase:
         _check_cells(where, int(options.get("k", 1024)), int(options["m"]))
     mech = use_case.mechanism  # validate the mechanism parameters now, naming the use case
     _check_cells(where, mech.k, mech.m)
-    return use_case
+    if sfp_on:
+        assert sfp_raw is not None
+        return _sfp(use_case, sfp_raw, raw, base)
+    return (use_case,)
+
+
+def _sfp(
+    word: UseCase, table: Mapping[str, Any], raw: Mapping[str, Any], base: Path
+) -> tuple[UseCase, UseCase]:
+    """An SFP use case (``[use_case.sfp]``): the word use case and its derived fragments one."""
+    from discovery.sfp import SfpParams  # the puzzle's own validation names the bad setting
+
+    where = f"use_case.{word.name}.sfp"
+    _check_keys(where, table, _SFP_KEYS)
+    name = word.name + _FRAGMENTS_SUFFIX
+    if not _NAME.fullmatch(name):
+        raise ConfigError(
+            f"{where}: the fragments use case {name!r} needs a name of at most 51 characters; "
+            f"shorten the use case name to {51 - len(_FRAGMENTS_SUFFIX)} characters or fewer"
+        )
+    if word.discovery is not None:
+        raise ConfigError(
+            f"use_case.{word.name}: [use_case.sfp] and [use_case.discovery] are two discovery "
+            f"protocols with different item rules; enable one per use case"
+        )
+    mech = word.mechanism
+    if word.mechanism_name not in _SFP_MECHANISMS or not isinstance(mech, SketchMechanism):
+        raise _sfp_mechanism_error(word.name, word.mechanism_name)
+    params: dict[str, Any] = {
+        key: _get(where, table, key, kind) for key, kind in _SFP_PARAMS.items() if key in table
+    }
+    fk, fm = params.get("fragment_k", 2048), params.get("fragment_m", 1024)
+    wl, fl = params.get("word_length", 10), params.get("fragment_length", 2)
+    if min(fk, fm, wl, fl) >= 1:  # refuse a huge sketch before building anything
+        _check_cells(where, fk * max(1, wl // fl), fm)
+    params.update(
+        word_mechanism=word.mechanism_name,
+        epsilon_word=word.epsilon,
+        word_k=mech.k,
+        word_m=mech.m,
+        word_hash_seed=mech.seed,
+    )
+    try:
+        sfp = SfpParams(**params)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}: {exc}") from exc
+    params = sfp.to_dict()
+    threshold = _get(where, table, "threshold", float, None)
+    if threshold is not None:
+        _positive(f"{where}.threshold", threshold)
+    store = _get(where, table, "store", str, None)
+    settings = SfpSettings(
+        role="word",
+        word_use_case=word.name,
+        fragments_use_case=name,
+        params=params,
+        threshold=threshold,
+        store=None if store is None else _paths(base, f"{where}.store", store)[0],
+    )
+    topics_raw = _get(where, table, "topics", dict, {})
+    tw = f"{where}.topics"
+    _check_keys(tw, topics_raw, {"reports", "shuffled", "dlq", "shuffler_state", "params"})
+    topics = Topics(
+        reports=_get(tw, topics_raw, "reports", str, f"ldp.{name}.reports"),
+        shuffled=_get(tw, topics_raw, "shuffled", str, f"ldp.{name}.shuffled"),
+        dlq=_get(tw, topics_raw, "dlq", str, f"ldp.{name}.dlq"),
+        shuffler_state=_get(tw, topics_raw, "shuffler_state", str, f"ldp.{name}.shuffler-state"),
+        params=_get(tw, topics_raw, "params", str, f"ldp.{name}.params"),
+        partitions=word.topics.partitions,
+    )
+    # a shared shuffler-state topic would count a device's word and fragment report together
+    clash = {topics.reports, topics.shuffled, topics.dlq, topics.shuffler_state, topics.params} & {
+        word.topics.reports,
+        word.topics.shuffled,
+        word.topics.dlq,
+        word.topics.shuffler_state,
+        word.topics.params,
+    }
+    if clash:
+        raise ConfigError(
+            f"{tw}: {', '.join(sorted(clash))} is also a topic of the word reports; the "
+            f"fragment reports need topics of their own"
+        )
+    # rows [l k', (l+1) k') of one sketch are Apple's M_l: a device's row is l k' + j
+    fragments = UseCase(
+        name=name,
+        mechanism_name=sfp.fragment_mechanism,
+        epsilon=sfp.epsilon_fragment,
+        mechanism_options={
+            "k": sfp.positions * sfp.fragment_k,
+            "m": sfp.fragment_m,
+            "seed": sfp.fragment_hash_seed,
+        },
+        epoch=word.epoch,
+        dictionary=None,
+        private_keys=word.private_keys,
+        public_key=word.public_key,
+        topics=topics,
+        shuffle=word.shuffle,
+        snapshot=replace(word.snapshot, directory=word.snapshot.directory / "fragments"),
+        sfp=replace(settings, role="fragments"),
+    )
+    _check_cells(tw.removesuffix(".topics"), sfp.positions * sfp.fragment_k, sfp.fragment_m)
+    fragments.mechanism  # noqa: B018 - validate now, naming the use case
+    return replace(word, sfp=settings), fragments
+
+
+def _sfp_mechanism_error(name: str, mechanism: str) -> ConfigError:
+    return ConfigError(
+        f"use_case.{name}.mechanism: SFP's word report is a cms or hcms report (Apple "
+        f'Alg. 9), got {mechanism!r}; set mechanism = "cms" or "hcms"'
+    )
 
 
 def _discovery(
@@ -465,11 +655,17 @@ def _discovery(
     epoch = _get(dw, dr, "epoch", int, 1)
     if not 0 <= epoch < 2**32:
         raise ConfigError(f"{dw}.epoch: must be in [0, 2^32), got {epoch}")
+    if isinstance(dr.get("tag_key"), list):
+        raise ConfigError(
+            f"{dw}.tag_key: expected one path, the key devices tag with now; list the older "
+            f"keys the server still accepts in tag_keys = [...]"
+        )
     tag_key = _paths(base, f"{dw}.tag_key", _get(dw, dr, "tag_key", str))[0]
     store = _get(dw, dr, "store", str, None)
     return DiscoverySettings(
         topics=topics,
         tag_key=tag_key,
+        tag_keys=_paths(base, f"{dw}.tag_keys", dr.get("tag_keys", [])),
         aux_public_key=_single_path(base, f"{dw}.aux_public_key", dr.get("aux_public_key")),
         aux_private_keys=_paths(base, f"{dw}.aux_private_keys", dr.get("aux_private_keys", [])),
         threshold=pair[0],
@@ -516,7 +712,7 @@ def parse_config(
     cases_raw = _get("configuration", raw, "use_case", list, [])
     if not cases_raw:
         raise ConfigError("configuration: no [[use_case]] tables; declare at least one use case")
-    cases = tuple(_use_case(item, i, base) for i, item in enumerate(cases_raw))
+    cases = tuple(uc for i, item in enumerate(cases_raw) for uc in _use_case(item, i, base))
     names = [uc.name for uc in cases]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:

@@ -66,3 +66,18 @@ def test_missing_file() -> None:
 def test_kafka_extra_passthrough() -> None:
     cfg = parse_config('[kafka]\nextra = { "security.protocol" = "SSL", "x" = true }\n' + MINIMAL)
     assert cfg.kafka.extra == {"security.protocol": "SSL", "x": "true"}
+
+
+def test_sfp_example_configuration_is_valid() -> None:
+    cfg = load_config(Path(__file__).parents[2] / "infra" / "sfp-example.toml")
+    word, fragments = cfg.use_cases
+    assert cfg.declared == (word,) and fragments.derived
+    params = word.sfp_params
+    assert (params.epsilon_word, params.epsilon_fragment, params.word_k, params.fragment_k) == (
+        2.0,
+        6.0,
+        2048,
+        2048,
+    )
+    assert fragments.snapshot.directory == word.snapshot.directory / "fragments"
+    assert fragments.mechanism.k == 5 * 2048 and fragments.public_key == word.public_key

@@ -185,6 +185,16 @@ TABLE_KEYS: dict[str, list[str]] = {  # docs: infra/example.toml and schemas/con
     "topics": ["reports", "shuffled", "dlq", "shuffler_state", "partitions"],
     "shuffle": [f.name for f in dataclasses.fields(ShuffleConfig)],
     "snapshot": [f.name for f in dataclasses.fields(SnapshotConfig)],
+    "sfp": [
+        "enabled", "epsilon_fragment", "fragment_mechanism", "fragment_k", "fragment_m",
+        "fragment_hash_seed", "word_length", "fragment_length", "piece_bits", "alphabet", "pad",
+        "lowercase", "fragment_z", "word_z", "fragment_top", "max_words_per_piece", "threshold",
+        "store", "topics",
+    ],
+}  # fmt: skip
+SFP_TABLE = {  # a small valid [use_case.sfp] (cms and hcms use cases only)
+    "fragment_k": 8, "fragment_m": 64, "word_length": 4, "fragment_length": 2, "piece_bits": 2,
+    "alphabet": "abc", "topics": {"dlq": "ldp.emoji.fragments.dead"},
 }  # fmt: skip
 
 
@@ -220,19 +230,24 @@ def tables(doc: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     for case in cases if isinstance(cases, list) else []:
         if isinstance(case, dict):
             found.append(("use_case", case))
-            for key in ("topics", "shuffle", "snapshot"):
+            for key in ("topics", "shuffle", "snapshot", "sfp"):
                 if isinstance(case.get(key), dict):
                     found.append((key, case[key]))
+            sfp = case.get("sfp")
+            if isinstance(sfp, dict) and isinstance(sfp.get("topics"), dict):
+                found.append(("topics", sfp["topics"]))
     return found
 
 
 INT_KEYS = {
     "epoch", "k", "m", "s", "hash_seed", "partitions", "n_min", "max_reports",
     "contribution_limit", "contribution_period_seconds", "window_seconds", "keep_windows",
-    "keep_files", "dedupe_horizon",
+    "keep_files", "dedupe_horizon", "fragment_k", "fragment_m", "fragment_hash_seed",
+    "word_length", "fragment_length", "piece_bits", "fragment_top", "max_words_per_piece",
 }  # fmt: skip
 FLOAT_KEYS = {
     "epsilon", "p", "target_frequency", "f_star", "max_wait_seconds", "delta", "interval_seconds",
+    "epsilon_fragment", "fragment_z", "word_z", "threshold",
 }  # fmt: skip
 MECHANISM_KEYS = ("k", "m", "p", "s", "hash_seed", "target_frequency", "objective", "f_star")
 
@@ -251,7 +266,10 @@ def typed_values(key: str) -> st.SearchStrategy[Any]:
 @st.composite
 def mutated_configs(draw: st.DrawFn) -> tuple[dict[str, Any], dict[str, bytes]]:
     """A valid configuration with 1-3 mutations; and dictionary files to write first."""
-    doc = valid_config(draw(st.sampled_from(sorted(MECHANISM_OPTIONS))))
+    mechanism = draw(st.sampled_from(sorted(MECHANISM_OPTIONS)))
+    doc = valid_config(mechanism)
+    if mechanism in ("cms", "hcms") and draw(st.booleans()):  # an SFP use case
+        doc["use_case"][0]["sfp"] = copy.deepcopy(SFP_TABLE)
     files: dict[str, bytes] = {}
     for _ in range(draw(st.integers(1, 3))):
         found = tables(doc)  # the top level rarely: replacing [kafka] or use_case hides the rest
@@ -361,6 +379,15 @@ def test_config_base_documents_are_valid(mechanism: str, workdir: Path) -> None:
     uc = cfg.use_case("emoji")
     assert uc.mechanism.name == mechanism and uc.topics.dlq == "ldp.emoji.dead"
     assert uc.snapshot.directory == workdir / "snapshots"
+
+
+@pytest.mark.parametrize("mechanism", ["cms", "hcms"])
+def test_config_sfp_base_documents_are_valid(mechanism: str, workdir: Path) -> None:
+    doc = valid_config(mechanism)
+    doc["use_case"][0]["sfp"] = copy.deepcopy(SFP_TABLE)
+    word, fragments = parse_config(toml_document(doc), base=workdir).use_cases
+    assert (word.name, fragments.name) == ("emoji", "emoji.fragments")
+    assert fragments.mechanism.k == 2 * 8 and fragments.topics.dlq == "ldp.emoji.fragments.dead"
 
 
 @fuzz(300)

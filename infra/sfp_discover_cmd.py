@@ -1,0 +1,130 @@
+"""``ldpipe sfp-discover``: Apple's puzzle (Alg. 10) over an SFP use case's snapshots.
+
+Reads the newest snapshots of the word and fragments aggregators, reconstructs each window
+(or, with ``--merge``, their sum), prints the words found and records them in the use case's
+discoveries store, where ``ldpipe query`` estimates them. ``--every S`` repeats until stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+from discovery.sfp_service import SfpWindowResult, reconstruct
+from infra.common import select_use_case, stop_on_signals
+from schemas.config import load_config
+from schemas.errors import LdpipeError
+
+__all__ = ["add_parser", "run"]
+
+log = logging.getLogger(__name__)
+
+
+def add_parser(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "sfp-discover",
+        help="find new words in an SFP use case's snapshots (Apple's sequence fragment puzzle)",
+        description=(
+            "Run Apple's puzzle (Alg. 10) on the word and fragment sketches of an SFP use case "
+            "([use_case.sfp]) and record the words found, per window."
+        ),
+    )
+    p.add_argument("--config", required=True, help="pipeline configuration (TOML)")
+    p.add_argument("--use-case", help="the SFP use case (default: the only one configured)")
+    p.add_argument("--start", type=int, help="first window start (unix seconds, inclusive)")
+    p.add_argument("--end", type=int, help="last window end (unix seconds, exclusive)")
+    p.add_argument(
+        "--merge", action="store_true", help="one puzzle over the sum of the selected windows"
+    )
+    p.add_argument(
+        "--threshold", type=float, help="word threshold in counts (default: the configuration's)"
+    )
+    p.add_argument(
+        "--no-record", action="store_true", help="print only; do not write the discoveries store"
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object per run")
+    p.add_argument("--every", type=float, help="repeat every this many seconds until stopped")
+    p.add_argument("--metrics-port", type=int, help="--every: serve Prometheus metrics here")
+    p.add_argument("--metrics-addr", default="127.0.0.1", help="--every: metrics address")
+    p.set_defaults(run=run)
+
+
+def _print(name: str, results: list[SfpWindowResult]) -> None:
+    if not results:
+        print(f"{name}: no windows with word reports in the selected range")
+    for r in results:
+        d = r.discovery
+        kept = ", ".join(str(k) for k in d.fragments_kept)
+        print(
+            f"{name} [{r.start}, {r.end}): {r.word_reports:,} word and {r.fragment_reports:,} "
+            f"fragment reports; fragments kept per position {kept}; {d.candidates} candidates; "
+            f"word cut {d.word_threshold:.0f}"
+        )
+        for word, estimate, error in d.words:
+            print(f"  {word:<12} {estimate:>10.1f} ± {error:.1f}")
+        if r.recorded is not None:
+            print(f"  recorded in {r.recorded}")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.every is not None and not args.every > 0:
+        raise ValueError(f"--every must be a positive number of seconds, got {args.every}")
+    if args.threshold is not None and not args.threshold >= 0:
+        raise ValueError(f"--threshold must be a count >= 0, got {args.threshold}")
+    config = load_config(args.config)
+    use_case = select_use_case(config, args.use_case)
+    name = use_case.sfp.word_use_case if use_case.sfp is not None else use_case.name
+
+    def once() -> list[SfpWindowResult]:
+        return reconstruct(
+            config,
+            use_case,
+            start=args.start,
+            end=args.end,
+            merge=args.merge,
+            record=not args.no_record,
+            threshold=args.threshold,
+        )
+
+    def show(results: list[SfpWindowResult]) -> None:
+        if args.json:
+            json.dump({"use_case": name, "windows": [r.as_dict() for r in results]}, sys.stdout)
+            print()
+        else:
+            _print(name, results)
+        sys.stdout.flush()
+
+    if args.every is None:
+        show(once())
+        return 0
+    registry = CollectorRegistry()
+    runs = Counter("ldpipe_sfp_runs", "Puzzle runs", ["use_case", "outcome"], registry=registry)
+    words = Gauge(
+        "ldpipe_sfp_words", "Words found in the newest window", ["use_case"], registry=registry
+    )
+    seconds = Gauge(
+        "ldpipe_sfp_run_seconds", "Duration of the last puzzle run", ["use_case"], registry=registry
+    )
+    if args.metrics_port:
+        start_http_server(args.metrics_port, addr=args.metrics_addr, registry=registry)
+    stop = stop_on_signals()
+    while not stop.is_set():
+        started = time.perf_counter()
+        try:
+            results = once()
+        except LdpipeError as exc:  # no snapshots yet, a damaged file: try again next time
+            log.warning("sfp-discover: %s", exc)
+            runs.labels(use_case=name, outcome="failed").inc()
+        else:
+            show(results)
+            runs.labels(use_case=name, outcome="ok").inc()
+            words.labels(use_case=name).set(len(results[-1].discovery.words) if results else 0)
+        seconds.labels(use_case=name).set(time.perf_counter() - started)
+        stop.wait(args.every)
+    return 0

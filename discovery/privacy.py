@@ -214,7 +214,7 @@ def parameters_for(
             f"report is always released with some probability, so delta = 0 is impossible; "
             f"use a delta well below 1/n, e.g. 1e-9"
         )
-    if delta0 >= 0.5:
+    if target >= 0.5:  # the target, not delta0: exactly 1/2 minus the slack is no privacy
         raise PrivacyParameterError(
             f"delta must be < 1/2, got {delta!r}; use a delta well below 1/n, e.g. 1e-9"
         )

@@ -191,6 +191,7 @@ def test_parameters_without_privacy_are_refused(threshold: float, scale: float, 
         (1.0, 0.0, "delta = 0 is impossible"),
         (1.0, 1e-30, "floating-point slack"),
         (8.0, 0.6, "< 1/2"),
+        (8.0, 0.5, "< 1/2"),  # exactly 1/2: T would be barely above 1
         (0.5, 0.3, "1 - e"),
     ],
 )

@@ -7,7 +7,9 @@
   shuffler code on the discovery topics, named ``<uc>.discovery`` so its consumer group,
   transactional id, contribution state and window ledger are its own;
 * tag key files: ``{"format": "ldpipe-tag-key", "version": 1, "key_id": ..., "secret": b64}``,
-  written 0600 (:func:`save_tag_key`, :func:`load_tag_key`).
+  written 0600 (:func:`save_tag_key`, :func:`load_tag_key`; ``ldpipe keys tag`` names them
+  ``<name>-<key id>.tag.json``); :func:`load_tag_keys` reads the current key and the older ones
+  a server still accepts (files or directories of ``*.tag.json``), for rotation.
 
 >>> import tempfile, pathlib
 >>> with tempfile.TemporaryDirectory() as d:
@@ -21,10 +23,11 @@ from __future__ import annotations
 import base64
 import binascii
 import dataclasses
+import hmac
 import json
 import os
 from pathlib import Path
-from typing import cast
+from typing import Final, cast
 
 from discovery.item import ItemMode, ItemRules
 from discovery.layers import DiscoveryConfig
@@ -33,16 +36,19 @@ from discovery.tags import TagKey
 from schemas.config import ConfigError, DiscoverySettings, Topics, UseCase
 
 __all__ = [
+    "TAG_KEY_SUFFIX",
     "discovery_config",
     "discovery_settings",
     "discovery_shuffle_use_case",
     "discovery_store_directory",
     "load_tag_key",
+    "load_tag_keys",
     "release_parameters",
     "save_tag_key",
 ]
 
 _TAG_KEY_FORMAT = "ldpipe-tag-key"
+TAG_KEY_SUFFIX: Final = ".tag.json"  # what a directory of tag keys holds (``ldpipe keys tag``)
 
 
 def discovery_settings(use_case: UseCase) -> DiscoverySettings:
@@ -107,6 +113,11 @@ def save_tag_key(key: TagKey, path: str | os.PathLike[str]) -> Path:
 def load_tag_key(path: str | os.PathLike[str]) -> TagKey:
     """Read a tag key file; ``ConfigError`` names what is wrong."""
     source = Path(path)
+    if not source.is_file():
+        raise ConfigError(
+            f"tag key file {source} does not exist or is not a file; create one with "
+            f"`ldpipe keys tag --out DIR`"
+        )
     try:
         document = json.loads(source.read_text(encoding="utf-8"))
         if document.get("format") != _TAG_KEY_FORMAT or document.get("version") != 1:
@@ -114,5 +125,35 @@ def load_tag_key(path: str | os.PathLike[str]) -> TagKey:
         return TagKey(int(document["key_id"]), base64.b64decode(document["secret"], validate=True))
     except (OSError, ValueError, KeyError, TypeError, AttributeError, binascii.Error) as exc:
         raise ConfigError(
-            f"tag key file {source}: {exc}; create one with discovery.runtime.save_tag_key"
+            f"tag key file {source}: {exc}; create one with `ldpipe keys tag --out DIR`"
         ) from exc
+
+
+def load_tag_keys(*sources: str | os.PathLike[str]) -> tuple[TagKey, ...]:
+    """Tag key files, and every ``*.tag.json`` file of each directory given, in order.
+
+    The same key found twice (say the current key also sits in the directory of older keys)
+    is kept once. Two different keys with one key id are a ``ConfigError``: a report names its
+    tag key by id alone, so the server could not tell which one a device used.
+    """
+    if not sources:
+        raise ConfigError("no tag key files given; pass tag key files or a tag key directory")
+    found: dict[int, tuple[TagKey, Path]] = {}
+    for source in sources:
+        path = Path(source)
+        files = sorted(path.glob(f"*{TAG_KEY_SUFFIX}")) if path.is_dir() else [path]
+        if not files:
+            raise ConfigError(
+                f"tag key directory {path} holds no *{TAG_KEY_SUFFIX} files; create one with "
+                f"`ldpipe keys tag --out {path}`"
+            )
+        for file in files:
+            key = load_tag_key(file)
+            seen = found.setdefault(key.key_id, (key, file))
+            if not hmac.compare_digest(seen[0].secret, key.secret):
+                raise ConfigError(
+                    f"tag key files {seen[1]} and {file} both have key id {key.key_id} but "
+                    f"different secrets; key ids must be unique: drop one of them, or make a "
+                    f"new key with `ldpipe keys tag --out DIR --key-id N` and an unused N"
+                )
+    return tuple(key for key, _ in found.values())

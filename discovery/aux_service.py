@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -82,7 +83,8 @@ class ReleaseHeader:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> ReleaseHeader:
-        """Parse a header; ``ValueError`` if it is not one."""
+        """Parse a header; ``ValueError`` if it is not one (``OverflowError`` for an absurd
+        bucket count)."""
         raw = json.loads(data.decode("utf-8"))
         if not isinstance(raw, dict) or set(raw) != set(cls.__dataclass_fields__):
             raise ValueError("release header fields do not match")
@@ -98,6 +100,9 @@ class ReleaseHeader:
         )
         if header.buckets < 1:
             raise ValueError("a release record's header counts no buckets")
+        numbers = (header.released_at, header.threshold, header.laplace_scale)
+        if not all(math.isfinite(x) for x in (*numbers, header.epsilon, header.delta)):
+            raise ValueError("a release record's header has a number that is not finite")
         return header
 
 

@@ -12,7 +12,8 @@ For each release record (``discovery/layers.py``) the server
    released under the count of another item's bucket;
 
 and returns the valid ones as :class:`Discovery` (item, noisy count, tag key id, tag), counting
-the others by reason. It never raises on bad data. ``discovery/store.py`` records them.
+the others by reason and naming each (:class:`Refusal`, so a service can dead-letter it). It
+never raises on bad data. ``discovery/store.py`` records them.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from discovery.layers import DiscoveryConfig, ReleasedBucket, parse_item_payload
 from discovery.tags import TagKey
 from schemas.envelope import BytesLike, EnvelopeError, PrivateKeyLookup, open_envelope
 
-__all__ = ["Discovery", "DiscoveryServer", "ServerResult"]
+__all__ = ["Discovery", "DiscoveryServer", "Refusal", "ServerResult"]
 
 logger = logging.getLogger(__name__)
 
@@ -46,13 +47,22 @@ class Discovery:
 
 
 @dataclass(frozen=True)
+class Refusal:
+    """One refused release record: its position in the input and the rule it broke."""
+
+    position: int
+    reason: str
+
+
+@dataclass(frozen=True)
 class ServerResult:
-    """The valid discoveries of one release (noisy count descending, then item) and the
-    rejected records by reason."""
+    """The valid discoveries of one release (noisy count descending, then item), the rejected
+    records by reason, and each refusal in input order."""
 
     discoveries: tuple[Discovery, ...]
     received: int
     rejected: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    refusals: tuple[Refusal, ...] = ()
 
 
 class DiscoveryServer:
@@ -117,14 +127,15 @@ class DiscoveryServer:
     def open_release(self, records: Iterable[ReleasedBucket | BytesLike | None]) -> ServerResult:
         """Validate a window's released buckets; never raises on bad data."""
         found: list[Discovery] = []
-        rejected: Counter[str] = Counter()
+        refusals: list[Refusal] = []
         received = 0
-        for record in records:
+        for position, record in enumerate(records):
             received += 1
             try:
                 found.append(self.open_one(record))
             except DiscoveryError as exc:
-                rejected[str(exc.reason)] += 1
+                refusals.append(Refusal(position, str(exc.reason)))
+        rejected = Counter(refusal.reason for refusal in refusals)
         found.sort(key=lambda d: (-d.noisy_count, d.item, d.tag_key_id))
         logger.info(
             "discovery release: %d buckets, %d items, %d rejected",
@@ -133,5 +144,8 @@ class DiscoveryServer:
             received - len(found),
         )
         return ServerResult(
-            tuple(found), received, MappingProxyType(dict(sorted(rejected.items())))
+            tuple(found),
+            received,
+            MappingProxyType(dict(sorted(rejected.items()))),
+            tuple(refusals),
         )

@@ -5,14 +5,25 @@ publishes a window's release records in one transaction, each carrying the windo
 ``ldpipe.release`` header (``discovery/aux_service.py``), so the records of a window are
 contiguous and the header says how many there are. Per complete window (numbered):
 
-1. :meth:`~discovery.server.DiscoveryServer.open_release` with the server's private keys and
-   tag keys (validation: normal form, tag matches the bucket);
-2. :meth:`~discovery.store.DiscoveryStore.append` of the window's discoveries, with the
-   release's T, b, epsilon, delta — refused if the window is recorded already, which makes a
-   replay (a crash between 2 and 3) idempotent;
-3. commit the consumer offset after the window.
+1. if the store holds the window already (a replay after a crash between 4 and 5), skip to 5;
+2. :meth:`~discovery.server.DiscoveryServer.open_release` with the server's private keys and
+   tag keys — the current one and the older ones of ``tag_keys`` (validation: normal form, tag
+   matches the bucket);
+3. send every refused record to the dead-letter topic ``ldp.<uc>.discovery.dlq``: the value as
+   received, headers ``ldpipe.reason``, ``ldpipe.stage`` (``discovery-server``),
+   ``ldpipe.layer`` (``release``, ``envelope`` or ``item``: whose rule it broke),
+   ``ldpipe.source`` (``topic:partition:offset``) and its own ``ldpipe.release`` if it had one;
+   then wait until they are delivered;
+4. :meth:`~discovery.store.DiscoveryStore.append` of the window's discoveries, with the
+   release's T, b, epsilon, delta — refused if the window is recorded already;
+5. commit the consumer offset after the window.
 
-A window that released nothing has no records and no file (its ledger record says so).
+Records that belong to no window are refused as they come, dead-lettered the same way: a record
+without a valid ``ldpipe.release`` header (``release_header``), and the records of a window
+that another window's records interrupt (``incomplete_window``; one transactional aux producer
+never does that). A commit never overtakes a dead letter, so none is lost; a crash between 3 and
+4 sends a window's dead letters again (at least once). Bad data never stops the service; a
+dead-letter topic that cannot be written does (``DiscoveryServiceError``).
 """
 
 from __future__ import annotations
@@ -20,32 +31,42 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import Final
 
-from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 from prometheus_client import CollectorRegistry
 
 from discovery.aux_service import RELEASE_HEADER, ReleaseHeader
-from discovery.exceptions import DiscoveryExistsError
+from discovery.exceptions import DiscoveryExistsError, DiscoveryRejection, DiscoveryServiceError
 from discovery.metrics import ServerMetrics
 from discovery.runtime import (
     discovery_config,
     discovery_settings,
     discovery_store_directory,
-    load_tag_key,
+    load_tag_keys,
 )
 from discovery.server import DiscoveryServer
-from discovery.store import DiscoveryStore, DiscoveryWindow
+from discovery.store import DiscoveryStore, DiscoveryWindow, window_file_name
 from infra.kafka import EXACTLY_ONCE_CONSUMER, KafkaSettings, message_position
 from schemas.config import UseCase
+from schemas.envelope import EnvelopeRejection
 from schemas.keys import KeyRing
 
-__all__ = ["DiscoveryRecorder"]
+__all__ = ["DEAD_LETTER_STAGE", "DiscoveryRecorder"]
 
 log = logging.getLogger(__name__)
 
+REASON_HEADER: Final = "ldpipe.reason"
+STAGE_HEADER: Final = "ldpipe.stage"
+LAYER_HEADER: Final = "ldpipe.layer"
+SOURCE_HEADER: Final = "ldpipe.source"
+DEAD_LETTER_STAGE: Final = "discovery-server"
+_ENVELOPE_REASONS: Final = frozenset(reason.value for reason in EnvelopeRejection)
+
 
 class DiscoveryRecorder:
-    """The server-side consumer of one use case: releases in, discoveries store out."""
+    """The server-side consumer of one use case: releases in, discoveries store out, refused
+    records to the dead-letter topic."""
 
     def __init__(
         self,
@@ -63,15 +84,18 @@ class DiscoveryRecorder:
         self.use_case = use_case
         self.kafka = kafka
         self.topic = settings.topics.released
+        self.dlq = settings.topics.dlq
+        tag_keys = load_tag_keys(settings.tag_key, *settings.tag_keys)
         self.server = DiscoveryServer(
-            discovery_config(use_case),
-            KeyRing.load(*use_case.private_keys),
-            [load_tag_key(settings.tag_key)],
+            discovery_config(use_case), KeyRing.load(*use_case.private_keys), tag_keys
         )
+        log.info("tag keys accepted: %s", ", ".join(str(key.key_id) for key in tag_keys))
         self.store = DiscoveryStore(discovery_store_directory(use_case))
         self.metrics = ServerMetrics.create(registry or CollectorRegistry())
         self._labels = {"use_case": use_case.name}
         self.windows_recorded = 0
+        self.dead_letters = 0
+        self._undelivered = 0
         self._pending: list[Message] = []
         self._header: ReleaseHeader | None = None
 
@@ -84,6 +108,8 @@ class DiscoveryRecorder:
     ) -> int:
         """Consume releases and record windows until ``stop`` is set (or ``max_windows``/idle)."""
         stop = stop or threading.Event()
+        producer = Producer(self.kafka.producer_config({"enable.idempotence": True}))
+        self._check_topics(producer)
         group = f"ldpipe-discovery-server-{self.use_case.name}"
         consumer = Consumer(self.kafka.consumer_config(group, EXACTLY_ONCE_CONSUMER))
         consumer.subscribe([self.topic], on_revoke=lambda *_: self._reset())
@@ -99,41 +125,61 @@ class DiscoveryRecorder:
                             log.warning("consumer error: %s", err)
                         continue
                     last_activity = time.monotonic()
-                    self._admit(consumer, msg)
+                    self.admit(msg, consumer, producer)
                 if idle_timeout is not None and time.monotonic() - last_activity > idle_timeout:
                     break
         finally:
             consumer.close()
+            producer.flush(10)
         return self.windows_recorded
 
-    def _reset(self) -> None:
-        self._pending, self._header = [], None
+    def admit(self, msg: Message, consumer: Consumer, producer: Producer) -> None:
+        """Take one consumed release record: what :meth:`run` does with each data message.
 
-    def _admit(self, consumer: Consumer, msg: Message) -> None:
+        ``producer`` writes the dead letters; ``consumer`` commits the offsets."""
         self.metrics.buckets_in.labels(**self._labels).inc()
         header = _release_header(msg)
         if header is None:
-            self._reject("release_header", 1)
-            self._commit(consumer, msg)
+            self._dead_letter(producer, msg, "release_header")
+            if not self._pending:  # never commit past the records of an open window
+                self._deliver(producer)
+                self._commit(consumer, msg)
             return
         if self._header is not None and header != self._header:
             # cannot happen with one transactional aux producer; never mix two windows
             log.error(
                 "window %s incomplete when %s began", self._header.window_id, header.window_id
             )
-            self._reject("incomplete_window", len(self._pending))
+            for stale in self._pending:
+                self._dead_letter(producer, stale, "incomplete_window")
             self._reset()
         self._header = header
         self._pending.append(msg)
         if len(self._pending) >= header.buckets:
-            self._record_window(header)
+            self._record_window(header, producer)
             self._commit(consumer, msg)
             self._reset()
 
-    def _record_window(self, header: ReleaseHeader) -> None:
+    def _check_topics(self, producer: Producer) -> None:
+        topics = producer.list_topics(timeout=15).topics
+        for needed in (self.topic, self.dlq):
+            if needed not in topics or topics[needed].error is not None:
+                raise DiscoveryServiceError(
+                    f"topic {needed!r} does not exist; create the use case's topics "
+                    f"(infra/topics.py lists them)"
+                )
+
+    def _reset(self) -> None:
+        self._pending, self._header = [], None
+
+    def _record_window(self, header: ReleaseHeader, producer: Producer) -> None:
+        if (self.store.directory / window_file_name(self.use_case.name, header.window_id)).exists():
+            self._replayed(header)
+            return
         result = self.server.open_release(msg.value() for msg in self._pending)
-        for reason, count in result.rejected.items():
-            self._reject(reason, count)
+        for refusal in result.refusals:
+            self._dead_letter(producer, self._pending[refusal.position], refusal.reason)
+        self._deliver(producer)  # before the store: a recorded window is never opened again
         window = DiscoveryWindow(
             use_case=self.use_case.name,
             window_id=header.window_id,
@@ -148,29 +194,87 @@ class DiscoveryRecorder:
         try:
             self.store.append(window)
         except DiscoveryExistsError:
-            log.info("window %s is recorded already (replay); skipped", header.window_id)
-            self.metrics.windows_replayed.labels(**self._labels).inc()
+            self._replayed(header)
             return
         self.windows_recorded += 1
         self.metrics.windows_recorded.labels(**self._labels).inc()
         self.metrics.items_discovered.labels(**self._labels).inc(len(result.discoveries))
 
-    def _reject(self, reason: str, count: int) -> None:
-        if count:
-            self.metrics.buckets_rejected.labels(**self._labels, reason=reason).inc(count)
+    def _replayed(self, header: ReleaseHeader) -> None:
+        log.info("window %s is recorded already (replay); skipped", header.window_id)
+        self.metrics.windows_replayed.labels(**self._labels).inc()
+
+    def _dead_letter(self, producer: Producer, msg: Message, reason: str) -> None:
+        """Count a refused record and send it to the dead-letter topic with its reason."""
+        self.metrics.buckets_rejected.labels(**self._labels, reason=reason).inc()
+        self.dead_letters += 1
+        topic, partition, offset = message_position(msg)
+        headers: list[tuple[str, str | bytes | None]] = [
+            (REASON_HEADER, reason.encode()),
+            (STAGE_HEADER, DEAD_LETTER_STAGE.encode()),
+            (LAYER_HEADER, _layer(reason).encode()),
+            (SOURCE_HEADER, f"{topic}:{partition}:{offset}".encode()),
+        ]
+        release = _header_bytes(msg)
+        if release is not None:
+            headers.append((RELEASE_HEADER, release))
+        while True:
+            try:
+                producer.produce(
+                    self.dlq,
+                    value=msg.value(),
+                    key=msg.key(),
+                    headers=headers,
+                    on_delivery=self._on_delivery,
+                )
+                return
+            except BufferError:
+                producer.poll(0.05)
+
+    def _on_delivery(self, err: KafkaError | None, _msg: Message) -> None:
+        if err is not None:
+            self._undelivered += 1
+            log.error("dead letter not delivered to %s: %s", self.dlq, err)
+
+    def _deliver(self, producer: Producer) -> None:
+        """Wait until every dead letter is delivered; ``DiscoveryServiceError`` if one is not."""
+        remaining = producer.flush(30)
+        if remaining or self._undelivered:
+            raise DiscoveryServiceError(
+                f"{remaining + self._undelivered} dead letters were not delivered to "
+                f"{self.dlq!r}; not recording or committing (the records are read again at the "
+                f"next start)"
+            )
 
     def _commit(self, consumer: Consumer, msg: Message) -> None:
         topic, partition, offset = message_position(msg)
         consumer.commit(offsets=[TopicPartition(topic, partition, offset + 1)], asynchronous=False)
 
 
-def _release_header(msg: Message) -> ReleaseHeader | None:
+def _layer(reason: str) -> str:
+    """Whose rule a refused record broke: the inner envelope's, the item payload's, or else the
+    release record's (its header, its window, its fixed fields, its tag key id)."""
+    if reason in _ENVELOPE_REASONS:
+        return "envelope"
+    if reason.startswith("item_") or reason == DiscoveryRejection.TAG_MISMATCH:
+        return "item"
+    return "release"
+
+
+def _header_bytes(msg: Message) -> bytes | None:
     raw = msg.headers() or []
     pairs = raw.items() if isinstance(raw, dict) else raw
     for name, value in pairs:
         if name == RELEASE_HEADER and isinstance(value, bytes):
-            try:
-                return ReleaseHeader.from_bytes(value)
-            except (ValueError, KeyError, TypeError, UnicodeDecodeError):
-                return None
+            return value
     return None
+
+
+def _release_header(msg: Message) -> ReleaseHeader | None:
+    value = _header_bytes(msg)
+    if value is None:
+        return None
+    try:
+        return ReleaseHeader.from_bytes(value)
+    except (ValueError, KeyError, TypeError, OverflowError, RecursionError):
+        return None

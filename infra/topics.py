@@ -27,7 +27,9 @@ def use_case_topics(use_case: UseCase) -> list[TopicSpec]:
 def discovery_topics(use_case: UseCase) -> list[TopicSpec]:
     """With discovery enabled: the discovery shuffler's topics (reports with the configured
     partitions; shuffled with one, so a window stays contiguous for the aux server), the
-    release topic (one) and the discovery shuffler's own window ledger."""
+    release topic (one), the dead letters of the discovery shuffler and of the discovery
+    server (one; the ``ldpipe.stage`` header tells them apart) and the discovery shuffler's
+    own window ledger."""
     d = use_case.discovery
     if d is None:
         return []

@@ -174,3 +174,4 @@ def test_release_under_the_old_tag_key_is_opened_after_rotation(tmp_path: Path) 
     new_only = DiscoveryServer(parties.config, keyring, load_tag_keys(current))
     refused = new_only.open_release(old_release.released)
     assert refused.discoveries == () and dict(refused.rejected) == {"unknown_tag_key": 1}
+    assert [(r.position, r.reason) for r in refused.refusals] == [(0, "unknown_tag_key")]

@@ -154,6 +154,12 @@ def query_use_case(
         candidates: Sequence[str] = tuple(dict.fromkeys((*dictionary, *found)))
     else:
         candidates = items
+    if items is None and use_case.sfp is not None:
+        # "Hello" in the dictionary and a discovered "hello" are one SFP word: one row
+        first: dict[str | bytes, str] = {}
+        for item, key in zip(candidates, _item_keys(use_case, candidates), strict=True):
+            first.setdefault(key, item)
+        candidates = tuple(first.values())
     if not candidates:
         raise QueryError("no items to estimate; give at least one")
     queried = len(candidates)

@@ -38,12 +38,17 @@ from discovery.store import DiscoveryStore, DiscoveryWindow
 from schemas.config import PipelineConfig, UseCase
 from schemas.mechanisms import Sketch, SketchMechanism
 
-__all__ = ["SfpWindowResult", "reconstruct", "sfp_store_directory"]
+__all__ = ["SfpSettingsMismatchError", "SfpWindowResult", "reconstruct", "sfp_store_directory"]
 
 log = logging.getLogger(__name__)
 
 _FOREVER = 2**62
 _NO_TAG = bytes(16)
+
+
+class SfpSettingsMismatchError(DiscoveryServiceError, ValueError):
+    """The snapshots were made under other SFP settings than the configuration's (not
+    transient: rerunning cannot help, the configuration must change)."""
 
 
 @dataclass(frozen=True)
@@ -127,7 +132,7 @@ def _epoch_sketch(
     if part is None:
         return None, ()
     if {"mechanism": part.mechanism, **part.params} != expected:
-        raise DiscoveryServiceError(
+        raise SfpSettingsMismatchError(
             f"{use_case.name}: the snapshots hold a sketch with parameters {part.params}, the "
             f"configuration says {expected}; reconstruct with the configuration they were made "
             f"under"

@@ -43,6 +43,12 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     ctx = service_context(args)
     uc = ctx.use_case
+    if uc.derived and uc.sfp is not None:  # before any I/O
+        raise ValueError(
+            f"use case {uc.name!r} is the fragments half of SFP use case "
+            f"{uc.sfp.word_use_case!r}; produce to {uc.sfp.word_use_case!r} (each device "
+            f"sends both reports)"
+        )
     key_path = args.public_key or uc.public_key
     if key_path is None:
         raise ValueError(f"use case {uc.name!r} has no public_key; pass --public-key FILE")
@@ -59,12 +65,6 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"epoch {epoch} is not known; known: {sorted(epochs.epochs)}")
     public_key = load_public_key(key_path)
     if uc.sfp is not None:  # an SFP device sends a word and a fragment report
-        if uc.derived:
-            raise ValueError(
-                f"use case {uc.name!r} is the fragments half of SFP use case "
-                f"{uc.sfp.word_use_case!r}; produce to {uc.sfp.word_use_case!r} (each device "
-                f"sends both reports)"
-            )
         streams = SfpDeviceClient.for_use_case(ctx.config, uc, epoch, public_key).streams()
     else:
         client = DeviceClient(uc.name, epoch, public_key, epochs.mechanisms[epoch])

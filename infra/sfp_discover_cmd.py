@@ -16,7 +16,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
-from discovery.sfp_service import SfpWindowResult, reconstruct
+from discovery.sfp_service import SfpSettingsMismatchError, SfpWindowResult, reconstruct
 from infra.common import select_use_case, stop_on_signals
 from schemas.config import load_config
 from schemas.errors import LdpipeError
@@ -79,7 +79,12 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--threshold must be a count >= 0, got {args.threshold}")
     config = load_config(args.config)
     use_case = select_use_case(config, args.use_case)
-    name = use_case.sfp.word_use_case if use_case.sfp is not None else use_case.name
+    if use_case.sfp is None:  # a configuration mistake: refuse it, --every would retry forever
+        raise ValueError(
+            f"use case {use_case.name!r} has no [use_case.sfp] table; sfp-discover runs on an "
+            f'SFP use case (docs/sfp.md, "On the pipeline")'
+        )
+    name = use_case.sfp.word_use_case
 
     def once() -> list[SfpWindowResult]:
         return reconstruct(
@@ -118,6 +123,8 @@ def run(args: argparse.Namespace) -> int:
         started = time.perf_counter()
         try:
             results = once()
+        except SfpSettingsMismatchError:
+            raise  # the configuration must change: retrying cannot help
         except LdpipeError as exc:  # no snapshots yet, a damaged file: try again next time
             log.warning("sfp-discover: %s", exc)
             runs.labels(use_case=name, outcome="failed").inc()

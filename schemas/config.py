@@ -333,6 +333,7 @@ _SFP_PARAMS = {  # [use_case.sfp] key -> type (SfpParams fields of the fragment 
 }  # fmt: skip
 _SFP_KEYS = {*_SFP_PARAMS, "enabled", "threshold", "store", "topics"}
 _FRAGMENTS_SUFFIX = ".fragments"
+_SFP_WORD_SEED = 0x5F9E  # SfpParams.word_hash_seed: the in-memory simulation's word family
 _SFP_MECHANISMS = ("cms", "hcms")  # the word oracle (Apple Alg. 9)
 _DISCOVERY_KEYS = {
     "enabled", "threshold", "laplace_scale", "epsilon", "delta", "neighbours", "epoch",
@@ -394,6 +395,8 @@ def _use_case(raw: Mapping[str, Any], index: int, base: Path) -> tuple[UseCase, 
         options.setdefault("m", 1024)
     if "hash_seed" in raw:
         options["seed"] = _get(where, raw, "hash_seed", int)
+    elif sfp_on:
+        options["seed"] = _SFP_WORD_SEED  # the word family H of discovery.sfp.SfpParams
     epoch = _get(where, raw, "epoch", int, 1)
     if not 0 <= epoch < 2**32:
         raise ConfigError(f"{where}.epoch: must be in [0, 2^32), got {epoch}")

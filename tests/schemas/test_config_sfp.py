@@ -57,7 +57,7 @@ def test_defaults_are_apples_deployment_for_both_halves() -> None:
     # ... fragment sketches cms, eps' = 6, k' = 2048, m' = 1024, one block per position
     params = word.sfp_params
     assert params == fragments.sfp_params
-    assert params == SfpParams(word_hash_seed=0)  # the word hash_seed's default; else Apple's
+    assert params == SfpParams()  # Apple's deployment, word family included
     assert params.total_epsilon == pytest.approx(8.0)
     assert (fragments.mechanism_name, fragments.epsilon) == ("cms", 6.0)
     assert (fragments.mechanism.k, fragments.mechanism.m) == (5 * 2048, 1024)

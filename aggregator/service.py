@@ -53,16 +53,12 @@ from infra.epochs_io import read_epochs
 from infra.kafka import EXACTLY_ONCE_CONSUMER, KafkaSettings, message_position
 from schemas.config import UseCase
 from schemas.envelope import PrivateKeyLookup
+from schemas.headers import LAYER_HEADER, REASON_HEADER, SOURCE_HEADER, STAGE_HEADER
 from schemas.mechanisms import Reports
 
 __all__ = ["Aggregator", "AggregatorOptions"]
 
 log = logging.getLogger(__name__)
-
-REASON_HEADER = "ldpipe.reason"
-STAGE_HEADER = "ldpipe.stage"
-SOURCE_HEADER = "ldpipe.source"
-LAYER_HEADER = "ldpipe.layer"  # envelope or payload: which format's rule the report broke
 
 
 @dataclass(frozen=True)

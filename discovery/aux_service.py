@@ -1,10 +1,10 @@
 """``ldpipe discovery-aux``: the aux server (GCMS Alg. 6) on the pipeline, exactly once.
 
-It consumes the discovery shuffler's output (read_committed, one partition) and treats the
-records of one shuffler transaction as one window: the shuffler stamps every record of a window
-with the window's release time, and a committed transaction becomes visible at once, so a
-window ends where the timestamp changes or at the partition's end (the EOF event). Each window
-is one Kafka transaction (numbered, the order matters):
+It consumes the discovery shufflers' output (read_committed, one partition) and treats the
+records of one shuffler transaction as one window. Every record carries its window's id and size
+(``ldpipe.window``), and :class:`~discovery.assembly.WindowAssembler` collects them, so
+several shufflers' interleaved transactions come apart. Each complete window is one Kafka
+transaction (numbered, the order matters):
 
 1. :meth:`~discovery.aux.AuxServer.process_window` over the window's outer envelopes;
 2. produce one release record per kept bucket to ``ldp.<uc>.discovery.released``, each with the
@@ -13,11 +13,15 @@ is one Kafka transaction (numbered, the order matters):
 3. produce a :class:`~schemas.ledger.DiscoveryRelease` (epsilon, delta of Theorem 4, the window
    and the number released) to the use case's privacy ledger — for every window, also one that
    released nothing;
-4. ``send_offsets_to_transaction`` with the offset after the window, then commit.
+4. produce the dead letters held so far (records without a valid mark, windows that can never
+   complete) to ``ldp.<uc>.discovery.dlq``;
+5. ``send_offsets_to_transaction`` with the offset the assembler allows (past everything taken,
+   or the first record of a window still open), then commit.
 
-A crash before step 4 completes aborts everything: the window is consumed again and re-drawn,
-and nothing of the first draw was ever visible to read_committed readers. Nothing is kept
-between windows. The window id is ``<partition>:<first>-<next>`` of the shuffled topic.
+A crash before step 5 completes aborts everything: the window is consumed again and re-drawn,
+and nothing of the first draw was ever visible to read_committed readers. Windows re-read from
+the committed offset that were released already are skipped: their ids come from the privacy
+ledger at start. The window id is the shuffler's mark, ``<transactional id>/<32 hex>``.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -42,22 +47,30 @@ from confluent_kafka import (
 )
 from prometheus_client import CollectorRegistry
 
+from discovery.assembly import AssembledWindow, Rejected, WindowAssembler, released_ids
 from discovery.aux import AuxRelease, AuxServer
 from discovery.exceptions import DiscoveryServiceError
 from discovery.metrics import AuxMetrics
 from discovery.noise import RandomSource
 from discovery.privacy import Neighbours, release_guarantee
 from discovery.runtime import discovery_config, discovery_settings, release_parameters
-from infra.kafka import EXACTLY_ONCE_CONSUMER, KafkaSettings, message_position
+from infra.kafka import EXACTLY_ONCE_CONSUMER, KafkaSettings, message_position, read_to_end
 from schemas.config import UseCase
+from schemas.headers import REASON_HEADER, RELEASE_HEADER, SOURCE_HEADER, STAGE_HEADER
 from schemas.keys import KeyRing
-from schemas.ledger import DiscoveryRelease, encode_record, ledger_topic, window_id
+from schemas.ledger import (
+    DiscoveryRelease,
+    LedgerFormatError,
+    decode_record,
+    encode_record,
+    ledger_topic,
+)
 
 __all__ = ["RELEASE_HEADER", "DiscoveryAux", "ReleaseHeader"]
 
 log = logging.getLogger(__name__)
 
-RELEASE_HEADER = "ldpipe.release"
+_MAX_PENDING_REJECTS = 10_000  # dead letters held before a transaction of their own
 CrashPoint = Callable[[str], None]
 
 
@@ -117,6 +130,7 @@ class DiscoveryAux:
         registry: CollectorRegistry | None = None,
         randomness: RandomSource | None = None,
         crash_point: CrashPoint | None = None,
+        stale_seconds: float = 300.0,
     ) -> None:
         settings = discovery_settings(use_case)
         if not settings.aux_private_keys:
@@ -144,7 +158,10 @@ class DiscoveryAux:
         self.metrics.release_epsilon.labels(**self._labels).set(self.guarantee.epsilon)
         self.metrics.release_delta.labels(**self._labels).set(self.guarantee.delta)
         self.windows_processed = 0
-        self._pending: list[Message] = []
+        self.stale_seconds = stale_seconds
+        self.assembler = WindowAssembler(released=set(), stale_seconds=stale_seconds)
+        self._rejects: list[Rejected] = []  # dead letters for the next transaction
+        self._source = (self.settings.topics.shuffled, 0)
 
     # ---- Kafka clients ------------------------------------------------------------------
     def _open(self) -> tuple[Consumer, Producer]:
@@ -157,7 +174,12 @@ class DiscoveryAux:
         producer.init_transactions(30)
         topics = producer.list_topics(timeout=15).topics
         shuffled = self.settings.topics.shuffled
-        for needed in (shuffled, self.settings.topics.released, ledger_topic(name)):
+        for needed in (
+            shuffled,
+            self.settings.topics.released,
+            self.settings.topics.dlq,
+            ledger_topic(name),
+        ):
             if needed not in topics or topics[needed].error is not None:
                 raise DiscoveryServiceError(
                     f"topic {needed!r} does not exist; create the use case's topics"
@@ -165,7 +187,7 @@ class DiscoveryAux:
         if len(topics[shuffled].partitions) != 1:
             raise DiscoveryServiceError(
                 f"topic {shuffled!r} has {len(topics[shuffled].partitions)} partitions; the aux "
-                f"server needs one, so that a shuffler window stays contiguous"
+                f"server reads one, which every discovery shuffler writes whole windows to"
             )
         overrides = {**EXACTLY_ONCE_CONSUMER, "enable.partition.eof": True}
         consumer = Consumer(self.kafka.consumer_config(f"ldpipe-discovery-aux-{name}", overrides))
@@ -173,7 +195,9 @@ class DiscoveryAux:
         return consumer, producer
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        self._pending.clear()  # uncommitted: whoever owns the partition next reads it again
+        # uncommitted: whoever owns the partition next reads it again (released ids are kept)
+        self.assembler.reset()
+        self._rejects = []
 
     # ---- the loop -----------------------------------------------------------------------
     def run(
@@ -186,6 +210,9 @@ class DiscoveryAux:
         """Consume and release windows until ``stop`` is set (or ``max_windows``/idle)."""
         stop = stop or threading.Event()
         consumer, producer = self._open()
+        self.assembler = WindowAssembler(
+            released=self._released_before(), stale_seconds=self.stale_seconds
+        )
         last_activity = time.monotonic()
         try:
             while not stop.is_set():
@@ -195,17 +222,29 @@ class DiscoveryAux:
                     err = msg.error()
                     if err is not None:
                         if err.code() == KafkaError._PARTITION_EOF:
-                            if self._pending and not self._release(consumer, producer):
+                            self._rejects += self.assembler.at_end(time.time())
+                            if self._rejects and not self._commit(consumer, producer, None):
                                 break
                         else:
                             log.warning("consumer error: %s", err)
                         continue
                     last_activity = time.monotonic()
-                    new_window = bool(self._pending) and _stamp(msg) != _stamp(self._pending[0])
-                    if new_window and not self._release(consumer, producer):
-                        break  # aborted and rewound: drop the rest of the batch
-                    self._pending.append(msg)
                     self.metrics.reports_in.labels(**self._labels).inc()
+                    self._source = message_position(msg)[:2]
+                    done, rejected = self.assembler.add(
+                        message_position(msg)[2],
+                        msg.headers(),
+                        msg.value(),
+                        time.time(),
+                        _stamp(msg),
+                    )
+                    self._rejects += rejected
+                    if any(not self._commit(consumer, producer, window) for window in done):
+                        break  # aborted and rewound: drop the rest of the batch
+                    if len(self._rejects) >= _MAX_PENDING_REJECTS and not self._commit(
+                        consumer, producer, None
+                    ):
+                        break
                 if idle_timeout is not None and time.monotonic() - last_activity > idle_timeout:
                     break
         finally:
@@ -213,14 +252,71 @@ class DiscoveryAux:
             producer.flush(10)
         return self.windows_processed
 
-    def _release(self, consumer: Consumer, producer: Producer) -> bool:
-        """Process and publish the pending window in one transaction; False if aborted."""
-        window = self._pending
-        topic, partition, first = message_position(window[0])
-        end = message_position(window[-1])[2] + 1
-        wid = window_id(((partition, first, end),))
-        released_at = _stamp(window[0]) / 1000.0
-        release = self.aux.process_window(msg.value() for msg in window)
+    def _released_before(self) -> set[str]:
+        """The windows this use case's aux server released lately (its ledger records), so a
+        window re-read after a restart is skipped, not released twice."""
+        name = self.use_case.name
+        group = f"ldpipe-discovery-aux-ledger-{os.getpid()}-{time.time_ns()}"
+        seen = []
+        for message in read_to_end(self.kafka, ledger_topic(name), group):
+            try:
+                record = decode_record(message.value() or b"")
+            except LedgerFormatError:
+                continue  # the ledger's readers report it; it is no release of ours
+            if isinstance(record, DiscoveryRelease) and record.use_case == name:
+                seen.append((record.release_id, message.timestamp()[1] / 1000.0))
+        return released_ids(seen, horizon=max(3600.0, 4 * self.stale_seconds))
+
+    def _commit(
+        self, consumer: Consumer, producer: Producer, window: AssembledWindow | None
+    ) -> bool:
+        """One transaction: the window's release (if any), the pending dead letters, its ledger
+        record and the offset the assembler allows; False if it was aborted (and rewound)."""
+        release = None if window is None else self.aux.process_window(window.values)
+        topic, partition = self._source
+        try:
+            producer.begin_transaction()
+            if window is not None and release is not None:
+                self._publish(producer, window, release)
+            for rejected in self._rejects:
+                _produce(
+                    producer,
+                    self.settings.topics.dlq,
+                    rejected.value,
+                    key=b"",
+                    headers=[
+                        (REASON_HEADER, rejected.reason.encode()),
+                        (STAGE_HEADER, b"discovery-aux"),
+                        (SOURCE_HEADER, f"{topic}:{partition}:{rejected.offset}".encode()),
+                    ],
+                )
+            self.crash_point("discovery_aux.before_commit")
+            offsets = [TopicPartition(topic, partition, self.assembler.commit_offset())]
+            producer.send_offsets_to_transaction(offsets, consumer.consumer_group_metadata(), 30)
+            producer.commit_transaction(30)
+        except KafkaException as exc:
+            error = exc.args[0]
+            if error.txn_requires_abort():
+                producer.abort_transaction(30)
+                if window is not None:
+                    self.assembler.released.discard(window.window_id)
+                self._rewind(consumer)
+                self.assembler.reset()
+                self._rejects = []
+                log.warning("discovery window aborted (%s); it will be consumed again", error)
+                return False
+            raise DiscoveryServiceError(f"aux server transaction failed: {error}") from exc
+        for rejected in self._rejects:
+            self.metrics.reports_rejected.labels(**self._labels, reason=rejected.reason).inc()
+        self._rejects = []
+        if release is not None:
+            self._record(release)
+        return True
+
+    def _publish(self, producer: Producer, window: AssembledWindow, release: AuxRelease) -> None:
+        """The window's release records and its ledger record (inside the transaction)."""
+        wid = window.window_id
+        released_at = window.stamp_ms / 1000.0
         header = ReleaseHeader(
             window_id=wid,
             released_at=released_at,
@@ -231,37 +327,21 @@ class DiscoveryAux:
             delta=self.guarantee.delta,
             neighbours=self.neighbours,
         ).to_bytes()
-        try:
-            producer.begin_transaction()
-            for bucket in release.released:
-                _produce(
-                    producer,
-                    self.settings.topics.released,
-                    bucket.to_bytes(),
-                    key=wid.encode(),
-                    headers=[(RELEASE_HEADER, header)],
-                )
-            name = self.use_case.name
-            record = self._ledger_record(wid, released_at, release)
-            _produce(producer, ledger_topic(name), record, key=name.encode())
-            self.crash_point("discovery_aux.before_commit")
-            offsets = [TopicPartition(topic, partition, end)]
-            producer.send_offsets_to_transaction(offsets, consumer.consumer_group_metadata(), 30)
-            producer.commit_transaction(30)
-        except KafkaException as exc:
-            error = exc.args[0]
-            if error.txn_requires_abort():
-                producer.abort_transaction(30)
-                self._rewind(consumer)
-                self._pending = []
-                log.warning("discovery window aborted (%s); it will be consumed again", error)
-                return False
-            raise DiscoveryServiceError(f"aux server transaction failed: {error}") from exc
-        self._record(release)
-        self._pending = []
-        return True
+        for bucket in release.released:
+            _produce(
+                producer,
+                self.settings.topics.released,
+                bucket.to_bytes(),
+                key=wid.encode(),
+                headers=[(RELEASE_HEADER, header)],
+            )
+        name = self.use_case.name
+        record = self._ledger_record(wid, released_at, release, window.offsets)
+        _produce(producer, ledger_topic(name), record, key=name.encode())
 
-    def _ledger_record(self, wid: str, released_at: float, release: AuxRelease) -> bytes:
+    def _ledger_record(
+        self, wid: str, released_at: float, release: AuxRelease, offsets: tuple[int, ...]
+    ) -> bytes:
         return encode_record(
             DiscoveryRelease(
                 use_case=self.use_case.name,
@@ -270,7 +350,8 @@ class DiscoveryAux:
                 epsilon=self.guarantee.epsilon,
                 delta=self.guarantee.delta,
                 description=(
-                    f"aux window {wid} of {self.settings.topics.shuffled}: "
+                    f"aux window {wid} ({len(offsets)} records of "
+                    f"{self.settings.topics.shuffled}, offsets {min(offsets)}-{max(offsets)}): "
                     f"{len(release.released)} buckets released from {release.accepted} reports "
                     f"({release.rejected_total} rejected); T={self.params.threshold:.6g}, "
                     f"b={self.params.laplace_scale:.6g}, {self.neighbours}"

@@ -36,7 +36,7 @@ from typing import Final
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 from prometheus_client import CollectorRegistry
 
-from discovery.aux_service import RELEASE_HEADER, ReleaseHeader
+from discovery.aux_service import ReleaseHeader
 from discovery.exceptions import DiscoveryExistsError, DiscoveryRejection, DiscoveryServiceError
 from discovery.metrics import ServerMetrics
 from discovery.runtime import (
@@ -50,16 +50,19 @@ from discovery.store import DiscoveryStore, DiscoveryWindow, window_file_name
 from infra.kafka import EXACTLY_ONCE_CONSUMER, KafkaSettings, message_position
 from schemas.config import UseCase
 from schemas.envelope import EnvelopeRejection
+from schemas.headers import (
+    LAYER_HEADER,
+    REASON_HEADER,
+    RELEASE_HEADER,
+    SOURCE_HEADER,
+    STAGE_HEADER,
+)
 from schemas.keys import KeyRing
 
 __all__ = ["DEAD_LETTER_STAGE", "DiscoveryRecorder"]
 
 log = logging.getLogger(__name__)
 
-REASON_HEADER: Final = "ldpipe.reason"
-STAGE_HEADER: Final = "ldpipe.stage"
-LAYER_HEADER: Final = "ldpipe.layer"
-SOURCE_HEADER: Final = "ldpipe.source"
 DEAD_LETTER_STAGE: Final = "discovery-server"
 _ENVELOPE_REASONS: Final = frozenset(reason.value for reason in EnvelopeRejection)
 

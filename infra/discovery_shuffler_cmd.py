@@ -4,6 +4,8 @@ Same code and guarantees as ``ldpipe shuffler`` (metadata stripped, contribution
 of at least ``n_min``, CSPRNG permutation, exactly once); it runs as use case ``<uc>.discovery``
 (``discovery/runtime.py``), so its consumer group, transactional id, contribution state and
 window ledger (``ldp.<uc>.discovery.privacy-ledger``) are separate from the frequency shuffler's.
+It marks every shuffled record with its window (``ldpipe.window``, ``schemas/headers.py``), which
+is how the aux server tells windows apart when several discovery shufflers write its topic.
 """
 
 from __future__ import annotations
@@ -24,4 +26,4 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    return run_shuffler(args, discovery_shuffle_use_case)
+    return run_shuffler(args, discovery_shuffle_use_case, window_headers=True)

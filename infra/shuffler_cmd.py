@@ -24,9 +24,13 @@ def add_shuffler_parser(sub: Any, name: str, help_text: str, run: Any) -> None:
 
 
 def run_shuffler(
-    args: argparse.Namespace, use_case_of: Callable[[UseCase], UseCase] = lambda uc: uc
+    args: argparse.Namespace,
+    use_case_of: Callable[[UseCase], UseCase] = lambda uc: uc,
+    *,
+    window_headers: bool = False,
 ) -> int:
-    """Run a shuffler on ``use_case_of(the configured use case)`` until a signal or idle exit."""
+    """Run a shuffler on ``use_case_of(the configured use case)`` until a signal or idle exit
+    (``window_headers``: mark each record with its window, ``schemas/headers.py``)."""
     ctx = service_context(args)
     shuffler = Shuffler(
         use_case_of(ctx.use_case),
@@ -34,6 +38,7 @@ def run_shuffler(
         instance=args.instance,
         registry=ctx.registry,
         crash_point=crash_point_from_env(),
+        window_headers=window_headers,
     )
     shuffler.run(stop_on_signals(), idle_timeout=args.idle_exit)
     return 0

@@ -23,6 +23,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from secrets import token_hex
 from typing import Any
 
 from confluent_kafka import (
@@ -44,6 +45,13 @@ from infra.kafka import (
     read_to_end,
 )
 from schemas.config import UseCase
+from schemas.headers import (
+    REASON_HEADER,
+    SOURCE_HEADER,
+    STAGE_HEADER,
+    WINDOW_HEADER,
+    window_header,
+)
 from schemas.ledger import WindowRecord, encode_record, ledger_topic, window_id
 from schemas.privacy import AmplificationBounds, amplification_bounds
 from shuffler.contributions import ContributionLedger
@@ -62,11 +70,6 @@ def _no_crash(_point: str) -> None:
     """The default crash point: nothing happens."""
 
 
-REASON_HEADER = "ldpipe.reason"
-STAGE_HEADER = "ldpipe.stage"
-SOURCE_HEADER = "ldpipe.source"
-
-
 class Shuffler:
     """One shuffler process for one use case (several share its partitions by consumer group)."""
 
@@ -79,6 +82,7 @@ class Shuffler:
         registry: CollectorRegistry | None = None,
         crash_point: CrashPoint | None = None,
         clock: Callable[[], float] = time.time,
+        window_headers: bool = False,
     ) -> None:
         self.use_case = use_case
         self.kafka = kafka
@@ -102,6 +106,18 @@ class Shuffler:
         self._producer: Producer | None = None
         self._last_lag = 0.0
         self._shuffled_partitions = 1
+        self.transactional_id = f"ldpipe-shuffler-{use_case.name}-{instance}"
+        # mark each shuffled record with its window (schemas/headers.py): what lets several
+        # discovery shufflers share the aux server's topic
+        self.window_headers = window_headers
+        if window_headers:
+            try:
+                window_header(f"{self.transactional_id}/{'0' * 32}", 1)
+            except ValueError:
+                raise ValueError(
+                    f"instance {instance!r}: window headers need a transactional id of printable "
+                    f"ASCII without spaces (at most 200 characters); pick another --instance"
+                ) from None
 
     # ---- Kafka clients ------------------------------------------------------------------
     def _open(self) -> tuple[Consumer, Producer]:
@@ -109,7 +125,7 @@ class Shuffler:
         producer = Producer(
             self.kafka.producer_config(
                 **{
-                    "transactional.id": f"ldpipe-shuffler-{name}-{self.instance}",
+                    "transactional.id": self.transactional_id,
                     "linger.ms": 5,
                 }
             )
@@ -221,6 +237,16 @@ class Shuffler:
         topics = self.use_case.topics
         values = self.window.shuffled()
         stamp = int(now * 1000)
+        marks = (
+            [
+                (
+                    WINDOW_HEADER,
+                    window_header(f"{self.transactional_id}/{token_hex(16)}", len(values)),
+                )
+            ]
+            if self.window_headers and values
+            else None
+        )
         bounds = (
             amplification_bounds(self.epsilon0, len(values), self.use_case.shuffle.delta)
             if values
@@ -235,6 +261,7 @@ class Shuffler:
                     value,
                     timestamp=stamp,
                     partition=self._partition_of(value),
+                    headers=marks,
                 )
             for value, reason, (topic, partition, offset) in self.window.rejected:
                 source = f"{topic}:{partition}:{offset}".encode()

@@ -1,0 +1,89 @@
+"""Kafka record headers every ldpipe service agrees on (one place, so none drifts).
+
+Dead letters (shuffler, aggregators, discovery server) carry:
+
+* ``ldpipe.reason`` — the rule the record broke (a closed set per stage);
+* ``ldpipe.stage`` — who refused it (``shuffler``, ``aggregator``, ``discovery-aux``,
+  ``discovery-server``);
+* ``ldpipe.source`` — where it was read, ``topic:partition:offset``;
+* ``ldpipe.layer`` — aggregators (``envelope``, ``payload``) and the discovery server
+  (``release``, ``envelope``, ``item``): which format's rule the record broke.
+
+The aux server's release records carry ``ldpipe.release`` (JSON, ``discovery/aux_service.py``
+``ReleaseHeader``): the window, its size in records and the release's parameters.
+
+A shuffler run with window headers (the discovery shuffler) marks every shuffled record with
+``ldpipe.window``: ASCII ``<size>:<window id>``, where ``size`` is the number of records of
+the window and the window id is ``<producer>/<32 hex digits>``, unique per window (a CSPRNG
+token), ``producer`` being the shuffler's transactional id. One producer's windows are
+sequential transactions, so a reader that sees a producer's next window knows its previous one
+is complete or will never be (``docs/discovery.md``, "Several discovery shufflers").
+
+>>> value = window_header("ldpipe-shuffler-words.discovery-0/" + "ab" * 16, 1200)
+>>> value[:5]
+b'1200:'
+>>> parse_window_header(value) == WindowMark("ldpipe-shuffler-words.discovery-0/" + "ab" * 16, 1200)
+True
+>>> WindowMark("p/" + "00" * 16, 3).producer
+'p'
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Final
+
+__all__ = [
+    "LAYER_HEADER",
+    "REASON_HEADER",
+    "RELEASE_HEADER",
+    "SOURCE_HEADER",
+    "STAGE_HEADER",
+    "WINDOW_HEADER",
+    "WindowMark",
+    "parse_window_header",
+    "window_header",
+]
+
+REASON_HEADER: Final = "ldpipe.reason"
+STAGE_HEADER: Final = "ldpipe.stage"
+SOURCE_HEADER: Final = "ldpipe.source"
+LAYER_HEADER: Final = "ldpipe.layer"
+RELEASE_HEADER: Final = "ldpipe.release"
+WINDOW_HEADER: Final = "ldpipe.window"
+
+_MAX_WINDOW = 1 << 31  # records per window: far above any max_reports
+_WINDOW_RE: Final = re.compile(rb"(0|[1-9][0-9]{0,9}):([\x21-\x7e]{1,249}/[0-9a-f]{32})")
+
+
+@dataclass(frozen=True)
+class WindowMark:
+    """A parsed ``ldpipe.window`` header: the window's id and its number of records."""
+
+    window_id: str
+    size: int
+
+    @property
+    def producer(self) -> str:
+        """The transactional id that wrote the window (its windows never interleave)."""
+        return self.window_id.rsplit("/", 1)[0]
+
+
+def window_header(window_id: str, size: int) -> bytes:
+    """The ``ldpipe.window`` value of each record of a window of ``size`` records."""
+    value = f"{size}:{window_id}".encode("ascii")
+    if not 1 <= size < _MAX_WINDOW or _WINDOW_RE.fullmatch(value) is None:
+        raise ValueError(f"not a valid window mark: {window_id!r} of size {size}")
+    return value
+
+
+def parse_window_header(value: bytes | str | None) -> WindowMark:
+    """Parse an ``ldpipe.window`` value; ``ValueError`` if it is absent or malformed."""
+    if value is None:
+        raise ValueError("no ldpipe.window header")
+    raw = value.encode("utf-8", "replace") if isinstance(value, str) else value
+    match = _WINDOW_RE.fullmatch(raw)
+    if match is None or not 1 <= int(match[1]) < _MAX_WINDOW:
+        raise ValueError(f"malformed ldpipe.window header {raw[:80]!r}")
+    return WindowMark(match[2].decode("ascii"), int(match[1]))

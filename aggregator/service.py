@@ -50,7 +50,7 @@ from aggregator.snapshot import (
 )
 from aggregator.windows import DecodedBatch, WindowedSketches, decode_epochs
 from infra.epochs_io import read_epochs
-from infra.kafka import EXACTLY_ONCE_CONSUMER, KafkaSettings, message_position
+from infra.kafka import EXACTLY_ONCE_CONSUMER, KafkaSettings, message_position, produce
 from schemas.config import UseCase
 from schemas.envelope import PrivateKeyLookup
 from schemas.headers import LAYER_HEADER, REASON_HEADER, SOURCE_HEADER, STAGE_HEADER
@@ -334,12 +334,7 @@ class Aggregator:
             (LAYER_HEADER, layer.encode()),
             (SOURCE_HEADER, f"{topic}:{partition}:{offset}".encode()),
         ]
-        while True:
-            try:
-                producer.produce(self.use_case.topics.dlq, value=msg.value(), headers=headers)
-                return
-            except BufferError:
-                producer.poll(0.05)
+        produce(producer, self.use_case.topics.dlq, value=msg.value(), headers=headers)
 
     # ---- snapshots ----------------------------------------------------------------------
     def snapshot(self, producer: Producer, consumer: Consumer | None = None) -> Path:

@@ -84,6 +84,7 @@ from aggregator.snapshot import (
 from aggregator.windows import WindowedSketches, decode_epochs
 from infra.broker import EmbeddedBroker
 from infra.kafka import KafkaSettings
+from infra.kafka import produce as kafka_produce
 from infra.pipeline import LocalPipeline, PipelineSettings
 from producers.client import DeviceClient
 from producers.emoji import emoji_dictionary
@@ -548,12 +549,7 @@ class EndToEndResult:
 def produce(producer: Producer, topic: str, keys: Sequence[bytes], values: Sequence[bytes]) -> None:
     """Publish every value with its client token (the key), then wait for all deliveries."""
     for key, value in zip(keys, values, strict=True):
-        while True:
-            try:
-                producer.produce(topic, value=value, key=key)
-                break
-            except BufferError:
-                producer.poll(0.05)
+        kafka_produce(producer, topic, value=value, key=key)
     remaining = producer.flush(120)
     if remaining:
         raise RuntimeError(f"{remaining} reports were not delivered to {topic}")

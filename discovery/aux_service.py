@@ -34,7 +34,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
@@ -54,7 +53,13 @@ from discovery.metrics import AuxMetrics
 from discovery.noise import RandomSource
 from discovery.privacy import Neighbours, release_guarantee
 from discovery.runtime import discovery_config, discovery_settings, release_parameters
-from infra.kafka import EXACTLY_ONCE_CONSUMER, KafkaSettings, message_position, read_to_end
+from infra.kafka import (
+    EXACTLY_ONCE_CONSUMER,
+    KafkaSettings,
+    message_position,
+    produce,
+    read_to_end,
+)
 from schemas.config import UseCase
 from schemas.headers import REASON_HEADER, RELEASE_HEADER, SOURCE_HEADER, STAGE_HEADER
 from schemas.keys import KeyRing
@@ -279,11 +284,10 @@ class DiscoveryAux:
             if window is not None and release is not None:
                 self._publish(producer, window, release)
             for rejected in self._rejects:
-                _produce(
+                produce(
                     producer,
                     self.settings.topics.dlq,
-                    rejected.value,
-                    key=b"",
+                    value=rejected.value,
                     headers=[
                         (REASON_HEADER, rejected.reason.encode()),
                         (STAGE_HEADER, b"discovery-aux"),
@@ -328,16 +332,16 @@ class DiscoveryAux:
             neighbours=self.neighbours,
         ).to_bytes()
         for bucket in release.released:
-            _produce(
+            produce(
                 producer,
                 self.settings.topics.released,
-                bucket.to_bytes(),
+                value=bucket.to_bytes(),
                 key=wid.encode(),
                 headers=[(RELEASE_HEADER, header)],
             )
         name = self.use_case.name
         record = self._ledger_record(wid, released_at, release, window.offsets)
-        _produce(producer, ledger_topic(name), record, key=name.encode())
+        produce(producer, ledger_topic(name), value=record, key=name.encode())
 
     def _ledger_record(
         self, wid: str, released_at: float, release: AuxRelease, offsets: tuple[int, ...]
@@ -375,14 +379,3 @@ class DiscoveryAux:
 
 def _stamp(msg: Message) -> int:
     return int(msg.timestamp()[1])
-
-
-def _produce(
-    producer: Producer, topic: str, value: bytes, *, key: bytes, headers: Any = None
-) -> None:
-    while True:
-        try:
-            producer.produce(topic, value=value, key=key, headers=headers or [])
-            return
-        except BufferError:
-            producer.poll(0.05)

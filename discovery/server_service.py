@@ -47,7 +47,7 @@ from discovery.runtime import (
 )
 from discovery.server import DiscoveryServer
 from discovery.store import DiscoveryStore, DiscoveryWindow, window_file_name
-from infra.kafka import EXACTLY_ONCE_CONSUMER, KafkaSettings, message_position
+from infra.kafka import EXACTLY_ONCE_CONSUMER, KafkaSettings, message_position, produce
 from schemas.config import UseCase
 from schemas.envelope import EnvelopeRejection
 from schemas.headers import (
@@ -221,18 +221,14 @@ class DiscoveryRecorder:
         release = _header_bytes(msg)
         if release is not None:
             headers.append((RELEASE_HEADER, release))
-        while True:
-            try:
-                producer.produce(
-                    self.dlq,
-                    value=msg.value(),
-                    key=msg.key(),
-                    headers=headers,
-                    on_delivery=self._on_delivery,
-                )
-                return
-            except BufferError:
-                producer.poll(0.05)
+        produce(
+            producer,
+            self.dlq,
+            value=msg.value(),
+            key=msg.key(),
+            headers=headers,
+            on_delivery=self._on_delivery,
+        )
 
     def _on_delivery(self, err: KafkaError | None, _msg: Message) -> None:
         if err is not None:

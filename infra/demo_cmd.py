@@ -40,7 +40,7 @@ from discovery.runtime import (
 )
 from discovery.store import DiscoveryStore
 from infra.broker import EmbeddedBroker
-from infra.kafka import KafkaSettings
+from infra.kafka import KafkaSettings, produce
 from infra.ledger_io import read_ledger
 from infra.pipeline import LocalPipeline, PipelineSettings, count_dead_letters
 from producers.client import DeviceClient
@@ -314,12 +314,7 @@ def _produce(
             failed += 1
 
     def send(topic: str, value: bytes, key: bytes) -> None:
-        while True:
-            try:
-                producer.produce(topic, value=value, key=key, on_delivery=on_delivery)
-                return
-            except BufferError:
-                producer.poll(0.05)  # back-pressure: the local queue is full
+        produce(producer, topic, value=value, key=key, on_delivery=on_delivery)
 
     # seal the discovery reports first (two HPKE seals each, the slow part), so both streams
     # then arrive at the shufflers at full speed: a trickle would let max_wait_seconds close

@@ -25,6 +25,7 @@ from confluent_kafka import (
     KafkaError,
     KafkaException,
     Message,
+    Producer,
     TopicPartition,
 )
 from confluent_kafka.admin import AdminClient
@@ -42,6 +43,7 @@ __all__ = [
     "kafka_error",
     "message_position",
     "parse_extra",
+    "produce",
     "read_to_end",
     "wait_for_assignment",
 ]
@@ -347,3 +349,19 @@ def read_to_end(
     finally:
         consumer.close()
     return records
+
+
+def produce(producer: Producer, topic: str, **record: Any) -> None:
+    """``producer.produce(topic, **record)``, waiting while the local queue is full.
+
+    A full queue is back-pressure, not an error: serve delivery reports (``poll``) and retry.
+    Other ``None`` fields than ``value`` are left out (no key, no headers, the producer's
+    timestamp, the partitioner's partition); a ``None`` value is a record without one.
+    """
+    fields = {name: v for name, v in record.items() if v is not None or name == "value"}
+    while True:
+        try:
+            producer.produce(topic, **fields)
+            return
+        except BufferError:
+            producer.poll(0.05)  # the local queue is full: serve delivery reports and retry

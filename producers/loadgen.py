@@ -18,7 +18,7 @@ import numpy as np
 from confluent_kafka import KafkaError, Message, Producer
 from tqdm import tqdm
 
-from infra.kafka import KafkaSettings
+from infra.kafka import KafkaSettings, produce
 from producers.client import DeviceClient
 from producers.datasets import Population
 
@@ -92,12 +92,7 @@ def produce_population(
             for offset, envelope in enumerate(envelopes_of(items, rng)):
                 device = begin + offset
                 key = tokens[16 * device : 16 * device + 16]
-                while True:
-                    try:
-                        producer.produce(topic, value=envelope, key=key, on_delivery=on_delivery)
-                        break
-                    except BufferError:
-                        producer.poll(0.05)  # back-pressure: the local queue is full
+                produce(producer, topic, value=envelope, key=key, on_delivery=on_delivery)
                 sent += 1
                 if rate:
                     ahead = sent / rate - (time.perf_counter() - started)

@@ -362,6 +362,25 @@ def _single_path(base: Path, where: str, value: Any) -> Path | None:
     return _paths(base, where, value)[0]
 
 
+def _topics(
+    where: str, table: Mapping[str, Any], name: str, *, partitions: int | None = None
+) -> Topics:
+    """The ``topics`` table of ``[where]``, defaults ``ldp.<name>.*``; ``partitions`` fixed by
+    the caller (an SFP fragments use case has its word use case's) or read from the table."""
+    raw = _get(where, table, "topics", dict, {})
+    tw = f"{where}.topics"
+    keys = {"reports", "shuffled", "dlq", "shuffler_state", "params"}
+    _check_keys(tw, raw, keys if partitions is not None else {*keys, "partitions"})
+    return Topics(
+        reports=_get(tw, raw, "reports", str, f"ldp.{name}.reports"),
+        shuffled=_get(tw, raw, "shuffled", str, f"ldp.{name}.shuffled"),
+        dlq=_get(tw, raw, "dlq", str, f"ldp.{name}.dlq"),
+        shuffler_state=_get(tw, raw, "shuffler_state", str, f"ldp.{name}.shuffler-state"),
+        params=_get(tw, raw, "params", str, f"ldp.{name}.params"),
+        partitions=_get(tw, raw, "partitions", int, 1) if partitions is None else partitions,
+    )
+
+
 def _use_case(raw: Mapping[str, Any], index: int, base: Path) -> tuple[UseCase, ...]:
     """A ``[[use_case]]`` table's use case (and, for SFP, its derived fragments use case)."""
     where = f"use_case[{index}]"
@@ -401,20 +420,8 @@ def _use_case(raw: Mapping[str, Any], index: int, base: Path) -> tuple[UseCase, 
     if not 0 <= epoch < 2**32:
         raise ConfigError(f"{where}.epoch: must be in [0, 2^32), got {epoch}")
 
-    topics_raw = _get(where, raw, "topics", dict, {})
-    tw = f"{where}.topics"
-    _check_keys(
-        tw, topics_raw, {"reports", "shuffled", "dlq", "shuffler_state", "params", "partitions"}
-    )
-    topics = Topics(
-        reports=_get(tw, topics_raw, "reports", str, f"ldp.{name}.reports"),
-        shuffled=_get(tw, topics_raw, "shuffled", str, f"ldp.{name}.shuffled"),
-        dlq=_get(tw, topics_raw, "dlq", str, f"ldp.{name}.dlq"),
-        shuffler_state=_get(tw, topics_raw, "shuffler_state", str, f"ldp.{name}.shuffler-state"),
-        params=_get(tw, topics_raw, "params", str, f"ldp.{name}.params"),
-        partitions=_get(tw, topics_raw, "partitions", int, 1),
-    )
-    _positive(f"{tw}.partitions", topics.partitions)
+    topics = _topics(where, raw, name)
+    _positive(f"{where}.topics.partitions", topics.partitions)
 
     sh_raw = _get(where, raw, "shuffle", dict, {})
     sw = f"{where}.shuffle"
@@ -538,17 +545,8 @@ def _sfp(
         threshold=threshold,
         store=None if store is None else _paths(base, f"{where}.store", store)[0],
     )
-    topics_raw = _get(where, table, "topics", dict, {})
+    topics = _topics(where, table, name, partitions=word.topics.partitions)
     tw = f"{where}.topics"
-    _check_keys(tw, topics_raw, {"reports", "shuffled", "dlq", "shuffler_state", "params"})
-    topics = Topics(
-        reports=_get(tw, topics_raw, "reports", str, f"ldp.{name}.reports"),
-        shuffled=_get(tw, topics_raw, "shuffled", str, f"ldp.{name}.shuffled"),
-        dlq=_get(tw, topics_raw, "dlq", str, f"ldp.{name}.dlq"),
-        shuffler_state=_get(tw, topics_raw, "shuffler_state", str, f"ldp.{name}.shuffler-state"),
-        params=_get(tw, topics_raw, "params", str, f"ldp.{name}.params"),
-        partitions=word.topics.partitions,
-    )
     # a shared shuffler-state topic would count a device's word and fragment report together
     clash = {topics.reports, topics.shuffled, topics.dlq, topics.shuffler_state, topics.params} & {
         word.topics.reports,

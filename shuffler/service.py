@@ -24,7 +24,6 @@ import threading
 import time
 from collections.abc import Callable
 from secrets import token_hex
-from typing import Any
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
@@ -42,6 +41,7 @@ from infra.kafka import (
     KafkaSettings,
     PipelineKafkaError,
     message_position,
+    produce,
     read_to_end,
 )
 from schemas.config import UseCase
@@ -355,21 +355,15 @@ class Shuffler:
         partition: int | None = None,
         headers: list[tuple[str, bytes]] | None = None,
     ) -> None:
-        kwargs: dict[str, Any] = {"value": value}
-        if key is not None:
-            kwargs["key"] = key
-        if timestamp:
-            kwargs["timestamp"] = timestamp
-        if partition is not None:
-            kwargs["partition"] = partition
-        if headers:
-            kwargs["headers"] = headers
-        while True:
-            try:
-                producer.produce(topic, **kwargs)
-                return
-            except BufferError:
-                producer.poll(0.05)  # queue full: serve delivery reports and retry
+        produce(
+            producer,
+            topic,
+            value=value,
+            key=key,
+            timestamp=timestamp or None,
+            partition=partition,
+            headers=headers or None,
+        )
 
     def _record(
         self, published: int, rejected: int, seconds: float, bounds: AmplificationBounds | None

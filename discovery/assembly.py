@@ -57,11 +57,15 @@ class AssembledWindow:
 
 @dataclass(frozen=True)
 class Rejected:
-    """A record the assembler will not release: its offset, value and the reason."""
+    """A record that is not released: its offset, value and the reason.
+
+    The assembler's reasons are ``window_header`` and ``incomplete_window``; the aux server adds
+    the reasons of reports in a window it could not open or parse (``schemas/discovery.md``).
+    """
 
     offset: int
     value: bytes
-    reason: str  # "window_header" or "incomplete_window"
+    reason: str
 
 
 @dataclass

@@ -111,6 +111,7 @@ class AuxRelease:
     received: int
     accepted: int
     rejected: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    refused: tuple[tuple[int, str], ...] = ()  # (position in the window, reason) per rejection
 
     @property
     def rejected_total(self) -> int:
@@ -149,6 +150,7 @@ class AuxServer:
         outer_use_case = self.config.outer_use_case
         inner_use_case = self.config.inner_use_case
         rejected: Counter[str] = Counter()
+        refused: list[tuple[int, str]] = []
         keys: list[bytes] = []
         inners: list[bytes] = []
         received = 0
@@ -163,6 +165,7 @@ class AuxServer:
                 )
             except (EnvelopeError, DiscoveryError) as exc:
                 rejected[str(exc.reason)] += 1
+                refused.append((received - 1, str(exc.reason)))
                 continue
             keys.append(_KEY_ID.pack(outer.tag_key_id) + outer.tag)
             inners.append(outer.inner)
@@ -190,4 +193,5 @@ class AuxServer:
             received=received,
             accepted=len(keys),
             rejected=MappingProxyType(dict(sorted(rejected.items()))),
+            refused=tuple(refused),
         )

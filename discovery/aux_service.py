@@ -283,6 +283,10 @@ class DiscoveryAux:
             producer.begin_transaction()
             if window is not None and release is not None:
                 self._publish(producer, window, release)
+                self._rejects += [  # reports the aux server could not open or parse
+                    Rejected(window.offsets[position], window.values[position], reason)
+                    for position, reason in release.refused
+                ]
             for rejected in self._rejects:
                 produce(
                     producer,
@@ -310,7 +314,7 @@ class DiscoveryAux:
                 log.warning("discovery window aborted (%s); it will be consumed again", error)
                 return False
             raise DiscoveryServiceError(f"aux server transaction failed: {error}") from exc
-        for rejected in self._rejects:
+        for rejected in self._rejects:  # every refusal, the window's own ones included
             self.metrics.reports_rejected.labels(**self._labels, reason=rejected.reason).inc()
         self._rejects = []
         if release is not None:
@@ -368,8 +372,6 @@ class DiscoveryAux:
         self.windows_processed += 1
         self.metrics.windows.labels(**labels).inc()
         self.metrics.buckets_released.labels(**labels).inc(len(release.released))
-        for reason, count in release.rejected.items():
-            self.metrics.reports_rejected.labels(**labels, reason=reason).inc(count)
 
     def _rewind(self, consumer: Consumer) -> None:
         for tp in consumer.committed(consumer.assignment(), timeout=10):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import os
 import struct
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -238,6 +239,9 @@ def test_bad_ciphertexts_are_counted_not_raised() -> None:
         "wrong_epoch": 1,
     }, dict(release.rejected)
     assert release.rejected_total == len(window) - 3
+    # each refusal names its report's position in the window (what the service dead-letters)
+    assert [position for position, _ in release.refused] == list(range(3, len(window)))
+    assert Counter(reason for _, reason in release.refused) == Counter(dict(release.rejected))
     assert set(release.rejected) <= {r.value for r in EnvelopeRejection} | {
         r.value for r in DiscoveryRejection
     }

@@ -22,7 +22,7 @@ from discovery.client import DiscoveryClient
 from discovery.runtime import discovery_config
 from infra.kafka import KafkaSettings
 from infra.ledger_io import read_ledger
-from infra.pipeline import LocalPipeline
+from infra.pipeline import LocalPipeline, count_dead_letters
 from schemas.ledger import DiscoveryRelease, WindowRecord
 from tests.integration.pipeline_helpers import make_pipeline
 
@@ -66,6 +66,10 @@ def test_two_discovery_shufflers_and_an_aux_restart_release_each_window_once(
     )
     reports = [r for r in client.encode_many(items) if isinstance(r, bytes)]
     assert len(reports) == N
+    # three broken devices: the aux server dead-letters their reports with the reason
+    junk = {0: bytes(range(200)), 1: b"x", 2: reports[2][:-1]}
+    for position, value in junk.items():
+        reports[position] = value
     keys = [rng.bytes(16) for _ in reports]
 
     def releases() -> list[DiscoveryRelease]:
@@ -107,6 +111,12 @@ def test_two_discovery_shufflers_and_an_aux_restart_release_each_window_once(
     finally:
         pipe.stop_all()
 
+    dead = count_dead_letters(pipe.kafka, uc.discovery.topics.dlq)
+    assert dead.by_reason == {
+        ("discovery-aux", "bad_magic"): 1,
+        ("discovery-aux", "too_short"): 1,
+        ("discovery-aux", "decryption_failed"): 1,
+    }, dead.by_reason
     windows, released = shuffled_windows(), releases()
     ids = [r.release_id for r in released]
     assert len(ids) == len(set(ids)) == len(windows), (ids, len(windows))

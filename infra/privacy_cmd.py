@@ -17,7 +17,7 @@ from typing import Any
 from infra.kafka import KafkaSettings, parse_extra
 from infra.ledger_io import read_ledger
 from schemas.accounting import PrivacyReport, Spread, summarize_ledger
-from schemas.config import load_config
+from schemas.config import PipelineConfig, UseCase, load_config
 from schemas.ledger import ledger_topic
 from schemas.privacy import amplification_bounds
 
@@ -114,15 +114,60 @@ def _run_report(args: argparse.Namespace) -> int:
                 delta=uc.shuffle.delta,
             )
         )
+    sfp = [
+        _sfp_budget(config, uc)
+        for uc in config.declared
+        if uc.sfp is not None and (not args.use_case or args.use_case in _halves(uc))
+    ]
     if args.json:
-        json.dump({"use_cases": [r.as_dict() for r in reports]}, sys.stdout)
+        json.dump({"use_cases": [r.as_dict() for r in reports], "sfp": sfp}, sys.stdout)
         print()
     else:
         for i, report in enumerate(reports):
             if i:
                 print()
             _print_report(report)
+        for budget in sfp:
+            print()
+            _print_sfp(budget)
     return 0
+
+
+def _halves(uc: UseCase) -> tuple[str, str]:
+    assert uc.sfp is not None
+    return uc.sfp.word_use_case, uc.sfp.fragments_use_case
+
+
+def _sfp_budget(config: PipelineConfig, word: UseCase) -> dict[str, Any]:
+    """What one device of an SFP use case spends (Apple Thm 4.5, basic composition): its word
+    report at epsilon and its fragment report at epsilon', each as often as its shuffler's
+    contribution limit admits per period."""
+    params = word.sfp_params
+    fragments = config.use_case(_halves(word)[1])
+    eps_word = params.word_oracle().effective_epsilon
+    eps_fragment = params.fragment_oracle().effective_epsilon
+    return {
+        "use_case": word.name,
+        "fragments_use_case": fragments.name,
+        "word_epsilon": eps_word,
+        "fragment_epsilon": eps_fragment,
+        "device_epsilon_per_collection": params.total_epsilon,
+        "device_epsilon_per_period": word.shuffle.contribution_limit * eps_word
+        + fragments.shuffle.contribution_limit * eps_fragment,
+        "period_seconds": word.shuffle.contribution_period_seconds,
+    }
+
+
+def _print_sfp(b: dict[str, Any]) -> None:
+    print(f"SFP use case {b['use_case']} (word reports) + {b['fragments_use_case']} (fragments)")
+    rows = [
+        ("word report (local DP)", f"epsilon {b['word_epsilon']:.4g}"),
+        ("fragment report (local DP)", f"epsilon' {b['fragment_epsilon']:.4g}"),
+        ("device, per collection (basic)", f"epsilon {b['device_epsilon_per_collection']:.4g}"),
+        ("device, per period, local basic", f"epsilon {b['device_epsilon_per_period']:.4g}"),
+    ]
+    for label, value in rows:
+        print(f"  {label:<40} {value}")
 
 
 def _spread(spread: Spread | None, fmt: str = ".4g") -> str:

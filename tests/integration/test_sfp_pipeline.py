@@ -14,6 +14,7 @@ import subprocess
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from aggregator.query import discovered_items, query_use_case
 from discovery.sfp_service import reconstruct, sfp_store_directory
@@ -88,6 +89,20 @@ def test_planted_words_are_found_by_the_puzzle_and_estimated(
     # the same snapshots again: refused as recorded (idempotent), nothing new written
     again = reconstruct(pipe.config, uc, merge=True)
     assert again[0].recorded is None and len(list(store.windows(uc.name))) == 1
+
+    # what a device spent: word eps 2 + fragment eps' 6 per collection (Apple Thm 4.5), one
+    # of each per period under the contribution limit of 1
+    report = subprocess.run(
+        [*pipe.command("privacy", "report", "--json")],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    (budget,) = json.loads(report.stdout)["sfp"]
+    assert budget["use_case"] == uc.name and budget["fragments_use_case"] == fragments
+    assert budget["device_epsilon_per_collection"] == pytest.approx(8.0)
+    assert budget["device_epsilon_per_period"] == pytest.approx(8.0)
 
     # joint use: the planted words join the dictionary's candidates and are estimated from
     # the word sketch, unbiased, within 4.5 standard errors of their true counts

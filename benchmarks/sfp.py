@@ -9,9 +9,9 @@
    run is a plain frequency device with the same word oracle (``DeviceClient.reports``: one
    report, one envelope). HPKE sealing dominates both, so the ratio should be about 2.
 2. **Puzzle** (``discovery.sfp.discover`` on sketches of Apple's ε = 2, ε′ = 6, m = m′ = 1,024):
-   the baseline is its floor, the candidate sweep's hash values alone: ``family.hash_all`` of
-   every (piece, fragment) key by the k′ functions, in the same chunks the sweep uses. The
-   ratio says what the gathers, thresholds, puzzle and word check add to that floor.
+   the baseline is its floor, the candidate sweep's hash values alone: ``family.hash_row`` of
+   every (piece, fragment) key, row by row as the sweep goes. The ratio says what the gathers,
+   thresholds, puzzle and word check add to that floor.
 
 Best of ``--repeats`` runs for the device part, one run of each for the puzzle (tens of seconds
 at Apple's k′). On a shared 2-core machine absolute times are noisy; compare the ratios.
@@ -93,10 +93,9 @@ def puzzle(n: int, fragment_k: int) -> dict[str, Any]:
     sfp_accumulate(sketches, randomize_words(words(n, 3), params, np.random.default_rng(4)), params)
     oracle = params.fragment_oracle()
     _, keys = _fragment_candidates(params.piece_bits, params.symbols, params.fragment_length)
-    step = max(1, (1 << 14) // oracle.k)  # the sweep's chunk (discovery/sfp.py _GATHER_CELLS)
     started = time.perf_counter()
-    for start in range(0, keys.size, step):
-        oracle.family.hash_all(keys[start : start + step])
+    for row in range(oracle.k):  # the sweep's own order: row by row
+        oracle.family.hash_row(row, keys)
     floor = time.perf_counter() - started
     started = time.perf_counter()
     found = discover(sketches, params)

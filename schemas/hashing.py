@@ -258,6 +258,12 @@ class HashFamily:
         keys_arr = field_elements(keys)
         return self._evaluate(self.coefficients[rows_arr.astype(np.int64, copy=False)], keys_arr)
 
+    def hash_row(self, row: int, keys: npt.ArrayLike) -> npt.NDArray[np.int64]:
+        """``h_row(keys[i])`` for each i: one function at many keys (a row-by-row sweep)."""
+        if not 0 <= row < self.k:
+            raise ValueError(f"hash row must be in [0, {self.k}), got {row}")
+        return self._evaluate(self.coefficients[row], field_elements(keys))
+
     def hash_all(self, keys: npt.ArrayLike, chunk: int = _HASH_ALL_CHUNK) -> npt.NDArray[np.int64]:
         """``(len(keys), k)`` matrix of every function at every key: what a query needs.
 

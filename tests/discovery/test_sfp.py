@@ -187,18 +187,22 @@ def test_discover_sim_contract(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("name", ["cms", "hcms"])
+@pytest.mark.parametrize("large", [False, True])
 def test_candidate_sweep_equals_each_sketchs_column_totals(
-    name: SketchName, rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch
+    name: SketchName, large: bool, rng: np.random.Generator
 ) -> None:
-    """The server hashes each candidate once for all positions; it must read what the
-    oracle's own query path reads from every position's sketch."""
-    monkeypatch.setattr(sfp, "_GATHER_CELLS", 32)  # two keys per step: exercise the blocks
+    """The server hashes each candidate once for all positions, row by row, from float32 cells
+    when that is exact; it must read what the oracle's own query path reads from every
+    position's sketch (``large``: cells beyond float32's exact integers, the float64 path)."""
     params = SfpParams(
         fragment_mechanism=name, fragment_k=16, fragment_m=64, piece_bits=2, alphabet="ab"
     )
     codes = encode_words(["ab", "ba", "abba", "b"], params)
     sketches = new_sketches(params)
     accumulate(sketches, perturb_words(codes, params, rng, rng.integers(0, 4, 600)), params)
+    if large:
+        sketches.fragments[1].counts[3, 5] += 1 << 40
+        sketches.fragments[1].mark_modified()
     oracle = params.fragment_oracle()
     keys = item_keys(fragment_item(p, a + b) for p in range(4) for a in "ab " for b in "ab ")
 

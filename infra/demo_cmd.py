@@ -71,6 +71,13 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--seed", type=int, default=2026)
     p.add_argument("--keep", help="keep the work directory here instead of a temporary one")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument(
+        "--protocol",
+        choices=["aux", "sfp"],
+        default="aux",
+        help="how new items are discovered: the aux-server protocol beside an emoji use case "
+        "(default), or Apple's SFP on a word use case",
+    )
     p.set_defaults(run=run)
 
 
@@ -89,6 +96,12 @@ def _bad_reports(client: DeviceClient) -> list[tuple[str, bytes]]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.n < 1000:
+        raise ValueError(f"--n must be at least 1000 devices, got {args.n}")
+    if args.protocol == "sfp":
+        from infra.demo_sfp import run_sfp
+
+        return run_sfp(args)
     started = time.perf_counter()
     workdir = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="ldpipe-demo-"))
 

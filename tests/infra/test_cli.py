@@ -123,3 +123,21 @@ def test_demo_json(capsys: pytest.CaptureFixture[str]) -> None:
         assert abs(row["reported_count"] - true_count) <= 5 * 30.5
         assert row["std_error"] > 0
         assert abs(row["estimate"] - true_count) <= 6 * row["std_error"]
+
+
+@pytest.mark.slow
+def test_demo_sfp_json(capsys: pytest.CaptureFixture[str]) -> None:
+    """The SFP demo at its default 50,000 devices: every planted word is found (each sits more
+    than 5 standard errors above the word cut) and estimated within 4.5 standard errors."""
+    from infra.demo_sfp import PLANTED
+
+    assert main(["demo", "--protocol", "sfp", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["protocol"] == "sfp" and out["device_epsilon"] == pytest.approx(8.0)
+    assert out["reports_produced"] == 2 * 50_000
+    found = {row["item"]: row for row in out["discovered"]}
+    assert set(PLANTED) <= set(found), out["discovered"]
+    for word, share in PLANTED.items():
+        row = found[word]
+        assert row["true_count"] == round(share * 50_000)
+        assert abs(row["estimate"] - row["true_count"]) <= 4.5 * row["std_error"], row

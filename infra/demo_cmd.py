@@ -19,12 +19,9 @@ import argparse
 import json
 import math
 import os
-import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -39,7 +36,7 @@ from discovery.runtime import (
     release_parameters,
 )
 from discovery.store import DiscoveryStore
-from infra.broker import EmbeddedBroker
+from infra.demo_env import demo_broker, progress
 from infra.kafka import KafkaSettings, produce
 from infra.ledger_io import read_ledger
 from infra.pipeline import LocalPipeline, PipelineSettings, count_dead_letters
@@ -103,50 +100,40 @@ def run(args: argparse.Namespace) -> int:
 
         return run_sfp(args)
     started = time.perf_counter()
-    workdir = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="ldpipe-demo-"))
-
-    def say(line: str) -> None:
-        if not args.json:
-            print(line, file=sys.stderr, flush=True)
-
+    say = progress(args)
     options: dict[str, Any] = {"k": 1024, "m": 1024} if args.mechanism != "rrcms" else {"k": 16384}
-    try:
-        with EmbeddedBroker(log_dir=workdir) as broker:
-            say(f"broker    {broker.bootstrap_servers} (embedded, in memory)")
-            # size the windows so every report is released: real deployments hold a remainder
-            # below n_min until more devices report
-            bad_count = 5
-            max_reports = math.ceil((args.n + bad_count) / WINDOWS)
-            settings = PipelineSettings(
-                mechanism=args.mechanism,
-                epsilon=args.epsilon,
-                mechanism_options=options,
-                n_min=min(1000, max_reports),
-                max_reports=max_reports,
-                # oue answers only for its dictionary: nothing to discover
-                discovery=args.mechanism != "oue",
+    with demo_broker(args, say) as (workdir, broker):
+        # size the windows so every report is released: real deployments hold a remainder
+        # below n_min until more devices report
+        bad_count = 5
+        max_reports = math.ceil((args.n + bad_count) / WINDOWS)
+        settings = PipelineSettings(
+            mechanism=args.mechanism,
+            epsilon=args.epsilon,
+            mechanism_options=options,
+            n_min=min(1000, max_reports),
+            max_reports=max_reports,
+            # oue answers only for its dictionary: nothing to discover
+            discovery=args.mechanism != "oue",
+        )
+        pipe = LocalPipeline(workdir, broker.bootstrap_servers, settings)
+        pipe.create_topics()
+        say(f"keys      {workdir / 'keys'} (HPKE X25519, key id {pipe.key_pair.key_id})")
+        pipe.start_shuffler()
+        for i in range(2):
+            pipe.start_aggregator(i, 2)
+        say("services  shuffler + 2 aggregators started")
+        if pipe.use_case.discovery is not None:
+            pipe.start_discovery()
+            params = release_parameters(pipe.use_case)
+            say(
+                f"services  discovery shuffler + aux server + server started "
+                f"(threshold T={params.threshold:.1f}, Laplace b={params.laplace_scale:g})"
             )
-            pipe = LocalPipeline(workdir, broker.bootstrap_servers, settings)
-            pipe.create_topics()
-            say(f"keys      {workdir / 'keys'} (HPKE X25519, key id {pipe.key_pair.key_id})")
-            pipe.start_shuffler()
-            for i in range(2):
-                pipe.start_aggregator(i, 2)
-            say("services  shuffler + 2 aggregators started")
-            if pipe.use_case.discovery is not None:
-                pipe.start_discovery()
-                params = release_parameters(pipe.use_case)
-                say(
-                    f"services  discovery shuffler + aux server + server started "
-                    f"(threshold T={params.threshold:.1f}, Laplace b={params.laplace_scale:g})"
-                )
-            try:
-                return _drive(args, pipe, bad_count, started, say)
-            finally:
-                pipe.stop_all()
-    finally:
-        if not args.keep:
-            shutil.rmtree(workdir, ignore_errors=True)
+        try:
+            return _drive(args, pipe, bad_count, started, say)
+        finally:
+            pipe.stop_all()
 
 
 def _drive(

@@ -18,12 +18,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -31,7 +28,7 @@ import numpy as np
 from aggregator.query import query_use_case
 from discovery.sfp import encode_word
 from discovery.sfp_service import reconstruct
-from infra.broker import EmbeddedBroker
+from infra.demo_env import demo_broker, progress
 from infra.pipeline import LocalPipeline, PipelineSettings
 from producers.datasets import Population, dictionary_population
 from producers.loadgen import produce_population
@@ -62,44 +59,33 @@ PLANTED = {"rizz": 0.06, "delulu": 0.05, "skibidi": 0.04}
 def run_sfp(args: argparse.Namespace) -> int:
     """The SFP demo (``args``: ``n``, ``seed``, ``top``, ``keep``, ``json``)."""
     started = time.perf_counter()
-    workdir = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="ldpipe-demo-"))
-
-    def say(line: str) -> None:
-        if not args.json:
-            print(line, file=sys.stderr, flush=True)
-
-    words = workdir / "words.txt"
-    workdir.mkdir(parents=True, exist_ok=True)
-    words.write_text("\n".join(COMMON_WORDS) + "\n", encoding="utf-8")
-    try:
-        with EmbeddedBroker(log_dir=workdir) as broker:
-            say(f"broker    {broker.bootstrap_servers} (embedded, in memory)")
-            windows = 2  # every report is released: windows of half the devices
-            settings = PipelineSettings(
-                name="newwords",
-                epsilon=2.0,
-                mechanism_options={"k": 2048, "m": 1024},
-                dictionary=str(words),
-                n_min=min(1000, math.ceil(args.n / windows)),
-                max_reports=math.ceil(args.n / windows),
-                sfp={"fragment_k": 256},
-            )
-            pipe = LocalPipeline(workdir, broker.bootstrap_servers, settings)
-            pipe.create_topics()
-            uc = pipe.use_case
-            assert uc.sfp is not None
-            fragments = uc.sfp.fragments_use_case
-            for name in (uc.name, fragments):
-                pipe.start_shuffler(use_case=name)
-                pipe.start_aggregator(use_case=name)
-            say(f"services  shuffler + aggregator for {uc.name} and for {fragments}")
-            try:
-                return _drive(args, pipe, started, say)
-            finally:
-                pipe.stop_all()
-    finally:
-        if not args.keep:
-            shutil.rmtree(workdir, ignore_errors=True)
+    say = progress(args)
+    with demo_broker(args, say) as (workdir, broker):
+        words = workdir / "words.txt"
+        words.write_text("\n".join(COMMON_WORDS) + "\n", encoding="utf-8")
+        windows = 2  # every report is released: windows of half the devices
+        settings = PipelineSettings(
+            name="newwords",
+            epsilon=2.0,
+            mechanism_options={"k": 2048, "m": 1024},
+            dictionary=str(words),
+            n_min=min(1000, math.ceil(args.n / windows)),
+            max_reports=math.ceil(args.n / windows),
+            sfp={"fragment_k": 256},
+        )
+        pipe = LocalPipeline(workdir, broker.bootstrap_servers, settings)
+        pipe.create_topics()
+        uc = pipe.use_case
+        assert uc.sfp is not None
+        fragments = uc.sfp.fragments_use_case
+        for name in (uc.name, fragments):
+            pipe.start_shuffler(use_case=name)
+            pipe.start_aggregator(use_case=name)
+        say(f"services  shuffler + aggregator for {uc.name} and for {fragments}")
+        try:
+            return _drive(args, pipe, started, say)
+        finally:
+            pipe.stop_all()
 
 
 def _drive(

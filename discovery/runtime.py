@@ -26,6 +26,7 @@ import dataclasses
 import hmac
 import json
 import os
+import stat
 from pathlib import Path
 from typing import Final, cast
 
@@ -117,6 +118,12 @@ def load_tag_key(path: str | os.PathLike[str]) -> TagKey:
         raise ConfigError(
             f"tag key file {source} does not exist or is not a file; create one with "
             f"`ldpipe keys tag --out DIR`"
+        )
+    mode = stat.S_IMODE(source.stat().st_mode)
+    if os.name == "posix" and mode & 0o077:  # a secret, like an HPKE private key
+        raise ConfigError(
+            f"tag key file {source} has mode {mode:04o}: group or others may read it; "
+            f"restrict it with `chmod 600 {source}`"
         )
     try:
         document = json.loads(source.read_text(encoding="utf-8"))

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -76,6 +78,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         return int(args.run(args))
+    except BrokenPipeError:  # `ldpipe ... | head`: the reader left; stop quietly, like Unix tools
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush does not fail
+        return 128 + signal.SIGPIPE
     except ValueError as exc:  # validation errors name the problem and the fix
         print(f"ldpipe {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -55,11 +55,13 @@ def test_load_errors_name_the_file_and_the_command(tmp_path: Path) -> None:
         load_tag_key(missing)
     bad = tmp_path / "bad.tag.json"
     bad.write_text(json.dumps({"format": "ldpipe-private-key", "version": 1}))
+    bad.chmod(0o600)
     with pytest.raises(ConfigError, match=r"bad\.tag\.json: not an ldpipe tag key.*keys tag"):
         load_tag_key(bad)
     short = tmp_path / "short.tag.json"
     document = {"format": "ldpipe-tag-key", "version": 1, "key_id": 1, "secret": "AAAA"}
     short.write_text(json.dumps(document))
+    short.chmod(0o600)
     with pytest.raises(ConfigError, match=r"short\.tag\.json: a tag key is 32 bytes"):
         load_tag_key(short)
 
@@ -175,3 +177,13 @@ def test_release_under_the_old_tag_key_is_opened_after_rotation(tmp_path: Path) 
     refused = new_only.open_release(old_release.released)
     assert refused.discoveries == () and dict(refused.rejected) == {"unknown_tag_key": 1}
     assert [(r.position, r.reason) for r in refused.refusals] == [(0, "unknown_tag_key")]
+
+
+@pytest.mark.skipif(os.name != "posix", reason="file modes are POSIX")
+def test_a_tag_key_file_others_may_read_is_refused(tmp_path: Path) -> None:
+    path = save_tag_key(TagKey(3, bytes(range(32))), tmp_path / "t.tag.json")
+    path.chmod(0o644)
+    with pytest.raises(ConfigError, match=r"mode 0644: group or others may read it; .*chmod 600"):
+        load_tag_key(path)
+    path.chmod(0o600)
+    assert load_tag_key(path) == TagKey(3, bytes(range(32)))

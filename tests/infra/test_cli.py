@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -141,3 +145,21 @@ def test_demo_sfp_json(capsys: pytest.CaptureFixture[str]) -> None:
         row = found[word]
         assert row["true_count"] == round(share * 50_000)
         assert abs(row["estimate"] - row["true_count"]) <= 4.5 * row["std_error"], row
+
+
+def test_a_closed_pipe_ends_output_quietly() -> None:
+    """``ldpipe simulate ... | head -1``: the reader leaves early; no traceback, status 141."""
+    root = Path(__file__).resolve().parents[2]
+    command = (
+        f"{sys.executable} -m infra.cli simulate --mechanism cms --epsilon 4 "
+        f"--dataset zipf:d=5000,a=1.1 --n 5000 --trials 1 --seed 1 --top 5000 | head -1"
+    )
+    done = subprocess.run(
+        ["bash", "-o", "pipefail", "-c", command],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )
+    assert done.returncode == 141, done.stderr
+    assert "Traceback" not in done.stderr and "BrokenPipeError" not in done.stderr

@@ -50,7 +50,13 @@ from aggregator.snapshot import (
 )
 from aggregator.windows import DecodedBatch, WindowedSketches, decode_epochs
 from infra.epochs_io import read_epochs
-from infra.kafka import EXACTLY_ONCE_CONSUMER, KafkaSettings, message_position, produce
+from infra.kafka import (
+    EXACTLY_ONCE_CONSUMER,
+    KafkaSettings,
+    message_position,
+    produce,
+    require_topics,
+)
 from schemas.config import UseCase
 from schemas.envelope import PrivateKeyLookup
 from schemas.headers import LAYER_HEADER, REASON_HEADER, SOURCE_HEADER, STAGE_HEADER
@@ -206,15 +212,9 @@ class Aggregator:
         return parts, sorted(kept)
 
     def partitions(self, consumer: Consumer) -> list[int]:
-        meta = consumer.list_topics(self.topic, timeout=15)
-        topic = meta.topics.get(self.topic)
-        if topic is None or topic.error is not None or not topic.partitions:
-            raise AggregatorError(
-                f"topic {self.topic!r} does not exist; create the use case's topics first "
-                f"(ldpipe broker --config ..., or your Kafka tooling)"
-            )
+        found = require_topics(consumer, (self.topic,), AggregatorError)
         opts = self.options
-        return sorted(p for p in topic.partitions if p % opts.instances == opts.instance)
+        return [p for p in found[self.topic] if p % opts.instances == opts.instance]
 
     # ---- the loop -----------------------------------------------------------------------
     def run(

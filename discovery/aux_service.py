@@ -59,6 +59,7 @@ from infra.kafka import (
     message_position,
     produce,
     read_to_end,
+    require_topics,
 )
 from schemas.config import UseCase
 from schemas.headers import REASON_HEADER, RELEASE_HEADER, SOURCE_HEADER, STAGE_HEADER
@@ -177,21 +178,14 @@ class DiscoveryAux:
             )
         )
         producer.init_transactions(30)
-        topics = producer.list_topics(timeout=15).topics
         shuffled = self.settings.topics.shuffled
-        for needed in (
-            shuffled,
-            self.settings.topics.released,
-            self.settings.topics.dlq,
-            ledger_topic(name),
-        ):
-            if needed not in topics or topics[needed].error is not None:
-                raise DiscoveryServiceError(
-                    f"topic {needed!r} does not exist; create the use case's topics"
-                )
-        if len(topics[shuffled].partitions) != 1:
+        t = self.settings.topics
+        found = require_topics(
+            producer, (shuffled, t.released, t.dlq, ledger_topic(name)), DiscoveryServiceError
+        )
+        if len(found[shuffled]) != 1:
             raise DiscoveryServiceError(
-                f"topic {shuffled!r} has {len(topics[shuffled].partitions)} partitions; the aux "
+                f"topic {shuffled!r} has {len(found[shuffled])} partitions; the aux "
                 f"server reads one, which every discovery shuffler writes whole windows to"
             )
         overrides = {**EXACTLY_ONCE_CONSUMER, "enable.partition.eof": True}

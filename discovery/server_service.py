@@ -47,7 +47,13 @@ from discovery.runtime import (
 )
 from discovery.server import DiscoveryServer
 from discovery.store import DiscoveryStore, DiscoveryWindow, window_file_name
-from infra.kafka import EXACTLY_ONCE_CONSUMER, KafkaSettings, message_position, produce
+from infra.kafka import (
+    EXACTLY_ONCE_CONSUMER,
+    KafkaSettings,
+    message_position,
+    produce,
+    require_topics,
+)
 from schemas.config import UseCase
 from schemas.envelope import EnvelopeRejection
 from schemas.headers import (
@@ -164,13 +170,7 @@ class DiscoveryRecorder:
             self._reset()
 
     def _check_topics(self, producer: Producer) -> None:
-        topics = producer.list_topics(timeout=15).topics
-        for needed in (self.topic, self.dlq):
-            if needed not in topics or topics[needed].error is not None:
-                raise DiscoveryServiceError(
-                    f"topic {needed!r} does not exist; create the use case's topics "
-                    f"(infra/topics.py lists them)"
-                )
+        require_topics(producer, (self.topic, self.dlq), DiscoveryServiceError)
 
     def _reset(self) -> None:
         self._pending, self._header = [], None

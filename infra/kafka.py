@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -45,6 +45,7 @@ __all__ = [
     "parse_extra",
     "produce",
     "read_to_end",
+    "require_topics",
     "wait_for_assignment",
 ]
 
@@ -365,3 +366,26 @@ def produce(producer: Producer, topic: str, **record: Any) -> None:
             return
         except BufferError:
             producer.poll(0.05)  # the local queue is full: serve delivery reports and retry
+
+
+def require_topics(
+    client: Producer | Consumer,
+    names: Iterable[str],
+    error: Callable[[str], Exception] = PipelineKafkaError,
+) -> dict[str, list[int]]:
+    """Each topic's partition ids; ``error(message)`` naming the first topic that is missing.
+
+    Lists all topics rather than asking for them by name: naming a topic may create it on
+    clusters with auto-create on, and a service must not create the topics it expects.
+    """
+    topics = client.list_topics(timeout=15).topics
+    found: dict[str, list[int]] = {}
+    for name in names:
+        topic = topics.get(name)
+        if topic is None or topic.error is not None or not topic.partitions:
+            raise error(
+                f"topic {name!r} does not exist; create the use case's topics first "
+                f"(ldpipe broker --config ..., or your Kafka tooling; infra/topics.py lists them)"
+            )
+        found[name] = sorted(topic.partitions)
+    return found

@@ -43,6 +43,7 @@ from infra.kafka import (
     message_position,
     produce,
     read_to_end,
+    require_topics,
 )
 from schemas.config import UseCase
 from schemas.headers import (
@@ -132,14 +133,8 @@ class Shuffler:
         )
         producer.init_transactions(30)
         shuffled = self.use_case.topics.shuffled
-        # all topics, not by name: naming one may create it on clusters with auto-create on
-        topic = producer.list_topics(timeout=15).topics.get(shuffled)
-        if topic is None or topic.error is not None or not topic.partitions:
-            raise ShufflerError(f"topic {shuffled!r} does not exist; create the use case's topics")
-        self._shuffled_partitions = len(topic.partitions)
-        ledger = ledger_topic(name)
-        if ledger not in producer.list_topics(timeout=15).topics:
-            raise ShufflerError(f"topic {ledger!r} does not exist; create the use case's topics")
+        found = require_topics(producer, (shuffled, ledger_topic(name)), ShufflerError)
+        self._shuffled_partitions = len(found[shuffled])
         consumer = Consumer(
             self.kafka.consumer_config(f"ldpipe-shuffler-{name}", EXACTLY_ONCE_CONSUMER)
         )

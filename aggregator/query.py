@@ -157,7 +157,7 @@ def query_use_case(
     if items is None and use_case.sfp is not None:
         # "Hello" in the dictionary and a discovered "hello" are one SFP word: one row
         first: dict[str | bytes, str] = {}
-        for item, key in zip(candidates, _item_keys(use_case, candidates), strict=True):
+        for item, key in zip(candidates, use_case.report_items(candidates), strict=True):
             first.setdefault(key, item)
         candidates = tuple(first.values())
     if not candidates:
@@ -172,7 +172,7 @@ def query_use_case(
         raise QueryError(f"combine must be 'ivw' or 'sum', got {combine!r}")
     per_epoch = []
     windows: set[tuple[int, int]] = set()
-    keys = _item_keys(use_case, candidates)
+    keys = use_case.report_items(candidates)
     for part in merged.values():
         windows.update(part.windows)
         if part.sketch.n == 0:
@@ -255,16 +255,6 @@ def discovered_items(use_case: UseCase) -> tuple[str, ...]:
     store = DiscoveryStore(directory)
     found = (d.item for window in store.iter_windows(use_case.name) for d in window.discoveries)
     return tuple(dict.fromkeys(found))
-
-
-def _item_keys(use_case: UseCase, candidates: Sequence[str]) -> list[str | bytes]:
-    """What each candidate is hashed as: itself, or for SFP the padded word devices report."""
-    if use_case.sfp is None:
-        return list(candidates)
-    from discovery.sfp import encode_word
-
-    params = use_case.sfp_params
-    return [encode_word(item, params) for item in candidates]
 
 
 def _with_dictionary(use_case: UseCase, candidates: Sequence[str]) -> list[str]:

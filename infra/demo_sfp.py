@@ -26,7 +26,6 @@ from typing import Any
 import numpy as np
 
 from aggregator.query import query_use_case
-from discovery.sfp import encode_word
 from discovery.sfp_service import reconstruct
 from infra.demo_env import demo_broker, progress
 from infra.pipeline import LocalPipeline, PipelineSettings
@@ -123,7 +122,7 @@ def _drive(
         f"{list(found.fragments_kept)}; word cut {found.word_threshold:.0f} "
         f"({puzzle_seconds:.1f} s)"
     )
-    known = {encode_word(w, params) for w in uc.dictionary_items}
+    known = set(uc.report_items(uc.dictionary_items))
     truth = result.true_counts
     new: list[dict[str, Any]] = [
         {
@@ -133,7 +132,7 @@ def _drive(
             "std_error": error,
         }
         for word, estimate, error in found.words
-        if encode_word(word, params) not in known
+        if uc.report_items([word])[0] not in known
     ]
     top = query_use_case(uc, top=args.top, discovered=False)
     summary: dict[str, Any] = {

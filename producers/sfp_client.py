@@ -26,11 +26,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from discovery.sfp import SfpParams, encode_words, perturb_fragments
+from discovery.sfp import SfpParams, encode_word, encode_words, perturb_fragments
 from discovery.sfp_wire import fragment_wire_mechanism, stack_fragments
 from producers.client import DeviceClient
 from producers.loadgen import Stream
 from schemas.config import ConfigError, PipelineConfig, UseCase
+from schemas.hashing import item_keys
 from schemas.keys import PublicKey
 from schemas.mechanisms import secure_rng
 
@@ -81,9 +82,9 @@ class SfpDeviceClient:
         self, items: Sequence[str | bytes], rng: np.random.Generator | None = None
     ) -> list[bytes]:
         """Each device's word report: the normalized, padded word at ε (Alg. 9 ``beta``)."""
-        codes = encode_words(_words(items), self.params)
+        keys = item_keys(encode_word(word, self.params) for word in _words(items))
         rng = rng if rng is not None else secure_rng()
-        return self.word.seal_reports(self.params.word_oracle().perturb(codes.word_keys, rng))
+        return self.word.seal_reports(self.params.word_oracle().perturb(keys, rng))
 
     def fragment_reports(
         self, items: Sequence[str | bytes], rng: np.random.Generator | None = None

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
@@ -244,6 +244,16 @@ class UseCase:
         from discovery.sfp import SfpParams
 
         return SfpParams(**self.sfp.params)
+
+    def report_items(self, items: Sequence[str]) -> list[str | bytes]:
+        """What devices report for ``items``, so what a query hashes: the items themselves, or
+        for SFP each word normalized and padded as Apple's devices send it (``encode_word``)."""
+        if self.sfp is None:
+            return list(items)
+        from discovery.sfp import encode_word
+
+        params = self.sfp_params
+        return [encode_word(item, params) for item in items]
 
     @cached_property
     def dictionary_items(self) -> tuple[str, ...] | None:

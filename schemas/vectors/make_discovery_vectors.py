@@ -17,7 +17,6 @@ against them.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import hmac
 import importlib.util
@@ -528,29 +527,21 @@ def render(vectors: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--check", action="store_true", help="verify the file; write nothing")
-    args = parser.parse_args(argv)
-    vectors = build_vectors()
-    problems = verify(vectors)
-    if args.check:
-        if not OUTPUT.exists() or OUTPUT.read_text(encoding="utf-8") != render(vectors):
-            problems.append(f"{OUTPUT} is stale: rerun {Path(__file__).name} without --check")
-        else:
-            problems += verify(json.loads(OUTPUT.read_text(encoding="utf-8")))
-        for problem in problems:
-            print(problem, file=sys.stderr)
-        return 1 if problems else 0
-    if problems:
-        for problem in problems:
-            print(problem, file=sys.stderr)
-        return 1
-    OUTPUT.write_text(render(vectors), encoding="utf-8")
-    print(
-        f"wrote {OUTPUT} ({len(vectors['reports'])} reports, {len(vectors['normalization'])} "
-        f"normalizations, {sum(len(vectors[k]) for k in _INVALID)} invalid)"
+    return int(
+        ENV.vector_file_main(
+            argv,
+            script=Path(__file__).name,
+            description=__doc__.splitlines()[0] if __doc__ else None,
+            output=OUTPUT,
+            build=build_vectors,
+            verify=verify,
+            render=render,
+            summary=lambda v: (
+                f"{len(v['reports'])} reports, {len(v['normalization'])} normalizations, "
+                f"{sum(len(v[k]) for k in _INVALID)} invalid"
+            ),
+        )
     )
-    return 0
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ import json
 import re
 import struct
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -443,17 +444,29 @@ def render(vectors: dict[str, Any]) -> str:
     return json.dumps(vectors, indent=2) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+def vector_file_main(
+    argv: list[str] | None,
+    *,
+    script: str,
+    description: str | None,
+    output: Path,
+    build: Callable[[], dict[str, Any]],
+    verify: Callable[[dict[str, Any]], list[str]],
+    render: Callable[[dict[str, Any]], str],
+    summary: Callable[[dict[str, Any]], str],
+) -> int:
+    """The command line of a vectors script: write ``output``, or with ``--check`` verify it
+    is current and reads as it says; problems go to stderr and make the exit status 1."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--check", action="store_true", help="verify the file; write nothing")
     args = parser.parse_args(argv)
-    vectors = build_vectors()
+    vectors = build()
     problems = verify(vectors)
     if args.check:
-        if not OUTPUT.exists() or OUTPUT.read_text(encoding="utf-8") != render(vectors):
-            problems.append(f"{OUTPUT} is stale: rerun {Path(__file__).name} without --check")
+        if not output.exists() or output.read_text(encoding="utf-8") != render(vectors):
+            problems.append(f"{output} is stale: rerun {script} without --check")
         else:
-            problems += verify(json.loads(OUTPUT.read_text(encoding="utf-8")))
+            problems += verify(json.loads(output.read_text(encoding="utf-8")))
         for problem in problems:
             print(problem, file=sys.stderr)
         return 1 if problems else 0
@@ -461,9 +474,22 @@ def main(argv: list[str] | None = None) -> int:
         for problem in problems:
             print(problem, file=sys.stderr)
         return 1
-    OUTPUT.write_text(render(vectors), encoding="utf-8")
-    print(f"wrote {OUTPUT} ({len(vectors['valid'])} valid, {len(vectors['invalid'])} invalid)")
+    output.write_text(render(vectors), encoding="utf-8")
+    print(f"wrote {output} ({summary(vectors)})")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return vector_file_main(
+        argv,
+        script=Path(__file__).name,
+        description=__doc__.splitlines()[0] if __doc__ else None,
+        output=OUTPUT,
+        build=build_vectors,
+        verify=verify,
+        render=render,
+        summary=lambda v: f"{len(v['valid'])} valid, {len(v['invalid'])} invalid",
+    )
 
 
 if __name__ == "__main__":

@@ -44,7 +44,6 @@ import hashlib
 import itertools
 import logging
 import math
-import operator
 import time
 import unicodedata
 from collections.abc import Sequence
@@ -66,6 +65,7 @@ from discovery.evaluation import (
 from producers.datasets import Population, load_population
 from schemas.hashing import item_keys
 from schemas.mechanisms import Reports, Sketch, SketchMechanism, build_mechanism
+from schemas.mechanisms.base import as_int
 
 __all__ = [
     "SfpCodes",
@@ -108,14 +108,7 @@ _FLOAT32_EXACT = float(1 << 24)  # every integer of smaller magnitude is a float
 
 def _int_in(value: object, name: str, low: int, high: int, hint: str = "") -> int:
     """``value`` as an int in ``[low, high]`` (bools and floats refused), else a clear error."""
-    if isinstance(value, bool | np.bool_):
-        raise TypeError(f"{name} must be an integer, got the bool {value}")
-    try:
-        number = operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        raise TypeError(
-            f"{name} must be an integer, got {type(value).__name__} {value!r}"
-        ) from None
+    number = as_int(value, name)
     if not low <= number <= high:
         raise ValueError(f"{name} must be in [{low}, {high}], got {number}{hint}")
     return number

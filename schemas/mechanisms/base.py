@@ -29,6 +29,7 @@ __all__ = [
     "Reports",
     "Sketch",
     "SketchMechanism",
+    "as_int",
     "check_epsilon",
     "check_range",
     "require",
@@ -56,16 +57,20 @@ def check_epsilon(epsilon: float) -> None:
     )
 
 
+def as_int(value: object, name: str, what: str = "an integer") -> int:
+    """``value`` as a Python int (numpy integers accepted; bools and floats refused with a
+    ``TypeError`` saying ``name`` must be ``what``)."""
+    if isinstance(value, bool | np.bool_):
+        raise TypeError(f"{name} must be {what}, got the bool {value}")
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(f"{name} must be {what}, got {type(value).__name__} {value!r}") from None
+
+
 def _positive_int(value: object, name: str) -> int:
     """``value`` as a Python int >= 1 (numpy integers accepted; bools and floats refused)."""
-    if isinstance(value, bool | np.bool_):
-        raise TypeError(f"{name} must be a positive integer, got the bool {value}")
-    try:
-        number = operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        raise TypeError(
-            f"{name} must be a positive integer, got {type(value).__name__} {value!r}"
-        ) from None
+    number = as_int(value, name, "a positive integer")
     require(number >= 1, f"{name} must be a positive integer, got {number}")
     return number
 

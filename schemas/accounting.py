@@ -96,7 +96,8 @@ def overlapping_windows(windows: Iterable[WindowRecord]) -> int:
 
     Committed windows never share an input report, so an overlap means an aborted window's
     record reached a read_committed reader (a broker bug) or the shuffler's offsets were reset.
-    They are counted in every figure anyway (the conservative choice); this says how many.
+    They are counted in every figure anyway (the conservative choice); this says how many. An
+    aborted window whose reports were replayed into several windows counts once per replay.
     """
     seen: dict[int, list[tuple[int, int]]] = {}
     count = 0

@@ -188,6 +188,15 @@ def test_overlapping_windows_are_counted() -> None:
     assert overlapping_windows([aborted, replayed, later]) == 1
 
 
+def test_an_aborted_window_replayed_as_two_counts_both_replays() -> None:
+    # the figure counts records that overlap an earlier one, not the aborted records they replace
+    aborted = window(200, ((0, 0, 120), (1, 0, 80)))
+    first = window(150, ((0, 0, 120), (1, 0, 30)))
+    second = window(150, ((1, 30, 80), (0, 120, 220)))
+    assert overlapping_windows([aborted, first, second]) == 2
+    assert overlapping_windows([first, second]) == 0
+
+
 @pytest.mark.parametrize("module", [ledger_module, composition_module, accounting_module])
 def test_public_surface(module: object) -> None:
     names = module.__all__  # type: ignore[attr-defined]

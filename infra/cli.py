@@ -22,6 +22,7 @@ from infra import (
     discovery_aux_cmd,
     discovery_server_cmd,
     discovery_shuffler_cmd,
+    dlq_cmd,
     keys_cmd,
     params_cmd,
     privacy_cmd,
@@ -54,6 +55,7 @@ _COMMANDS = (
     sfp_discover_cmd,
     params_cmd,
     privacy_cmd,
+    dlq_cmd,
 )
 
 

@@ -17,6 +17,7 @@ from schemas.config import PipelineConfig, UseCase, load_config
 __all__ = [
     "ServiceContext",
     "add_service_args",
+    "kafka_settings",
     "select_use_case",
     "service_context",
     "stop_on_signals",
@@ -25,10 +26,15 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-def add_service_args(parser: argparse.ArgumentParser, *, metrics: bool = True) -> None:
+def add_service_args(
+    parser: argparse.ArgumentParser,
+    *,
+    metrics: bool = True,
+    use_case_help: str = "use case name (default: the only one configured)",
+) -> None:
     """Add --config, --use-case, --bootstrap-servers, -X key=value and --metrics-port."""
     parser.add_argument("--config", required=True, help="pipeline configuration (TOML)")
-    parser.add_argument("--use-case", help="use case name (default: the only one configured)")
+    parser.add_argument("--use-case", help=use_case_help)
     parser.add_argument(
         "--bootstrap-servers", help="Kafka brokers host:port[,...] (overrides the configuration)"
     )
@@ -59,11 +65,16 @@ class ServiceContext:
     registry: CollectorRegistry
 
 
+def kafka_settings(config: PipelineConfig, args: argparse.Namespace) -> KafkaSettings:
+    """The configuration's Kafka settings, with --bootstrap-servers and -X applied over them."""
+    extra: dict[str, Any] = {**config.kafka.extra, **parse_extra(args.kafka_extra)}
+    return KafkaSettings(args.bootstrap_servers or config.kafka.bootstrap_servers, extra)
+
+
 def service_context(args: argparse.Namespace) -> ServiceContext:
     config = load_config(args.config)
     use_case = select_use_case(config, args.use_case)
-    extra: dict[str, Any] = {**config.kafka.extra, **parse_extra(args.kafka_extra)}
-    kafka = KafkaSettings(args.bootstrap_servers or config.kafka.bootstrap_servers, extra)
+    kafka = kafka_settings(config, args)
     registry = CollectorRegistry()
     port = getattr(args, "metrics_port", None)
     if port:

@@ -36,10 +36,11 @@ from discovery.runtime import (
     release_parameters,
 )
 from discovery.store import DiscoveryStore
+from infra.dead_letters import count_dead_letters
 from infra.demo_env import demo_broker, progress
 from infra.kafka import KafkaSettings, produce
 from infra.ledger_io import read_ledger
-from infra.pipeline import LocalPipeline, PipelineSettings, count_dead_letters
+from infra.pipeline import LocalPipeline, PipelineSettings
 from producers.client import DeviceClient
 from producers.datasets import Population, dictionary_population
 from producers.loadgen import ProduceResult

@@ -37,6 +37,7 @@ __all__ = [
     "CONSUMER_DEFAULTS",
     "EXACTLY_ONCE_CONSUMER",
     "KafkaSettings",
+    "MissingTopicError",
     "PipelineKafkaError",
     "TopicSpec",
     "ensure_topics",
@@ -96,6 +97,10 @@ class PipelineKafkaError(LdpipeError, RuntimeError):
     def txn_requires_abort(self) -> bool:
         """The current transaction must be aborted (and may then be retried)."""
         return self.error is not None and self.error.txn_requires_abort()
+
+
+class MissingTopicError(PipelineKafkaError):
+    """A topic a reader or service expects does not exist (the message names it and the fix)."""
 
 
 def kafka_error(context: str, exc: KafkaException | KafkaError) -> PipelineKafkaError:
@@ -312,20 +317,30 @@ def message_position(message: Message) -> tuple[str, int, int]:
 
 
 def read_to_end(
-    settings: KafkaSettings, topic: str, group_id: str, *, timeout: float = 30.0
+    settings: KafkaSettings,
+    topic: str,
+    group_id: str,
+    *,
+    timeout: float = 30.0,
+    missing_ok: bool = True,
 ) -> list[Message]:
     """Every committed record of ``topic`` from the beginning to its current end, in order.
 
     The end of a partition is its EOF event, not the high watermark (which some brokers,
     Tansu 0.6 among them, under-report). Raises :class:`PipelineKafkaError` if the end is not
-    reached within ``timeout``: a partial read must never pass for a whole one.
+    reached within ``timeout``: a partial read must never pass for a whole one. A topic that
+    does not exist reads as empty, or raises :class:`MissingTopicError` (naming it) if
+    ``missing_ok`` is false.
     """
     overrides = {**EXACTLY_ONCE_CONSUMER, "enable.partition.eof": True}
     consumer = Consumer(settings.consumer_config(group_id, overrides))
     records: list[Message] = []
     try:
-        topics = consumer.list_topics(timeout=timeout).topics  # all: naming one may create it
-        parts = list(topics[topic].partitions) if topic in topics else []
+        if not missing_ok:
+            parts = require_topics(consumer, [topic], MissingTopicError)[topic]
+        else:
+            topics = consumer.list_topics(timeout=timeout).topics  # all: naming one may create it
+            parts = list(topics[topic].partitions) if topic in topics else []
         if not parts:
             return records
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])

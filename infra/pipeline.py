@@ -24,12 +24,12 @@ from confluent_kafka import Consumer, TopicPartition
 from aggregator.snapshot import latest_snapshots
 from discovery.runtime import save_tag_key
 from discovery.tags import TagKey
-from infra.kafka import KafkaSettings, ensure_topics, read_to_end
+from infra.kafka import KafkaSettings, ensure_topics
 from infra.topics import config_topics
 from schemas.config import PipelineConfig, UseCase, load_config
 from schemas.keys import KeyPair, save_key_pair
 
-__all__ = ["DeadLetters", "LocalPipeline", "PipelineSettings", "count_dead_letters"]
+__all__ = ["LocalPipeline", "PipelineSettings"]
 
 log = logging.getLogger(__name__)
 
@@ -62,35 +62,6 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, int | float):
         return repr(value)
     return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-@dataclass
-class DeadLetters:
-    """Dead-letter records by stage and reason."""
-
-    by_reason: dict[tuple[str, str], int]
-
-    def count(self, stage: str | None = None) -> int:
-        return sum(n for (s, _), n in self.by_reason.items() if stage is None or s == stage)
-
-
-def count_dead_letters(kafka: KafkaSettings, topic: str) -> DeadLetters:
-    """Read a dead-letter topic to its end (read_committed) and tally stage/reason headers."""
-    tally: dict[tuple[str, str], int] = {}
-    group = f"ldpipe-dlq-count-{os.getpid()}-{time.time_ns()}"
-    for message in read_to_end(kafka, topic, group):
-        raw = message.headers() or []
-        pairs = raw.items() if isinstance(raw, dict) else raw
-        headers = {name: _text(value) for name, value in pairs}
-        key = (headers.get("ldpipe.stage", "?"), headers.get("ldpipe.reason", "?"))
-        tally[key] = tally.get(key, 0) + 1
-    return DeadLetters(tally)
-
-
-def _text(value: str | bytes | None) -> str:
-    if value is None:
-        return "?"
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
 
 class LocalPipeline:

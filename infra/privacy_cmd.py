@@ -14,7 +14,7 @@ import sys
 import time
 from typing import Any
 
-from infra.kafka import KafkaSettings, parse_extra
+from infra.common import add_service_args, kafka_settings
 from infra.ledger_io import read_ledger
 from schemas.accounting import PrivacyReport, Spread, summarize_ledger
 from schemas.config import PipelineConfig, UseCase, load_config
@@ -43,18 +43,8 @@ def add_parser(sub: Any) -> None:
     rep = commands.add_parser(
         "report", help="per use case: windows, amplified epsilons, user-level guarantees"
     )
-    rep.add_argument("--config", required=True, help="pipeline configuration (TOML)")
-    rep.add_argument("--use-case", help="only this use case (default: every one configured)")
-    rep.add_argument(
-        "--bootstrap-servers", help="Kafka brokers host:port[,...] (overrides the configuration)"
-    )
-    rep.add_argument(
-        "-X",
-        dest="kafka_extra",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="librdkafka setting, e.g. -X security.protocol=SSL",
+    add_service_args(
+        rep, metrics=False, use_case_help="only this use case (default: every one configured)"
     )
     rep.add_argument("--timeout", type=float, default=30.0, help="seconds to read each ledger")
     rep.add_argument("--json", action="store_true", help="print one JSON object")
@@ -98,8 +88,7 @@ def _run_amplification(args: argparse.Namespace) -> int:
 def _run_report(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     cases = [config.use_case(args.use_case)] if args.use_case else list(config.use_cases)
-    extra = {**config.kafka.extra, **parse_extra(args.kafka_extra)}
-    kafka = KafkaSettings(args.bootstrap_servers or config.kafka.bootstrap_servers, extra)
+    kafka = kafka_settings(config, args)
     reports = []
     for uc in cases:
         records = read_ledger(kafka, uc.name, timeout=args.timeout)

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from infra.dead_letters import count_dead_letters
 from infra.kafka import KafkaSettings
-from infra.pipeline import LocalPipeline, count_dead_letters
+from infra.pipeline import LocalPipeline
 from tests.integration.pipeline_helpers import (
     assert_same_sketch,
     live_sketch,

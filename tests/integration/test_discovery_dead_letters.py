@@ -18,8 +18,8 @@ from discovery.layers import ReleasedBucket
 from discovery.privacy import ReleaseParameters
 from discovery.runtime import discovery_config, discovery_store_directory
 from discovery.store import DiscoveryStore
+from infra.dead_letters import count_dead_letters
 from infra.kafka import KafkaSettings, read_to_end
-from infra.pipeline import count_dead_letters
 from schemas.keys import KeyRing
 from tests.discovery.aux_helpers import ZeroNoise
 from tests.integration.pipeline_helpers import make_pipeline

@@ -20,9 +20,10 @@ from confluent_kafka import Producer
 from aggregator.query import discovered_items
 from discovery.client import DiscoveryClient
 from discovery.runtime import discovery_config
+from infra.dead_letters import count_dead_letters
 from infra.kafka import KafkaSettings
 from infra.ledger_io import read_ledger
-from infra.pipeline import LocalPipeline, count_dead_letters
+from infra.pipeline import LocalPipeline
 from schemas.ledger import DiscoveryRelease, WindowRecord
 from tests.integration.pipeline_helpers import make_pipeline
 

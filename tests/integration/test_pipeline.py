@@ -13,8 +13,8 @@ import pytest
 from aggregator.query import query_use_case
 from aggregator.service import Aggregator, AggregatorOptions
 from aggregator.snapshot import latest_snapshots
+from infra.dead_letters import count_dead_letters
 from infra.kafka import KafkaSettings
-from infra.pipeline import count_dead_letters
 from schemas.envelope import EnvelopeHeader, seal
 from schemas.keys import KeyPair, KeyRing
 from tests.integration.pipeline_helpers import (

@@ -1,0 +1,172 @@
+"""Reading dead-letter topics: every refused record, tallied without counting a copy twice.
+
+Every stage that refuses a record writes it to a dead-letter topic with the headers of
+``schemas/headers.py``: its reason, stage, format layer and ``ldpipe.source`` (where it was
+read, ``topic:partition:offset``). A record can be dead-lettered twice: an aggregator that
+crashes between flushing its dead letters and its snapshot refuses the same records again, and
+on a broker that leaks aborted transactions (Tansu 0.6) a shuffler window's dead letters are
+seen once from the aborted attempt and once from its re-publication. The copies share their
+source, so a tally counts distinct sources (``docs/aggregator.md``, "Dead letters").
+
+``ldpipe dlq`` prints these tallies; the demo and the integration tests use them too.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
+
+from infra.kafka import KafkaSettings, read_to_end
+from schemas.headers import LAYER_HEADER, REASON_HEADER, SOURCE_HEADER, STAGE_HEADER
+
+__all__ = ["DeadLetter", "DeadLetterTally", "count_dead_letters", "read_dead_letters", "tally"]
+
+UNKNOWN = "?"  # a header the record lacks (not written by an ldpipe service)
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """One dead-letter record: where it is, who refused what, and why."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp: float | None  # unix seconds of the dead letter, if the broker kept one
+    stage: str
+    reason: str
+    layer: str | None
+    source: str | None  # where the refused record was read, topic:partition:offset
+    size: int  # bytes of the refused record's value (an encrypted envelope: never shown)
+
+    @classmethod
+    def from_message(cls, message: Message) -> DeadLetter:
+        raw = message.headers() or []
+        pairs = raw.items() if isinstance(raw, dict) else raw
+        headers = {name: _text(value) for name, value in pairs}
+        kind, millis = message.timestamp()
+        value = message.value()
+        return cls(
+            topic=str(message.topic()),
+            partition=int(message.partition() or 0),
+            offset=int(message.offset() or 0),
+            timestamp=None if kind == TIMESTAMP_NOT_AVAILABLE else millis / 1000.0,
+            stage=headers.get(STAGE_HEADER, UNKNOWN),
+            reason=headers.get(REASON_HEADER, UNKNOWN),
+            layer=headers.get(LAYER_HEADER),
+            source=headers.get(SOURCE_HEADER),
+            size=len(value) if value is not None else 0,
+        )
+
+    @property
+    def identity(self) -> tuple[str, ...]:
+        """Equal for copies of one refusal: its source, else (no source header) itself."""
+        if self.source is not None:
+            return (self.source,)
+        return (self.topic, str(self.partition), str(self.offset))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "topic": self.topic,
+            "partition": self.partition,
+            "offset": self.offset,
+            "timestamp": self.timestamp,
+            "stage": self.stage,
+            "layer": self.layer,
+            "reason": self.reason,
+            "source": self.source,
+            "bytes": self.size,
+        }
+
+
+@dataclass(frozen=True)
+class DeadLetterTally:
+    """The dead letters of one topic: records read, distinct refusals and their reasons."""
+
+    topic: str
+    records: int  # as read, copies included
+    rows: dict[tuple[str, str, str], int] = field(default_factory=dict)  # (stage, layer, reason)
+    first: float | None = None  # unix seconds of the oldest and newest dead letter
+    last: float | None = None
+
+    @property
+    def distinct(self) -> int:
+        return sum(self.rows.values())
+
+    @property
+    def copies(self) -> int:
+        return self.records - self.distinct
+
+    @property
+    def by_reason(self) -> dict[tuple[str, str], int]:
+        """Distinct refusals by (stage, reason), all layers together."""
+        out: dict[tuple[str, str], int] = {}
+        for (stage, _, reason), n in self.rows.items():
+            out[stage, reason] = out.get((stage, reason), 0) + n
+        return out
+
+    def count(self, stage: str | None = None) -> int:
+        """Distinct refusals, of one stage or of all."""
+        return sum(n for (s, _), n in self.by_reason.items() if stage is None or s == stage)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "topic": self.topic,
+            "records": self.records,
+            "distinct": self.distinct,
+            "copies": self.copies,
+            "first": self.first,
+            "last": self.last,
+            "reasons": [
+                {"stage": stage, "layer": layer or None, "reason": reason, "count": n}
+                for (stage, layer, reason), n in sorted(self.rows.items())
+            ],
+        }
+
+
+def tally(topic: str, letters: Iterable[DeadLetter]) -> DeadLetterTally:
+    """Count ``letters`` of ``topic``, each refusal once however many copies were written."""
+    seen: set[tuple[str, ...]] = set()
+    rows: dict[tuple[str, str, str], int] = {}
+    records = 0
+    stamps: list[float] = []
+    for letter in letters:
+        records += 1
+        if letter.timestamp is not None:
+            stamps.append(letter.timestamp)
+        if letter.identity in seen:
+            continue
+        seen.add(letter.identity)
+        row = (letter.stage, letter.layer or "", letter.reason)
+        rows[row] = rows.get(row, 0) + 1
+    return DeadLetterTally(
+        topic, records, rows, min(stamps, default=None), max(stamps, default=None)
+    )
+
+
+def read_dead_letters(
+    kafka: KafkaSettings, topic: str, *, timeout: float = 30.0, missing_ok: bool = True
+) -> list[DeadLetter]:
+    """Every committed dead letter of ``topic``, oldest first per partition.
+
+    Reads with a fresh consumer group (no offsets are committed): reading is side-effect free.
+    A topic that does not exist holds no dead letters, or raises if ``missing_ok`` is false.
+    """
+    group = f"ldpipe-dlq-read-{os.getpid()}-{time.time_ns()}"
+    messages = read_to_end(kafka, topic, group, timeout=timeout, missing_ok=missing_ok)
+    return [DeadLetter.from_message(message) for message in messages]
+
+
+def count_dead_letters(kafka: KafkaSettings, topic: str) -> DeadLetterTally:
+    """Read ``topic`` to its end (read_committed) and tally it."""
+    return tally(topic, read_dead_letters(kafka, topic))
+
+
+def _text(value: str | bytes | None) -> str:
+    if value is None:
+        return UNKNOWN
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value

@@ -1,5 +1,6 @@
-"""Stateful aggregators and the query worker (the streaming path lands with the pipeline issue).
+"""The aggregators (``service``: decrypt, validate, accumulate, snapshot), their snapshots
+(``snapshot``), deduplication and time windows, and the query worker (``query``).
 
-Today the server-side math (``accumulate``, ``estimate``) lives with each mechanism in
-``schemas.mechanisms``; this package will hold the Kafka consumers, snapshots and queries.
+The server-side math of each mechanism (``accumulate``, ``estimate``) lives with it in
+``schemas.mechanisms``; ``docs/aggregator.md`` and ``docs/query.md`` are the guides.
 """

@@ -25,6 +25,8 @@ import numpy.typing as npt
 
 from aggregator.exceptions import QueryError
 from aggregator.snapshot import MergedSketch, WindowSketch, latest_snapshots, merge_windows
+from discovery.found import store_directory
+from discovery.store import DiscoveryStore
 from schemas.calibrate import FitMethod, NoiseModel, PriorFamily, fit_prior, posterior_mean
 from schemas.config import UseCase
 from schemas.mechanisms import Mechanism
@@ -240,18 +242,9 @@ def discovered_items(use_case: UseCase) -> tuple[str, ...]:
     dictionary items: the frequency sketch was built from every device's report, whatever its
     item.
     """
-    from discovery.store import DiscoveryStore
-
-    if use_case.sfp is not None:
-        from discovery.sfp_service import sfp_store_directory
-
-        directory = sfp_store_directory(use_case)
-    elif use_case.discovery is None or use_case.mechanism_name == "oue":
+    directory = store_directory(use_case)
+    if directory is None or (use_case.sfp is None and use_case.mechanism_name == "oue"):
         return ()
-    else:
-        from discovery.runtime import discovery_store_directory
-
-        directory = discovery_store_directory(use_case)
     store = DiscoveryStore(directory)
     found = (d.item for window in store.iter_windows(use_case.name) for d in window.discoveries)
     return tuple(dict.fromkeys(found))

@@ -188,6 +188,7 @@ def test_score_definitions(
         "discovery.privacy",
         "discovery.store",
         "discovery.evaluation",
+        "discovery.found",
     ],
 )
 def test_docstring_examples(module: str) -> None:

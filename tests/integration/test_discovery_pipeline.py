@@ -5,15 +5,18 @@ estimates their frequencies from the frequency sketch."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 from confluent_kafka import Producer
 
 from aggregator.query import discovered_items, query_use_case
 from discovery.client import DiscoveryClient
 from discovery.runtime import discovery_config, discovery_store_directory
 from discovery.store import DiscoveryStore
+from infra.cli import main
 from infra.kafka import KafkaSettings
 from infra.ledger_io import read_ledger
 from infra.pipeline import LocalPipeline
@@ -49,7 +52,9 @@ def _device_items(pipe: LocalPipeline, seed: int) -> list[str]:
     return items
 
 
-def test_planted_words_are_discovered_and_estimated(broker: KafkaSettings, tmp_path: Path) -> None:
+def test_planted_words_are_discovered_and_estimated(
+    broker: KafkaSettings, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     # one window of all N reports in each shuffler, so every planted word is one bucket
     pipe = make_pipeline(tmp_path, broker.bootstrap_servers, n_min=N, max_reports=N, discovery=True)
     uc = pipe.use_case
@@ -93,6 +98,12 @@ def test_planted_words_are_discovered_and_estimated(broker: KafkaSettings, tmp_p
         # noisy count = c + rint(L), L ~ Laplace(b): |L| <= 30 b fails with prob e^-30
         assert abs(counts[word] - true_count) <= 30 * window.laplace_scale + 0.5
     assert window.epsilon == uc.discovery.epsilon
+
+    # the store as `ldpipe discoveries` lists it: the same window, item by item
+    assert main(["discoveries", "--config", str(pipe.config_path), "--json"]) == 0
+    (listed,) = json.loads(capsys.readouterr().out)["use_cases"]
+    assert [w["window_id"] for w in listed["windows"]] == [window.window_id]
+    assert {f["item"]: f["last_noisy_count"] for f in listed["items"]} == counts
 
     releases = [r for r in read_ledger(pipe.kafka, uc.name) if isinstance(r, DiscoveryRelease)]
     assert [r.release_id for r in releases] == [window.window_id]

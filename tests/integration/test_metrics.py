@@ -129,9 +129,7 @@ def test_shuffler_exports_its_windows(running: RunningPipeline) -> None:
     assert value(samples, "ldpipe_shuffler_window_size_reports_sum", **labels) == N
     assert value(samples, "ldpipe_shuffler_buffered_reports", **labels) == 0
     use_case = running.pipe.use_case
-    expected = shuffle_amplification(
-        use_case.epsilon, N, use_case.shuffle.delta
-    )
+    expected = shuffle_amplification(use_case.epsilon, N, use_case.shuffle.delta)
     epsilon = value(samples, "ldpipe_shuffler_window_epsilon", **labels)
     assert epsilon is not None and epsilon > 0
     assert epsilon == pytest.approx(expected.epsilon)

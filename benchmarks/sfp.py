@@ -31,6 +31,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.mechanisms import best_time
 from discovery.sfp import (
     SfpParams,
     _fragment_candidates,
@@ -58,15 +59,6 @@ def words(n: int, seed: int) -> list[str]:
     return out
 
 
-def best(action: Any, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        action()
-        times.append(time.perf_counter() - started)
-    return min(times)
-
-
 def device(n: int, repeats: int) -> dict[str, Any]:
     cfg = parse_config('[[use_case]]\nname = "newwords"\n[use_case.sfp]\n')
     word_uc = cfg.use_case("newwords")
@@ -75,8 +67,8 @@ def device(n: int, repeats: int) -> dict[str, Any]:
     plain = DeviceClient(word_uc.name, word_uc.epoch, key, word_uc.mechanism)
     items = words(n, 1)
     rng = np.random.default_rng(2)
-    baseline = best(lambda: plain.reports(items, rng), repeats)
-    measured = best(
+    baseline = best_time(lambda: plain.reports(items, rng), repeats)
+    measured = best_time(
         lambda: (sfp.word_reports(items, rng), sfp.fragment_reports(items, rng)), repeats
     )
     return {
@@ -122,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     n_device = 4_000 if args.quick else 20_000
     n_puzzle = 20_000 if args.quick else 100_000
     ks = (256,) if args.quick else (256, 2048)
-    result = {
+    result: dict[str, Any] = {
         "machine": platform.platform(),
         "device": device(n_device, args.repeats),
         "puzzle": [puzzle(n_puzzle, k) for k in ks],

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-__all__ = ["AggregatorMetrics"]
+__all__ = ["AggregatorMetrics", "QueryMetrics"]
 
 
 @dataclass(frozen=True)
@@ -77,6 +77,41 @@ class AggregatorMetrics:
                 "ldpipe_aggregator_consumer_lag_messages",
                 "High watermark minus position",
                 [*label, "partition"],
+                registry=registry,
+            ),
+        )
+
+
+@dataclass(frozen=True)
+class QueryMetrics:
+    """``ldpipe query --serve``: the estimates of the items queried, as gauges."""
+
+    estimate: Gauge
+    std_error: Gauge
+    reports: Gauge
+    snapshot_age: Gauge
+
+    @classmethod
+    def create(cls, registry: CollectorRegistry) -> QueryMetrics:
+        labels = ["use_case", "item"]
+        return cls(
+            estimate=Gauge("ldpipe_query_estimate", "Estimated count", labels, registry=registry),
+            std_error=Gauge(
+                "ldpipe_query_std_error",
+                "Standard error of the estimate",
+                labels,
+                registry=registry,
+            ),
+            reports=Gauge(
+                "ldpipe_query_reports",
+                "Reports in the merged snapshots",
+                ["use_case"],
+                registry=registry,
+            ),
+            snapshot_age=Gauge(
+                "ldpipe_query_snapshot_age_seconds",
+                "Age of the oldest latest snapshot",
+                ["use_case"],
                 registry=registry,
             ),
         )

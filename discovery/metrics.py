@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-__all__ = ["AuxMetrics", "ServerMetrics"]
+__all__ = ["AuxMetrics", "ServerMetrics", "SfpMetrics"]
 
 
 @dataclass(frozen=True)
@@ -97,6 +97,31 @@ class ServerMetrics:
             windows_replayed=Counter(
                 "ldpipe_discovery_server_windows_replayed",
                 "Windows consumed again and found recorded already (idempotent replay)",
+                label,
+                registry=registry,
+            ),
+        )
+
+
+@dataclass(frozen=True)
+class SfpMetrics:
+    """``ldpipe sfp-discover --every``: puzzle runs, words found, run time."""
+
+    runs: Counter
+    words: Gauge
+    run_seconds: Gauge
+
+    @classmethod
+    def create(cls, registry: CollectorRegistry) -> SfpMetrics:
+        label = ["use_case"]
+        return cls(
+            runs=Counter("ldpipe_sfp_runs", "Puzzle runs", [*label, "outcome"], registry=registry),
+            words=Gauge(
+                "ldpipe_sfp_words", "Words found in the newest window", label, registry=registry
+            ),
+            run_seconds=Gauge(
+                "ldpipe_sfp_run_seconds",
+                "Duration of the last puzzle run",
                 label,
                 registry=registry,
             ),

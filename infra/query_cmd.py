@@ -9,8 +9,9 @@ import sys
 import time
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Gauge, start_http_server
+from prometheus_client import CollectorRegistry, start_http_server
 
+from aggregator.metrics import QueryMetrics
 from aggregator.query import QueryResult, query_use_case
 from infra.common import select_use_case, stop_on_signals
 from schemas.calibrate import FIT_METHODS, PRIOR_FAMILIES
@@ -106,20 +107,7 @@ def _print(result: QueryResult) -> None:
 
 def _serve(args: argparse.Namespace) -> int:
     registry = CollectorRegistry()
-    labels = ["use_case", "item"]
-    estimate = Gauge("ldpipe_query_estimate", "Estimated count", labels, registry=registry)
-    std_error = Gauge(
-        "ldpipe_query_std_error", "Standard error of the estimate", labels, registry=registry
-    )
-    reports = Gauge(
-        "ldpipe_query_reports", "Reports in the merged snapshots", ["use_case"], registry=registry
-    )
-    age = Gauge(
-        "ldpipe_query_snapshot_age_seconds",
-        "Age of the oldest latest snapshot",
-        ["use_case"],
-        registry=registry,
-    )
+    metrics = QueryMetrics.create(registry)
     start_http_server(args.port, addr=args.addr, registry=registry)
     print(f"serving on http://{args.addr}:{args.port}/metrics", file=sys.stderr)
     stop = stop_on_signals()
@@ -135,14 +123,14 @@ def _serve(args: argparse.Namespace) -> int:
         for row in result.items:
             key = (result.use_case, row.item)
             current.add(key)
-            estimate.labels(*key).set(row.estimate)
-            std_error.labels(*key).set(row.std_error)
+            metrics.estimate.labels(*key).set(row.estimate)
+            metrics.std_error.labels(*key).set(row.std_error)
         for key in shown - current:  # items that left the top N
-            estimate.remove(*key)
-            std_error.remove(*key)
+            metrics.estimate.remove(*key)
+            metrics.std_error.remove(*key)
         shown = current
-        reports.labels(result.use_case).set(result.reports)
-        age.labels(result.use_case).set(result.snapshot_age_seconds)
+        metrics.reports.labels(result.use_case).set(result.reports)
+        metrics.snapshot_age.labels(result.use_case).set(result.snapshot_age_seconds)
         stop.wait(args.refresh)
     return 0
 

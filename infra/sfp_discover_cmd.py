@@ -14,8 +14,9 @@ import sys
 import time
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client import CollectorRegistry, start_http_server
 
+from discovery.metrics import SfpMetrics
 from discovery.sfp_service import SfpSettingsMismatchError, SfpWindowResult, reconstruct
 from infra.common import select_use_case, stop_on_signals
 from schemas.config import load_config
@@ -109,13 +110,7 @@ def run(args: argparse.Namespace) -> int:
         show(once())
         return 0
     registry = CollectorRegistry()
-    runs = Counter("ldpipe_sfp_runs", "Puzzle runs", ["use_case", "outcome"], registry=registry)
-    words = Gauge(
-        "ldpipe_sfp_words", "Words found in the newest window", ["use_case"], registry=registry
-    )
-    seconds = Gauge(
-        "ldpipe_sfp_run_seconds", "Duration of the last puzzle run", ["use_case"], registry=registry
-    )
+    metrics = SfpMetrics.create(registry)
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.metrics_addr, registry=registry)
     stop = stop_on_signals()
@@ -127,11 +122,12 @@ def run(args: argparse.Namespace) -> int:
             raise  # the configuration must change: retrying cannot help
         except LdpipeError as exc:  # no snapshots yet, a damaged file: try again next time
             log.warning("sfp-discover: %s", exc)
-            runs.labels(use_case=name, outcome="failed").inc()
+            metrics.runs.labels(use_case=name, outcome="failed").inc()
         else:
             show(results)
-            runs.labels(use_case=name, outcome="ok").inc()
-            words.labels(use_case=name).set(len(results[-1].discovery.words) if results else 0)
-        seconds.labels(use_case=name).set(time.perf_counter() - started)
+            metrics.runs.labels(use_case=name, outcome="ok").inc()
+            found = len(results[-1].discovery.words) if results else 0
+            metrics.words.labels(use_case=name).set(found)
+        metrics.run_seconds.labels(use_case=name).set(time.perf_counter() - started)
         stop.wait(args.every)
     return 0

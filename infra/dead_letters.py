@@ -15,16 +15,23 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
 
-from infra.kafka import KafkaSettings, read_to_end
+from infra.kafka import KafkaSettings, iter_to_end
 from schemas.headers import LAYER_HEADER, REASON_HEADER, SOURCE_HEADER, STAGE_HEADER
 
-__all__ = ["DeadLetter", "DeadLetterTally", "count_dead_letters", "read_dead_letters", "tally"]
+__all__ = [
+    "DeadLetter",
+    "DeadLetterTally",
+    "count_dead_letters",
+    "iter_dead_letters",
+    "read_dead_letters",
+    "tally",
+]
 
 UNKNOWN = "?"  # a header the record lacks (not written by an ldpipe service)
 
@@ -148,22 +155,30 @@ def tally(topic: str, letters: Iterable[DeadLetter]) -> DeadLetterTally:
     )
 
 
+def iter_dead_letters(
+    kafka: KafkaSettings, topic: str, *, timeout: float = 30.0, missing_ok: bool = True
+) -> Iterator[DeadLetter]:
+    """Every committed dead letter of ``topic``, oldest first per partition, one at a time.
+
+    Reads with a fresh consumer group (no offsets are committed): reading is side-effect free.
+    A topic that does not exist holds no dead letters, or raises ``MissingTopicError`` (when
+    the iteration starts) if ``missing_ok`` is false.
+    """
+    group = f"ldpipe-dlq-read-{os.getpid()}-{time.time_ns()}"
+    for message in iter_to_end(kafka, topic, group, timeout=timeout, missing_ok=missing_ok):
+        yield DeadLetter.from_message(message)
+
+
 def read_dead_letters(
     kafka: KafkaSettings, topic: str, *, timeout: float = 30.0, missing_ok: bool = True
 ) -> list[DeadLetter]:
-    """Every committed dead letter of ``topic``, oldest first per partition.
-
-    Reads with a fresh consumer group (no offsets are committed): reading is side-effect free.
-    A topic that does not exist holds no dead letters, or raises if ``missing_ok`` is false.
-    """
-    group = f"ldpipe-dlq-read-{os.getpid()}-{time.time_ns()}"
-    messages = read_to_end(kafka, topic, group, timeout=timeout, missing_ok=missing_ok)
-    return [DeadLetter.from_message(message) for message in messages]
+    """:func:`iter_dead_letters` as a list."""
+    return list(iter_dead_letters(kafka, topic, timeout=timeout, missing_ok=missing_ok))
 
 
 def count_dead_letters(kafka: KafkaSettings, topic: str) -> DeadLetterTally:
-    """Read ``topic`` to its end (read_committed) and tally it."""
-    return tally(topic, read_dead_letters(kafka, topic))
+    """Read ``topic`` to its end (read_committed) and tally it, never holding it in memory."""
+    return tally(topic, iter_dead_letters(kafka, topic))
 
 
 def _text(value: str | bytes | None) -> str:

@@ -11,13 +11,15 @@ never printed.
 from __future__ import annotations
 
 import argparse
+import heapq
 import json
 import sys
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
 from infra.common import add_service_args, kafka_settings
-from infra.dead_letters import read_dead_letters, tally
+from infra.dead_letters import DeadLetter, iter_dead_letters, tally
 from infra.kafka import KafkaSettings, MissingTopicError
 from schemas.config import PipelineConfig, load_config
 
@@ -79,24 +81,33 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _read(kafka: KafkaSettings, topic: str, owner: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Stream the topic once: tally it and keep only the ``--show`` newest in memory."""
+    newest: list[tuple[tuple[float, int, int], DeadLetter]] = []  # a min-heap of the newest
+
+    def chosen() -> Iterator[DeadLetter]:
+        for letter in iter_dead_letters(kafka, topic, timeout=args.timeout, missing_ok=False):
+            if args.stage is not None and letter.stage != args.stage:
+                continue
+            if args.reason is not None and letter.reason != args.reason:
+                continue
+            if args.show:
+                key = (letter.timestamp or 0.0, letter.partition, letter.offset)
+                if len(newest) < args.show:
+                    heapq.heappush(newest, (key, letter))
+                elif key > newest[0][0]:
+                    heapq.heapreplace(newest, (key, letter))
+            yield letter
+
     try:
-        letters = read_dead_letters(kafka, topic, timeout=args.timeout, missing_ok=False)
+        counted = tally(topic, chosen())
     except MissingTopicError as exc:
         return {"topic": topic, "use_case": owner, "exists": False, "error": str(exc)}
-    chosen = [
-        letter
-        for letter in letters
-        if (args.stage is None or letter.stage == args.stage)
-        and (args.reason is None or letter.reason == args.reason)
-    ]
-    counted = tally(topic, chosen)
-    newest = sorted(chosen, key=lambda d: (d.timestamp or 0.0, d.partition, d.offset))
-    shown = newest[-args.show :] if args.show else []
+    shown = [letter for _, letter in sorted(newest, reverse=True)]
     return {
         "use_case": owner,
         "exists": True,
         **counted.as_dict(),
-        "letters": [letter.as_dict() for letter in reversed(shown)],
+        "letters": [letter.as_dict() for letter in shown],
     }
 
 

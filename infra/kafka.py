@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -41,6 +41,7 @@ __all__ = [
     "PipelineKafkaError",
     "TopicSpec",
     "ensure_topics",
+    "iter_to_end",
     "kafka_error",
     "message_position",
     "parse_extra",
@@ -324,17 +325,31 @@ def read_to_end(
     timeout: float = 30.0,
     missing_ok: bool = True,
 ) -> list[Message]:
-    """Every committed record of ``topic`` from the beginning to its current end, in order.
+    """Every committed record of ``topic`` from the beginning to its current end, in order
+    per partition: :func:`iter_to_end` as a list."""
+    return list(iter_to_end(settings, topic, group_id, timeout=timeout, missing_ok=missing_ok))
+
+
+def iter_to_end(
+    settings: KafkaSettings,
+    topic: str,
+    group_id: str,
+    *,
+    timeout: float = 30.0,
+    missing_ok: bool = True,
+) -> Iterator[Message]:
+    """Every committed record of ``topic`` from the beginning to its current end, in order per
+    partition, one at a time (a large topic is never held in memory).
 
     The end of a partition is its EOF event, not the high watermark (which some brokers,
     Tansu 0.6 among them, under-report). Raises :class:`PipelineKafkaError` if the end is not
     reached within ``timeout``: a partial read must never pass for a whole one. A topic that
     does not exist reads as empty, or raises :class:`MissingTopicError` (naming it) if
-    ``missing_ok`` is false.
+    ``missing_ok`` is false. The consumer commits nothing and is closed when the iteration
+    ends or is abandoned.
     """
     overrides = {**EXACTLY_ONCE_CONSUMER, "enable.partition.eof": True}
     consumer = Consumer(settings.consumer_config(group_id, overrides))
-    records: list[Message] = []
     try:
         if not missing_ok:
             parts = require_topics(consumer, [topic], MissingTopicError)[topic]
@@ -342,7 +357,7 @@ def read_to_end(
             topics = consumer.list_topics(timeout=timeout).topics  # all: naming one may create it
             parts = list(topics[topic].partitions) if topic in topics else []
         if not parts:
-            return records
+            return
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
         done: set[int | None] = set()
         deadline = time.monotonic() + timeout
@@ -357,14 +372,13 @@ def read_to_end(
                 continue
             error = message.error()
             if error is None:
-                records.append(message)
+                yield message
             elif error.code() == KafkaError._PARTITION_EOF:
                 done.add(message.partition())
             else:
                 raise kafka_error(f"reading {topic!r}", KafkaException(error))
     finally:
         consumer.close()
-    return records
 
 
 def produce(producer: Producer, topic: str, **record: Any) -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -165,3 +167,16 @@ def test_prometheus_configuration_loads_the_rules() -> None:
     assert config["rule_files"] == ["alerts.yml"]
     jobs = [job["job_name"] for job in config["scrape_configs"]]
     assert jobs and all(job.startswith("ldpipe-") for job in jobs)  # LdpipeProcessDown's match
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Prometheus) not on PATH")
+def test_promtool_checks_and_unit_tests_the_rules() -> None:
+    for args in (
+        ["check", "config", "prometheus.yml"],
+        ["check", "rules", "alerts.yml"],
+        ["test", "rules", "alerts_test.yml"],
+    ):
+        done = subprocess.run(
+            ["promtool", *args], cwd=MONITORING, capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0, done.stdout + done.stderr

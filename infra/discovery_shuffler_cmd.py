@@ -6,6 +6,9 @@ of at least ``n_min``, CSPRNG permutation, exactly once); it runs as use case ``
 window ledger (``ldp.<uc>.discovery.privacy-ledger``) are separate from the frequency shuffler's.
 It marks every shuffled record with its window (``ldpipe.window``, ``schemas/headers.py``), which
 is how the aux server tells windows apart when several discovery shufflers write its topic.
+Discovery reports are encrypted, not randomized on the device: the shuffler claims no epsilon for
+them (no epsilon gauges; its ledger records say ``mechanism = "none"`` with null epsilons). Their
+privacy is the aux server's release (GCMS Thm 4), recorded in the use case's own ledger.
 """
 
 from __future__ import annotations
@@ -26,4 +29,4 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    return run_shuffler(args, discovery_shuffle_use_case, window_headers=True)
+    return run_shuffler(args, discovery_shuffle_use_case, window_headers=True, local_dp=False)

@@ -28,9 +28,11 @@ def run_shuffler(
     use_case_of: Callable[[UseCase], UseCase] = lambda uc: uc,
     *,
     window_headers: bool = False,
+    local_dp: bool = True,
 ) -> int:
     """Run a shuffler on ``use_case_of(the configured use case)`` until a signal or idle exit
-    (``window_headers``: mark each record with its window, ``schemas/headers.py``)."""
+    (``window_headers``: mark each record with its window, ``schemas/headers.py``; ``local_dp``
+    false: the reports are not randomized on the device, so no epsilon is claimed for them)."""
     ctx = service_context(args)
     shuffler = Shuffler(
         use_case_of(ctx.use_case),
@@ -39,6 +41,7 @@ def run_shuffler(
         registry=ctx.registry,
         crash_point=crash_point_from_env(),
         window_headers=window_headers,
+        local_dp=local_dp,
     )
     shuffler.run(stop_on_signals(), idle_timeout=args.idle_exit)
     return 0

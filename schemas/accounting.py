@@ -22,10 +22,10 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from schemas.composition import advanced_composition, basic_composition, group_privacy
-from schemas.ledger import DiscoveryRelease, LedgerRecord, WindowRecord
+from schemas.ledger import DiscoveryRelease, LedgerFormatError, LedgerRecord, WindowRecord
 
 __all__ = ["ASSUMPTIONS", "PrivacyReport", "Spread", "overlapping_windows", "summarize_ledger"]
 
@@ -113,6 +113,32 @@ def overlapping_windows(windows: Iterable[WindowRecord]) -> int:
     return count
 
 
+class _Amplified(NamedTuple):
+    """A window record's figures, known to be those of locally randomized reports."""
+
+    epsilon0: float
+    closed_form: float
+    closed_form_applies: bool
+    numerical: float
+    delta: float
+
+
+def _amplified(window: WindowRecord) -> _Amplified:
+    if window.epsilon0 is None or window.closed_form is None or window.numerical is None:
+        raise LedgerFormatError(
+            f"ledger of use case {window.use_case!r}: window {window.window_id} holds reports "
+            f"without local DP (mechanism {window.mechanism!r}); only a discovery shuffler "
+            f"writes those, to its own ledger ldp.<use case>.discovery.privacy-ledger"
+        )
+    return _Amplified(
+        window.epsilon0,
+        window.closed_form,
+        window.closed_form_applies,
+        window.numerical,
+        window.delta,
+    )
+
+
 def summarize_ledger(
     records: Iterable[LedgerRecord],
     *,
@@ -127,19 +153,20 @@ def summarize_ledger(
     mine = [r for r in records if r.use_case == use_case]
     windows = [r for r in mine if isinstance(r, WindowRecord)]
     releases = [r for r in mine if isinstance(r, DiscoveryRelease)]
-    eps0 = max([epsilon0, *(w.epsilon0 for w in windows)])
+    amplified = [_amplified(w) for w in windows]
+    eps0 = max([epsilon0, *(a.epsilon0 for a in amplified)])
     limit = max([contribution_limit, *(w.contribution_limit for w in windows)])
     periods = len({w.period for w in windows})
 
     central_closed = central_numerical = None
-    if windows:
-        worst_closed = max(windows, key=lambda w: w.closed_form)
+    if amplified:
+        worst_closed = max(amplified, key=lambda a: a.closed_form)
         central_closed = group_privacy(
             worst_closed.closed_form,
             worst_closed.delta if worst_closed.closed_form_applies else 0.0,
             limit,
         )
-        worst_numerical = max(windows, key=lambda w: w.numerical)
+        worst_numerical = max(amplified, key=lambda a: a.numerical)
         central_numerical = group_privacy(worst_numerical.numerical, worst_numerical.delta, limit)
     span_reports = periods * limit
     return PrivacyReport(
@@ -154,8 +181,8 @@ def summarize_ledger(
         periods=periods,
         closed_form_applied=sum(w.closed_form_applies for w in windows),
         window_size=Spread.of([w.n for w in windows]),
-        closed_form=Spread.of([w.closed_form for w in windows]),
-        numerical=Spread.of([w.numerical for w in windows]),
+        closed_form=Spread.of([a.closed_form for a in amplified]),
+        numerical=Spread.of([a.numerical for a in amplified]),
         user_local_per_period=basic_composition([eps0] * limit),
         user_local_per_period_advanced=advanced_composition(eps0, limit, delta),
         user_central_per_period_closed_form=central_closed,

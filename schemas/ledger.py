@@ -3,9 +3,13 @@
 The shuffler appends a :class:`WindowRecord` to ``ldp.<use case>.privacy-ledger`` inside the
 same Kafka transaction as the window it describes, so the ledger holds a record exactly for
 every window a read_committed consumer can see (``docs/privacy.md``). :class:`DiscoveryRelease`
-is the (epsilon, delta) of one release of the discovery protocol (GCMS paper §5, Thm 4), a
-placeholder the discovery service appends when it exists. ``schemas/ledger.md`` specifies the
+is the (epsilon, delta) of one release of the discovery protocol (GCMS paper §5, Thm 4), which
+the aux server appends for every window it processes. ``schemas/ledger.md`` specifies the
 encoding: one UTF-8 JSON object per Kafka record, key = the use case name.
+
+A window of reports that are not randomized on the device (the discovery shuffler's: their
+privacy is the aux server's release, not local DP) has no ε to amplify: its record says so
+with ``mechanism = "none"`` and null ``epsilon0``, ``closed_form`` and ``numerical``.
 
 >>> record = WindowRecord(
 ...     use_case="emoji", window_id="0:0-1000", released_at=1.7e9, period=19675, n=1000,
@@ -58,7 +62,8 @@ def window_id(inputs: tuple[tuple[int, int, int], ...]) -> str:
 
 @dataclass(frozen=True)
 class WindowRecord:
-    """One released shuffle window: its size and amplified epsilon by both bounds.
+    """One released shuffle window: its size and amplified epsilon by both bounds (``None``,
+    with ``mechanism = "none"``, for reports without local DP: :attr:`local_dp`).
 
     ``released_at`` is unix seconds (the release time stamped on its reports); ``period`` the
     contribution period index (``released_at // period_seconds`` of the shuffler's clock);
@@ -71,11 +76,11 @@ class WindowRecord:
     released_at: float
     period: int
     n: int
-    epsilon0: float
+    epsilon0: float | None
     delta: float
-    closed_form: float
+    closed_form: float | None
     closed_form_applies: bool
-    numerical: float
+    numerical: float | None
     contribution_limit: int
     period_seconds: int
     mechanism: str
@@ -83,10 +88,15 @@ class WindowRecord:
     inputs: tuple[tuple[int, int, int], ...] = ()
     kind: Literal["window"] = "window"
 
+    @property
+    def local_dp(self) -> bool:
+        """Whether the window's reports were randomized on the device (and so have an ε)."""
+        return self.epsilon0 is not None
+
 
 @dataclass(frozen=True)
 class DiscoveryRelease:
-    """One (epsilon, delta)-DP release of the discovery protocol (placeholder for discovery/)."""
+    """One (epsilon, delta)-DP release of the discovery protocol (the aux server's, per window)."""
 
     use_case: str
     release_id: str
@@ -106,11 +116,11 @@ _FIELDS: Mapping[str, Mapping[str, type | tuple[type, ...]]] = {
         "released_at": (int, float),
         "period": int,
         "n": int,
-        "epsilon0": (int, float),
+        "epsilon0": (int, float, type(None)),
         "delta": (int, float),
-        "closed_form": (int, float),
+        "closed_form": (int, float, type(None)),
         "closed_form_applies": bool,
-        "numerical": (int, float),
+        "numerical": (int, float, type(None)),
         "contribution_limit": int,
         "period_seconds": int,
         "mechanism": str,
@@ -169,9 +179,19 @@ def decode_record(data: bytes) -> LedgerRecord:
         raise LedgerFormatError(f"ledger record kind {kind!r} unknown; expected window/discovery")
     floats = {"released_at", "epsilon0", "delta", "closed_form", "numerical", "epsilon"}
     values = {name: _field(kind, raw, name, t) for name, t in _FIELDS[kind].items()}
-    values = {name: float(v) if name in floats else v for name, v in values.items()}
+    values = {
+        name: float(v) if name in floats and v is not None else v for name, v in values.items()
+    }
     if kind == "discovery":
         return DiscoveryRelease(**values)
+    nulls = {name for name in ("epsilon0", "closed_form", "numerical") if values[name] is None}
+    if nulls and (
+        nulls != {"epsilon0", "closed_form", "numerical"} or values["mechanism"] != "none"
+    ):
+        raise LedgerFormatError(
+            f"ledger window record: {', '.join(sorted(nulls))} null; only a window without local "
+            f'DP (mechanism "none") has null epsilon0, closed_form and numerical, all three'
+        )
     inputs = values.pop("inputs")
     if not all(
         isinstance(r, list) and len(r) == 3 and all(type(x) is int for x in r) for r in inputs

@@ -84,6 +84,7 @@ class Shuffler:
         crash_point: CrashPoint | None = None,
         clock: Callable[[], float] = time.time,
         window_headers: bool = False,
+        local_dp: bool = True,
     ) -> None:
         self.use_case = use_case
         self.kafka = kafka
@@ -94,15 +95,17 @@ class Shuffler:
         cfg = use_case.shuffle
         self.window = ShuffleWindow(cfg.n_min, cfg.max_reports, cfg.max_wait_seconds)
         self.ledger = ContributionLedger(cfg.contribution_limit, cfg.contribution_period_seconds)
-        # the budget caps every parameter epoch, so it bounds any report this shuffler sees
-        self.epsilon0 = use_case.epsilon
+        # the budget caps every parameter epoch, so it bounds any report this shuffler sees;
+        # reports not randomized on the device (discovery's) have no epsilon to amplify
+        self.epsilon0: float | None = use_case.epsilon if local_dp else None
         self.windows_released = 0
         self._labels = {"use_case": use_case.name}
         self._first_offsets: dict[tuple[str, int], int] = {}  # of the open window, for the ledger
-        self.metrics.report_epsilon.labels(**self._labels).set(self.epsilon0)
-        self.metrics.user_epsilon_period.labels(**self._labels).set(
-            cfg.contribution_limit * self.epsilon0  # basic composition, docs/privacy.md
-        )
+        if self.epsilon0 is not None:
+            self.metrics.report_epsilon.labels(**self._labels).set(self.epsilon0)
+            self.metrics.user_epsilon_period.labels(**self._labels).set(
+                cfg.contribution_limit * self.epsilon0  # basic composition, docs/privacy.md
+            )
         self._consumer: Consumer | None = None
         self._producer: Producer | None = None
         self._last_lag = 0.0
@@ -244,7 +247,7 @@ class Shuffler:
         )
         bounds = (
             amplification_bounds(self.epsilon0, len(values), self.use_case.shuffle.delta)
-            if values
+            if values and self.epsilon0 is not None
             else None
         )  # before the transaction: the numerical bound takes milliseconds (then cached)
         try:
@@ -273,8 +276,8 @@ class Shuffler:
             period, entries = self.ledger.pending_record()
             if entries:
                 self._produce(producer, topics.shuffler_state, entries, key=str(period).encode())
-            if bounds is not None:
-                record = self._ledger_record(bounds, now, period)
+            if values:
+                record = self._ledger_record(len(values), bounds, now, period)
                 key = self.use_case.name.encode()
                 self._produce(producer, ledger_topic(self.use_case.name), record, key=key)
             if getattr(self.crash_point, "point", None) == "shuffler.before_commit":
@@ -301,8 +304,11 @@ class Shuffler:
         self._first_offsets.clear()
         return True
 
-    def _ledger_record(self, bounds: AmplificationBounds, now: float, period: int) -> bytes:
-        """The window's privacy-ledger record (``schemas/ledger.md``)."""
+    def _ledger_record(
+        self, n: int, bounds: AmplificationBounds | None, now: float, period: int
+    ) -> bytes:
+        """The window's privacy-ledger record (``schemas/ledger.md``); without ``bounds``
+        (reports without local DP) its epsilons are null and its mechanism ``"none"``."""
         inputs = tuple(
             (partition, self._first_offsets.get((topic, partition), end - 1), end)
             for (topic, partition), end in sorted(self.window.offsets.items())
@@ -314,15 +320,15 @@ class Shuffler:
                 window_id=window_id(inputs),
                 released_at=now,
                 period=period,
-                n=bounds.n,
-                epsilon0=bounds.epsilon0,
-                delta=bounds.delta,
-                closed_form=bounds.closed_form,
-                closed_form_applies=bounds.closed_form_applies,
-                numerical=bounds.numerical,
+                n=n,
+                epsilon0=bounds.epsilon0 if bounds else None,
+                delta=uc.shuffle.delta,
+                closed_form=bounds.closed_form if bounds else None,
+                closed_form_applies=bounds.closed_form_applies if bounds else False,
+                numerical=bounds.numerical if bounds else None,
                 contribution_limit=uc.shuffle.contribution_limit,
                 period_seconds=uc.shuffle.contribution_period_seconds,
-                mechanism=uc.mechanism_name,
+                mechanism=uc.mechanism_name if bounds else "none",
                 epoch=uc.epoch,
                 inputs=inputs,
             )
@@ -371,8 +377,11 @@ class Shuffler:
             self.metrics.reports_rejected.labels(**labels, reason="contribution_limit").inc(
                 rejected
             )
-        if bounds is not None:
+        if published:
             self.metrics.window_size.labels(**labels).observe(published)
+        if bounds is None and published:
+            log.info("released window of %d reports (%d rejected)", published, rejected)
+        if bounds is not None:
             self.metrics.window_epsilon.labels(**labels).set(bounds.closed_form)
             self.metrics.window_delta.labels(**labels).set(
                 bounds.delta if bounds.closed_form_applies else 0.0

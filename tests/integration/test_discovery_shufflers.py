@@ -119,6 +119,8 @@ def test_two_discovery_shufflers_and_an_aux_restart_release_each_window_once(
         ("discovery-aux", "decryption_failed"): 1,
     }, dead.by_reason
     windows, released = shuffled_windows(), releases()
+    # discovery reports are not randomized on devices: their windows claim no epsilon
+    assert all(not w.local_dp and w.mechanism == "none" for w in windows)
     ids = [r.release_id for r in released]
     assert len(ids) == len(set(ids)) == len(windows), (ids, len(windows))
     producers = {i.rsplit("/", 1)[0] for i in ids}

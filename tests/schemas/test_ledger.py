@@ -83,7 +83,9 @@ def test_unknown_keys_are_ignored() -> None:
         ({"kind": "refund"}, "kind 'refund'"),
         ({"n": "1000"}, "n='1000'"),
         ({"n": True}, "n=True"),
-        ({"numerical": None}, "numerical=None"),
+        ({"numerical": None}, "numerical null; only a window without local DP"),
+        ({"epsilon0": None, "closed_form": None, "numerical": None}, 'mechanism "none"'),
+        ({"epsilon0": "4"}, "epsilon0='4'"),
         ({"inputs": [[0, 1]]}, "inputs="),
     ],
 )
@@ -92,6 +94,26 @@ def test_bad_records_are_refused_with_the_field(change: dict[str, object], messa
     raw.update(change)
     with pytest.raises(LedgerFormatError, match=message):
         decode_record(json.dumps(raw).encode())
+
+
+def test_a_window_without_local_dp_has_null_epsilons_and_no_report() -> None:
+    raw = json.loads(encode_record(window(1000, ((0, 0, 1000),))))
+    raw.update(epsilon0=None, closed_form=None, numerical=None, mechanism="none")
+    record = decode_record(json.dumps(raw).encode())
+    assert isinstance(record, WindowRecord) and not record.local_dp
+    assert decode_record(encode_record(record)) == record
+    assert window(1000, ((0, 0, 1000),)).local_dp
+    # a privacy report must not pass over such a window: it says where they belong
+    with pytest.raises(LedgerFormatError, match="without local DP"):
+        summarize_ledger(
+            [record],
+            use_case=record.use_case,
+            mechanism="cms",
+            epsilon0=4.0,
+            contribution_limit=1,
+            period_seconds=3600,
+            delta=1e-6,
+        )
 
 
 @pytest.mark.parametrize("data", [b"\xff", b"[1]", b"{", b'{"v": 1, "kind": "window"}'])

@@ -25,15 +25,22 @@ delta = 1e-7
 """
 
 
-def make_shuffler(registry: CollectorRegistry) -> Shuffler:
+def make_shuffler(registry: CollectorRegistry, *, local_dp: bool = True) -> Shuffler:
     use_case = parse_config(CONFIG).use_case("emoji")
-    return Shuffler(use_case, KafkaSettings("127.0.0.1:1"), registry=registry, clock=lambda: 1e9)
+    return Shuffler(
+        use_case,
+        KafkaSettings("127.0.0.1:1"),
+        registry=registry,
+        clock=lambda: 1e9,
+        local_dp=local_dp,
+    )
 
 
 def test_gauges_show_both_bounds_and_the_user_level_epsilon() -> None:
     registry = CollectorRegistry()
     shuffler = make_shuffler(registry)
     eps0 = shuffler.epsilon0
+    assert eps0 is not None
     labels = {"use_case": "emoji"}
     assert registry.get_sample_value("ldpipe_shuffler_report_epsilon", labels) == eps0
     assert registry.get_sample_value("ldpipe_shuffler_user_epsilon_per_period", labels) == 3 * eps0
@@ -51,10 +58,38 @@ def test_ledger_record_describes_the_window() -> None:
     for offset in range(5, 25):
         shuffler._first_offsets.setdefault(("ldp.emoji.reports", offset % 2), offset)
         shuffler.window.add(b"x", 1e9, ("ldp.emoji.reports", offset % 2, offset))
+    assert shuffler.epsilon0 is not None
     bounds = amplification_bounds(shuffler.epsilon0, 20, 1e-7)
-    record = decode_record(shuffler._ledger_record(bounds, 1e9, 11574))
+    record = decode_record(shuffler._ledger_record(20, bounds, 1e9, 11574))
     assert isinstance(record, WindowRecord)
     assert record.inputs == ((0, 6, 25), (1, 5, 24))
     assert record.window_id == "0:6-25,1:5-24"
     assert (record.n, record.period, record.contribution_limit) == (20, 11574, 3)
     assert record.numerical == bounds.numerical and record.mechanism == "rrcms"
+
+
+def test_reports_without_local_dp_get_no_epsilon() -> None:
+    # the discovery shuffler's reports are encrypted items, not randomized: nothing to amplify
+    registry = CollectorRegistry()
+    shuffler = make_shuffler(registry, local_dp=False)
+    assert shuffler.epsilon0 is None
+    labels = {"use_case": "emoji"}
+    shuffler._record(4000, 2, 0.01, None)
+    for name in (
+        "ldpipe_shuffler_report_epsilon",
+        "ldpipe_shuffler_user_epsilon_per_period",
+        "ldpipe_shuffler_window_epsilon",
+        "ldpipe_shuffler_window_epsilon_numerical",
+        "ldpipe_shuffler_window_delta",
+    ):
+        assert registry.get_sample_value(name, labels) is None, name
+    assert registry.get_sample_value("ldpipe_shuffler_window_size_reports_sum", labels) == 4000
+    assert registry.get_sample_value("ldpipe_shuffler_reports_out_total", labels) == 4000
+
+    shuffler.window.add(b"x", 1e9, ("ldp.emoji.reports", 0, 7))
+    shuffler._first_offsets[("ldp.emoji.reports", 0)] = 7
+    record = decode_record(shuffler._ledger_record(1, None, 1e9, 11574))
+    assert isinstance(record, WindowRecord) and not record.local_dp
+    assert (record.epsilon0, record.closed_form, record.numerical) == (None, None, None)
+    assert record.mechanism == "none" and not record.closed_form_applies
+    assert (record.n, record.inputs, record.delta) == (1, ((0, 7, 8),), 1e-7)

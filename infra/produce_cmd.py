@@ -11,6 +11,7 @@ from infra.common import add_service_args, service_context
 from infra.epochs_io import load_epochs
 from producers.client import DeviceClient
 from producers.datasets import dictionary_population, load_population
+from producers.discovery_stream import discovery_stream
 from producers.loadgen import client_streams, produce_population
 from producers.sfp_client import SfpDeviceClient
 from schemas.keys import load_public_key
@@ -35,6 +36,11 @@ def add_parser(sub: Any) -> None:
         "--rate", type=float, help="target reports per second (default: as fast as possible)"
     )
     p.add_argument("--public-key", help="public key file (default: the use case's)")
+    p.add_argument(
+        "--no-discovery",
+        action="store_true",
+        help="a [use_case.discovery] use case: send frequency reports only",
+    )
     p.add_argument("--epoch", type=int, help="parameter epoch to report with (default: newest)")
     p.add_argument("--json", action="store_true", help="print a JSON summary with the true counts")
     p.set_defaults(run=run)
@@ -69,6 +75,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         client = DeviceClient(uc.name, epoch, public_key, epochs.mechanisms[epoch])
         streams = client_streams(client, uc.topics.reports)
+        if uc.discovery is not None and not args.no_discovery:  # and a discovery report
+            streams.append(discovery_stream(uc, public_key))
     result = produce_population(streams, ctx.kafka, population, seed=args.seed, rate=args.rate)
     topics = ", ".join(topic for topic, _ in streams)
     if args.json:

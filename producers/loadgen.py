@@ -35,8 +35,9 @@ class ProduceResult:
     true_counts: dict[str, int]
 
 
-#: ``(topic, envelopes(items, rng))``: one kind of report every device sends.
-Stream = tuple[str, Callable[[Sequence[str], np.random.Generator], list[bytes]]]
+#: ``(topic, envelopes(items, rng))``: one kind of report every device sends; an envelope of
+#: ``None`` is a device that sends no report of this kind (a discovery item the rules refuse).
+Stream = tuple[str, Callable[[Sequence[str], np.random.Generator], Sequence[bytes | None]]]
 
 
 def client_streams(client: DeviceClient, topic: str) -> list[Stream]:
@@ -90,6 +91,8 @@ def produce_population(
         items = [population.items[i] for i in chunk]
         for topic, envelopes_of in streams:
             for offset, envelope in enumerate(envelopes_of(items, rng)):
+                if envelope is None:
+                    continue
                 device = begin + offset
                 key = tokens[16 * device : 16 * device + 16]
                 produce(producer, topic, value=envelope, key=key, on_delivery=on_delivery)

@@ -135,6 +135,15 @@ def test_sfp_discover_json(config_path: Path, capsys: pytest.CaptureFixture[str]
     assert again["recorded"] is None and again["window_id"] == window["window_id"]
     assert len(DiscoveryStore(recorded.parent).windows()) == 1
 
+    # ldpipe discoveries lists the SFP words, whichever half is named
+    for name in ("newwords", "newwords.fragments"):
+        argv = ["discoveries", "--config", str(config_path), "--use-case", name, "--json"]
+        assert main(argv) == 0
+        (listed,) = json.loads(capsys.readouterr().out)["use_cases"]
+        assert listed["use_case"] == "newwords"
+        assert {f["item"] for f in listed["items"]} == set(PLANTED)
+        assert all(f["protocols"] == ["sfp"] for f in listed["items"])
+
 
 def test_sfp_discover_no_record_writes_nothing(
     config_path: Path, capsys: pytest.CaptureFixture[str]

@@ -38,6 +38,7 @@ class FoundItem:
     last_seen: float
     last_noisy_count: int  # its count in the last such window (noisy: aux adds Laplace noise)
     max_noisy_count: int
+    total_noisy_count: int  # summed over those windows (each window's noise adds up too)
     protocols: tuple[str, ...]  # "aux", "sfp"
 
     def as_dict(self) -> dict[str, Any]:
@@ -45,7 +46,8 @@ class FoundItem:
 
 
 def found_items(windows: Iterable[DiscoveryWindow]) -> list[FoundItem]:
-    """Every item of ``windows``, the most often found first (then the most recently seen).
+    """Every item of ``windows``: the most often found first, then the largest summed noisy
+    count, then the most recently seen.
 
     Windows may come in any order; an item's "last" is that of its latest release.
     """
@@ -54,7 +56,7 @@ def found_items(windows: Iterable[DiscoveryWindow]) -> list[FoundItem]:
         for found in window.discoveries:
             seen = items.get(found.item)
             if seen is None:
-                seen = FoundItem(found.item, 0, window.released_at, 0.0, 0, 0, ())
+                seen = FoundItem(found.item, 0, window.released_at, 0.0, 0, 0, 0, ())
             protocols = seen.protocols
             if window.protocol not in protocols:
                 protocols = (*protocols, window.protocol)
@@ -65,9 +67,12 @@ def found_items(windows: Iterable[DiscoveryWindow]) -> list[FoundItem]:
                 last_seen=window.released_at,
                 last_noisy_count=found.noisy_count,
                 max_noisy_count=max(seen.max_noisy_count, found.noisy_count),
+                total_noisy_count=seen.total_noisy_count + found.noisy_count,
                 protocols=protocols,
             )
-    return sorted(items.values(), key=lambda f: (-f.windows, -f.last_seen, f.item))
+    return sorted(
+        items.values(), key=lambda f: (-f.windows, -f.total_noisy_count, -f.last_seen, f.item)
+    )
 
 
 def store_directory(use_case: UseCase) -> Path | None:

@@ -258,6 +258,11 @@ def _drive(
         + ("" if args.keep else " — temporary, removed on exit; --keep DIR keeps them")
     )
     print("metrics   start services with --metrics-port; `ldpipe query --serve` exports estimates")
+    if args.keep:  # the files outlive the in-memory broker: what can still be read from them
+        config = pipe.config_path
+        print(f"again     ldpipe query --config {config} --top 20")
+        if uc.discovery is not None:
+            print(f"          ldpipe discoveries --config {config}")
     print(f"done in {seconds:.1f} s")
     return 0
 

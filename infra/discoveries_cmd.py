@@ -123,9 +123,10 @@ def _print(result: dict[str, Any], *, windows: bool) -> None:
             )
         return
     if found:
-        print(f"  {'item':<32} {'windows':>7} {'last count':>10} {'max count':>9}  last seen")
+        print(f"  {'item':<40} {'windows':>7} {'total':>9} {'last':>7} {'max':>7}  last seen")
     for f in found:
+        item = f["item"] if len(f["item"]) <= 40 else f["item"][:39] + "…"
         print(
-            f"  {f['item']:<32} {f['windows']:>7,} {f['last_noisy_count']:>10,} "
-            f"{f['max_noisy_count']:>9,}  {_when(f['last_seen'])}"
+            f"  {item:<40} {f['windows']:>7,} {f['total_noisy_count']:>9,} "
+            f"{f['last_noisy_count']:>7,} {f['max_noisy_count']:>7,}  {_when(f['last_seen'])}"
         )

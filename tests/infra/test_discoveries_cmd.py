@@ -74,8 +74,11 @@ def test_found_items_folds_windows_into_items() -> None:
     yeet = found["yeet"]
     assert (yeet.windows, yeet.first_seen, yeet.last_seen) == (3, 1000.0, 3000.0)
     assert (yeet.last_noisy_count, yeet.max_noisy_count, yeet.protocols) == (40, 40, ("aux",))
-    assert [f.item for f in found_items(WINDOWS)] == ["yeet", "skibidi", "rizz"]  # most windows,
-    # then most recently seen
+    assert yeet.total_noisy_count == 31 + 25 + 40
+    # most windows first, then the largest summed count, then the most recently seen
+    assert [f.item for f in found_items(WINDOWS)] == ["yeet", "skibidi", "rizz"]
+    tie = [window(1.0, {"b": 5, "a": 5}), window(2.0, {"c": 9})]
+    assert [f.item for f in found_items(tie)] == ["c", "a", "b"]
     both = found_items([*WINDOWS, window(5000.0, {"rizz": 9}, protocol="sfp")])
     assert next(f for f in both if f.item == "rizz").protocols == ("aux", "sfp")
     assert found_items([]) == []
@@ -97,6 +100,7 @@ def test_json_lists_items_and_windows(config: Path, capsys: pytest.CaptureFixtur
         "last_seen": 3000.0,
         "last_noisy_count": 40,
         "max_noisy_count": 40,
+        "total_noisy_count": 96,
         "protocols": ["aux"],
     }
 
@@ -115,7 +119,7 @@ def test_text_output(config: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["discoveries", "--config", str(config)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("use case words: 3 items found in 4 windows")
-    assert lines[2].split()[:4] == ["yeet", "3", "40", "40"]
+    assert lines[2].split()[:5] == ["yeet", "3", "96", "40", "40"]
     assert main(["discoveries", "--config", str(config), "--windows"]) == 0
     text = capsys.readouterr().out
     assert "w-3000  epsilon 2, delta 1e-09: yeet (40), skibidi (23)" in text

@@ -32,7 +32,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from confluent_kafka import (
@@ -58,7 +58,7 @@ from infra.kafka import (
     KafkaSettings,
     message_position,
     produce,
-    read_to_end,
+    read_tail,
     require_topics,
 )
 from schemas.config import UseCase
@@ -253,18 +253,36 @@ class DiscoveryAux:
 
     def _released_before(self) -> set[str]:
         """The windows this use case's aux server released lately (its ledger records), so a
-        window re-read after a restart is skipped, not released twice."""
+        window re-read after a restart is skipped, not released twice.
+
+        The ledger is kept forever and holds every frequency window too, so it is read from its
+        end backwards (``read_tail``), only until the records read are older than the newest
+        release by twice the horizon ``released_ids`` keeps (once more for the clocks of the
+        ledger's several writers)."""
         name = self.use_case.name
+        horizon = max(3600.0, 4 * self.stale_seconds)
         group = f"ldpipe-discovery-aux-ledger-{os.getpid()}-{time.time_ns()}"
-        seen = []
-        for message in read_to_end(self.kafka, ledger_topic(name), group):
-            try:
-                record = decode_record(message.value() or b"")
-            except LedgerFormatError:
-                continue  # the ledger's readers report it; it is no release of ours
-            if isinstance(record, DiscoveryRelease) and record.use_case == name:
-                seen.append((record.release_id, message.timestamp()[1] / 1000.0))
-        return released_ids(seen, horizon=max(3600.0, 4 * self.stale_seconds))
+
+        def releases(messages: Sequence[Message]) -> list[tuple[str, float]]:
+            seen = []
+            for message in messages:
+                try:
+                    record = decode_record(message.value() or b"")
+                except LedgerFormatError:
+                    continue  # the ledger's readers report it; it is no release of ours
+                if isinstance(record, DiscoveryRelease) and record.use_case == name:
+                    seen.append((record.release_id, message.timestamp()[1] / 1000.0))
+            return seen
+
+        def enough(messages: Sequence[Message]) -> bool:
+            seen = releases(messages)
+            if not seen or not messages:
+                return False
+            newest = max(at for _, at in seen)
+            return messages[0].timestamp()[1] / 1000.0 < newest - 2 * horizon
+
+        tail = read_tail(self.kafka, ledger_topic(name), group, enough)
+        return released_ids(releases(tail), horizon=horizon)
 
     def _commit(
         self, consumer: Consumer, producer: Producer, window: AssembledWindow | None

@@ -46,6 +46,7 @@ __all__ = [
     "message_position",
     "parse_extra",
     "produce",
+    "read_tail",
     "read_to_end",
     "require_topics",
     "wait_for_assignment",
@@ -379,6 +380,92 @@ def iter_to_end(
                 raise kafka_error(f"reading {topic!r}", KafkaException(error))
     finally:
         consumer.close()
+
+
+def read_tail(
+    settings: KafkaSettings,
+    topic: str,
+    group_id: str,
+    enough: Callable[[Sequence[Message]], bool],
+    *,
+    chunk: int = 4096,
+    timeout: float = 30.0,
+) -> list[Message]:
+    """The newest committed records of ``topic``, read backwards in doubling chunks.
+
+    Per partition: read from ``chunk`` records before its end to the end (its EOF event, as
+    :func:`iter_to_end`), and while ``enough(records read so far, oldest first)`` is false and
+    the partition's beginning is not reached, read the ``2 x`` larger chunk before those. So a
+    reader that only needs the recent past of a long topic (a ledger kept forever) reads about
+    as much as it needs, never the whole history; ``enough`` that never holds reads it all.
+    Returns the records read, in order per partition. Raises :class:`PipelineKafkaError` if a
+    read does not finish within ``timeout``.
+    """
+    overrides = {**EXACTLY_ONCE_CONSUMER, "enable.partition.eof": True}
+
+    def consumer() -> Consumer:
+        return Consumer(settings.consumer_config(group_id, overrides))
+
+    out: list[Message] = []
+    meta = consumer()  # partitions and watermarks
+    try:
+        topics = meta.list_topics(timeout=timeout).topics  # all: naming one may create it
+        parts = sorted(topics[topic].partitions) if topic in topics else []
+        deadline = time.monotonic() + timeout
+        for partition in parts:
+            low, high = meta.get_watermark_offsets(
+                TopicPartition(topic, partition), timeout=timeout
+            )
+            read: list[Message] = []
+            end: int | None = None  # the first chunk reads to the partition's EOF
+            begin, size = high, chunk
+            while True:
+                begin = max(low, begin - size)
+                # a fresh consumer per chunk: nothing prefetched for a later chunk can leak in
+                reader = consumer()
+                try:
+                    older = _read_range(reader, topic, partition, begin, end, deadline)
+                finally:
+                    reader.close()
+                read = older + read
+                if begin <= low or enough(read):
+                    break
+                end, size = begin, size * 2
+            out += read
+    finally:
+        meta.close()
+    return out
+
+
+def _read_range(
+    consumer: Consumer, topic: str, partition: int, begin: int, end: int | None, deadline: float
+) -> list[Message]:
+    """Committed records of one partition with ``begin <= offset < end`` (``end`` None: to
+    EOF). The high watermark may under-report the end (Tansu 0.6), so the newest chunk ends at
+    EOF; an older chunk ends at its first record at or past ``end - 1`` (transaction markers
+    take offsets too, so offset ``end - 1`` itself may never arrive)."""
+    consumer.assign([TopicPartition(topic, partition, begin)])
+    records: list[Message] = []
+    while True:
+        if time.monotonic() > deadline:
+            raise PipelineKafkaError(
+                f"could not read {topic!r} [{partition}] from offset {begin} in time",
+                code=KafkaError._TIMED_OUT,
+            )
+        message = consumer.poll(_POLL_STEP)
+        if message is None:
+            continue
+        error = message.error()
+        if error is not None:
+            if error.code() == KafkaError._PARTITION_EOF:
+                return records
+            raise kafka_error(f"reading {topic!r}", KafkaException(error))
+        offset = message.offset() or 0
+        if end is not None and offset >= end:
+            return records
+        records.append(message)
+        if end is not None and offset >= end - 1:
+            return records
 
 
 def produce(producer: Producer, topic: str, **record: Any) -> None:

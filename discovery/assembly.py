@@ -34,15 +34,12 @@ which are skipped.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from schemas.headers import WINDOW_HEADER, WindowMark, parse_window_header
+from schemas.headers import WINDOW_HEADER, Headers, WindowMark, header_value, parse_window_header
 
 __all__ = ["AssembledWindow", "Rejected", "WindowAssembler", "released_ids"]
-
-HeaderValue = bytes | str | None
-Headers = Mapping[str, HeaderValue] | Sequence[tuple[str, HeaderValue]] | None
 
 
 @dataclass(frozen=True)
@@ -96,7 +93,7 @@ class WindowAssembler:
         self._next = max(self._next, offset + 1)
         data = value or b""
         try:
-            mark = parse_window_header(_header(headers))
+            mark = parse_window_header(header_value(headers, WINDOW_HEADER))
         except ValueError:
             return [], [Rejected(offset, data, "window_header")]
         if mark.window_id in self.released:
@@ -147,15 +144,6 @@ class WindowAssembler:
             Rejected(offset, value, "incomplete_window")
             for offset, value in zip(window.offsets, window.values, strict=True)
         ]
-
-
-def _header(headers: Headers) -> HeaderValue:
-    if isinstance(headers, Mapping):
-        return headers.get(WINDOW_HEADER)
-    for name, value in headers or ():
-        if name == WINDOW_HEADER:
-            return value
-    return None
 
 
 def released_ids(records: Iterable[tuple[str, float]], horizon: float = 3600.0) -> set[str]:

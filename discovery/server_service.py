@@ -62,6 +62,7 @@ from schemas.headers import (
     RELEASE_HEADER,
     SOURCE_HEADER,
     STAGE_HEADER,
+    header_value,
 )
 from schemas.keys import KeyRing
 
@@ -261,12 +262,8 @@ def _layer(reason: str) -> str:
 
 
 def _header_bytes(msg: Message) -> bytes | None:
-    raw = msg.headers() or []
-    pairs = raw.items() if isinstance(raw, dict) else raw
-    for name, value in pairs:
-        if name == RELEASE_HEADER and isinstance(value, bytes):
-            return value
-    return None
+    value = header_value(msg.headers(), RELEASE_HEADER)
+    return value if isinstance(value, bytes) else None
 
 
 def _release_header(msg: Message) -> ReleaseHeader | None:

@@ -22,7 +22,13 @@ from typing import Any
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
 
 from infra.kafka import KafkaSettings, iter_to_end
-from schemas.headers import LAYER_HEADER, REASON_HEADER, SOURCE_HEADER, STAGE_HEADER
+from schemas.headers import (
+    LAYER_HEADER,
+    REASON_HEADER,
+    SOURCE_HEADER,
+    STAGE_HEADER,
+    header_value,
+)
 
 __all__ = [
     "DeadLetter",
@@ -52,9 +58,8 @@ class DeadLetter:
 
     @classmethod
     def from_message(cls, message: Message) -> DeadLetter:
-        raw = message.headers() or []
-        pairs = raw.items() if isinstance(raw, dict) else raw
-        headers = {name: _text(value) for name, value in pairs}
+        headers = message.headers()
+        layer, source = header_value(headers, LAYER_HEADER), header_value(headers, SOURCE_HEADER)
         kind, millis = message.timestamp()
         value = message.value()
         return cls(
@@ -62,10 +67,10 @@ class DeadLetter:
             partition=int(message.partition() or 0),
             offset=int(message.offset() or 0),
             timestamp=None if kind == TIMESTAMP_NOT_AVAILABLE else millis / 1000.0,
-            stage=headers.get(STAGE_HEADER, UNKNOWN),
-            reason=headers.get(REASON_HEADER, UNKNOWN),
-            layer=headers.get(LAYER_HEADER),
-            source=headers.get(SOURCE_HEADER),
+            stage=_text(header_value(headers, STAGE_HEADER)),
+            reason=_text(header_value(headers, REASON_HEADER)),
+            layer=None if layer is None else _text(layer),
+            source=None if source is None else _text(source),
             size=len(value) if value is not None else 0,
         )
 

@@ -31,6 +31,7 @@ True
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -41,7 +42,10 @@ __all__ = [
     "SOURCE_HEADER",
     "STAGE_HEADER",
     "WINDOW_HEADER",
+    "HeaderValue",
+    "Headers",
     "WindowMark",
+    "header_value",
     "parse_window_header",
     "window_header",
 ]
@@ -55,6 +59,21 @@ WINDOW_HEADER: Final = "ldpipe.window"
 
 _MAX_WINDOW = 1 << 31  # records per window: far above any max_reports
 _WINDOW_RE: Final = re.compile(rb"(0|[1-9][0-9]{0,9}):([\x21-\x7e]{1,249}/[0-9a-f]{32})")
+
+
+HeaderValue = bytes | str | None
+#: a record's headers as clients hand them over: a list of pairs, or a mapping
+Headers = Mapping[str, HeaderValue] | Sequence[tuple[str, HeaderValue]] | None
+
+
+def header_value(headers: Headers, name: str) -> HeaderValue:
+    """The first value of header ``name``, or ``None`` if the record has none."""
+    if isinstance(headers, Mapping):
+        return headers.get(name)
+    for key, value in headers or ():
+        if key == name:
+            return value
+    return None
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,13 @@ from prometheus_client import CollectorRegistry
 
 from infra.kafka import KafkaSettings
 from schemas.config import parse_config
-from schemas.headers import WINDOW_HEADER, WindowMark, parse_window_header, window_header
+from schemas.headers import (
+    WINDOW_HEADER,
+    WindowMark,
+    header_value,
+    parse_window_header,
+    window_header,
+)
 from shuffler.service import Shuffler
 
 CONFIG = """
@@ -105,3 +111,11 @@ def test_window_header_round_trip() -> None:
     assert parse_window_header(window_header(mark.window_id, mark.size).decode()) == mark
     with pytest.raises(ValueError, match="not a valid window mark"):
         window_header(mark.window_id, 0)
+
+
+def test_header_value_reads_pairs_and_mappings() -> None:
+    pairs = [("ldpipe.stage", b"shuffler"), ("ldpipe.reason", b"a"), ("ldpipe.reason", b"b")]
+    assert header_value(pairs, "ldpipe.reason") == b"a"  # the first of repeated headers
+    assert header_value(pairs, "ldpipe.layer") is None
+    assert header_value({"ldpipe.window": "3:x"}, "ldpipe.window") == "3:x"
+    assert header_value(None, "ldpipe.window") is None

@@ -74,6 +74,8 @@ EXACTLY_ONCE_CONSUMER: Mapping[str, Any] = MappingProxyType(
 )
 
 _POLL_STEP = 0.1  # seconds per wait inside a deadline loop
+#: a reader of whole topics or ranges: committed records only, and EOF events to see the end
+_READER: Mapping[str, Any] = {**EXACTLY_ONCE_CONSUMER, "enable.partition.eof": True}
 _SECRET_WORDS = ("password", "secret", "token", "key")
 
 
@@ -349,8 +351,7 @@ def iter_to_end(
     ``missing_ok`` is false. The consumer commits nothing and is closed when the iteration
     ends or is abandoned.
     """
-    overrides = {**EXACTLY_ONCE_CONSUMER, "enable.partition.eof": True}
-    consumer = Consumer(settings.consumer_config(group_id, overrides))
+    consumer = Consumer(settings.consumer_config(group_id, _READER))
     try:
         if not missing_ok:
             parts = require_topics(consumer, [topic], MissingTopicError)[topic]
@@ -360,26 +361,31 @@ def iter_to_end(
         if not parts:
             return
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
-        done: set[int | None] = set()
-        deadline = time.monotonic() + timeout
-        while len(done) < len(parts):
-            if time.monotonic() > deadline:
-                raise PipelineKafkaError(
-                    f"could not read {topic!r} to its end within {timeout:.0f} s",
-                    code=KafkaError._TIMED_OUT,
-                )
-            message = consumer.poll(_POLL_STEP)
-            if message is None:
-                continue
-            error = message.error()
-            if error is None:
-                yield message
-            elif error.code() == KafkaError._PARTITION_EOF:
-                done.add(message.partition())
-            else:
-                raise kafka_error(f"reading {topic!r}", KafkaException(error))
+        late = f"could not read {topic!r} to its end within {timeout:.0f} s"
+        yield from _until_eof(consumer, topic, len(parts), time.monotonic() + timeout, late)
     finally:
         consumer.close()
+
+
+def _until_eof(
+    consumer: Consumer, topic: str, partitions: int, deadline: float, late: str
+) -> Iterator[Message]:
+    """The records the consumer's assignment delivers until each of its ``partitions``
+    partitions reported EOF; :class:`PipelineKafkaError` (message ``late``) past ``deadline``."""
+    done: set[int | None] = set()
+    while len(done) < partitions:
+        if time.monotonic() > deadline:
+            raise PipelineKafkaError(late, code=KafkaError._TIMED_OUT)
+        message = consumer.poll(_POLL_STEP)
+        if message is None:
+            continue
+        error = message.error()
+        if error is None:
+            yield message
+        elif error.code() == KafkaError._PARTITION_EOF:
+            done.add(message.partition())
+        else:
+            raise kafka_error(f"reading {topic!r}", KafkaException(error))
 
 
 def read_tail(
@@ -401,10 +407,9 @@ def read_tail(
     Returns the records read, in order per partition. Raises :class:`PipelineKafkaError` if a
     read does not finish within ``timeout``.
     """
-    overrides = {**EXACTLY_ONCE_CONSUMER, "enable.partition.eof": True}
 
     def consumer() -> Consumer:
-        return Consumer(settings.consumer_config(group_id, overrides))
+        return Consumer(settings.consumer_config(group_id, _READER))
 
     out: list[Message] = []
     meta = consumer()  # partitions and watermarks
@@ -445,27 +450,16 @@ def _read_range(
     EOF; an older chunk ends at its first record at or past ``end - 1`` (transaction markers
     take offsets too, so offset ``end - 1`` itself may never arrive)."""
     consumer.assign([TopicPartition(topic, partition, begin)])
+    late = f"could not read {topic!r} [{partition}] from offset {begin} in time"
     records: list[Message] = []
-    while True:
-        if time.monotonic() > deadline:
-            raise PipelineKafkaError(
-                f"could not read {topic!r} [{partition}] from offset {begin} in time",
-                code=KafkaError._TIMED_OUT,
-            )
-        message = consumer.poll(_POLL_STEP)
-        if message is None:
-            continue
-        error = message.error()
-        if error is not None:
-            if error.code() == KafkaError._PARTITION_EOF:
-                return records
-            raise kafka_error(f"reading {topic!r}", KafkaException(error))
+    for message in _until_eof(consumer, topic, 1, deadline, late):
         offset = message.offset() or 0
         if end is not None and offset >= end:
-            return records
+            break
         records.append(message)
         if end is not None and offset >= end - 1:
-            return records
+            break
+    return records
 
 
 def produce(producer: Producer, topic: str, **record: Any) -> None:

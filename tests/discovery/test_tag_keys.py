@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import stat
@@ -22,11 +21,12 @@ from discovery.client import DiscoveryClient
 from discovery.runtime import TAG_KEY_SUFFIX, load_tag_key, load_tag_keys, save_tag_key
 from discovery.server import DiscoveryServer
 from discovery.tags import TagKey
-from infra import cli, keys_cmd
+from infra import cli
 from schemas.config import ConfigError
 from schemas.errors import KeyFileError
 from schemas.keys import KeyRing
 from tests.discovery.aux_helpers import ZeroNoise, make_parties
+from tests.schemas.test_keys import run_cli
 
 posix_only = pytest.mark.skipif(os.name != "posix", reason="file modes are POSIX")
 OLD = TagKey(5, bytes(range(32)))  # make_parties' tag key
@@ -95,14 +95,6 @@ def test_load_tag_keys_refuses_empty_directories_and_nothing(tmp_path: Path) -> 
 
 
 # ---- the CLI -----------------------------------------------------------------------------------
-def run_cli(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="ldpipe")
-    sub = parser.add_subparsers(dest="command", required=True)
-    keys_cmd.add_parser(sub)
-    args = parser.parse_args(argv)
-    return int(args.run(args))
-
-
 @posix_only
 def test_cli_tag_writes_0600_and_prints_key_id_and_path(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]

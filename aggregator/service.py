@@ -58,7 +58,7 @@ from infra.kafka import (
     require_topics,
 )
 from schemas.config import UseCase
-from schemas.envelope import PrivateKeyLookup
+from schemas.envelope import ENVELOPE_VERSION, NESTED_VERSION, PrivateKeyLookup
 from schemas.headers import LAYER_HEADER, REASON_HEADER, SOURCE_HEADER, STAGE_HEADER
 from schemas.mechanisms import Reports
 
@@ -122,6 +122,8 @@ class Aggregator:
             self.epochs.mechanisms, window, use_case.snapshot.keep_windows
         )
         self._epochs_loaded = 0.0
+        # a use case with nested envelopes counts only inner layers that passed a shuffler
+        self._envelope_version = NESTED_VERSION if use_case.shuffle.nested else ENVELOPE_VERSION
         self.offsets: dict[int, int] = {}
         self.horizon = (
             use_case.snapshot.dedupe_horizon
@@ -185,7 +187,10 @@ class Aggregator:
         """``decode_epochs``; envelopes of an unknown epoch trigger one reload of the params
         topic (at most every 2 s) and are decoded again if their epoch has been published."""
         name = self.use_case.name
-        parts, rejections = decode_epochs(values, self.keyring, self.epochs.codecs, use_case=name)
+        version = self._envelope_version
+        parts, rejections = decode_epochs(
+            values, self.keyring, self.epochs.codecs, use_case=name, version=version
+        )
         retry = [i for i, _layer, reason in rejections if reason == "wrong_epoch"]
         if not retry or time.monotonic() - self._epochs_loaded < 2.0:
             return parts, rejections
@@ -194,7 +199,11 @@ class Aggregator:
         if len(self.epochs.epochs) == known:
             return parts, rejections
         again, rejections_again = decode_epochs(
-            [values[i] for i in retry], self.keyring, self.epochs.codecs, use_case=name
+            [values[i] for i in retry],
+            self.keyring,
+            self.epochs.codecs,
+            use_case=name,
+            version=version,
         )
         where = np.asarray(retry, dtype=np.int64)
         for epoch, part in again.items():

@@ -36,13 +36,18 @@ def decode_epochs(
     codecs: Mapping[int, PayloadCodec],
     *,
     use_case: str,
+    version: int | None = None,
 ) -> tuple[dict[int, DecodedBatch], list[tuple[int, str, str]]]:
     """Open envelopes and decode each payload with its epoch's codec; never raises on bad data.
 
     Returns the valid reports per epoch (with their batch positions) and every rejection as
-    ``(position, layer, reason)``; envelopes of an epoch not in ``codecs`` are ``wrong_epoch``.
+    ``(position, layer, reason)``; envelopes of an epoch not in ``codecs`` are ``wrong_epoch``;
+    with ``version`` (2 for a use case with nested envelopes) envelopes of the other layering
+    are ``single_layer`` or ``unexpected_nested``.
     """
-    opened = open_many(values, keyring, use_case=use_case, epochs=codecs.keys())
+    opened = open_many(
+        values, keyring, use_case=use_case, epochs=codecs.keys(), version=version
+    )
     rejections: list[tuple[int, str, str]] = []
     grouped: dict[int, tuple[list[int], list[bytes]]] = {}
     for i, result in enumerate(opened):
@@ -69,10 +74,11 @@ def decode_batch(
     *,
     use_case: str,
     epochs: set[int],
+    version: int | None = None,
 ) -> DecodedBatch:
     """``decode_epochs`` for epochs sharing one codec, as one batch in input order."""
     parts, rejections = decode_epochs(
-        values, keyring, dict.fromkeys(epochs, codec), use_case=use_case
+        values, keyring, dict.fromkeys(epochs, codec), use_case=use_case, version=version
     )
     if not parts:
         empty = codec.decode_batch([])

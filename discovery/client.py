@@ -31,6 +31,7 @@ from discovery.layers import DiscoveryConfig, encode_item_payload, encode_outer_
 from discovery.tags import TagKey
 from schemas.envelope import seal
 from schemas.keys import PublicKey
+from schemas.outer import seal_outer
 
 __all__ = ["DiscoveryClient", "DiscoveryConfig", "TagKey"]
 
@@ -48,7 +49,11 @@ class DiscoveryClient:
         server_key: PublicKey,
         aux_key: PublicKey,
         tag_key: TagKey,
+        shuffler_key: PublicKey | None = None,
+        shuffler_use_case: str | None = None,
     ) -> None:
+        """``shuffler_key`` (a use case with nested envelopes) seals each report once more to
+        the discovery shuffler, whose use case is ``shuffler_use_case`` (``<uc>.discovery``)."""
         if server_key.raw == aux_key.raw:
             raise ValueError(
                 "the server and the aux server must have different keys: the aux server must "
@@ -60,6 +65,10 @@ class DiscoveryClient:
         self._tag_key = tag_key
         self._inner_header = config.inner_header(server_key.key_id)
         self._outer_header = config.outer_header(aux_key.key_id)
+        self._shuffler_key = shuffler_key
+        self._shuffler_use_case = shuffler_use_case or f"{config.use_case}.discovery"
+        if shuffler_key is not None:
+            seal_outer(self._shuffler_use_case, b"", shuffler_key)  # checks the key's role
 
     def encode_normalized(self, item: str) -> bytes:
         """The report of an item already normalized with the use case's rules."""
@@ -71,7 +80,10 @@ class DiscoveryClient:
         )
         tag = self._tag_key.tag(config.use_case, item)
         outer = encode_outer_payload(self._tag_key.key_id, tag, inner)
-        return seal(self._outer_header, outer, self._aux_key)
+        report = seal(self._outer_header, outer, self._aux_key)
+        if self._shuffler_key is None:
+            return report
+        return seal_outer(self._shuffler_use_case, report, self._shuffler_key)
 
     def encode(self, item: object) -> bytes:
         """The report of one item; ``DiscoveryError`` if the item cannot be normalized."""

@@ -31,10 +31,12 @@ from pathlib import Path
 from typing import Final, cast
 
 from discovery.item import ItemMode, ItemRules
-from discovery.layers import DiscoveryConfig
+from discovery.layers import ITEM_FIXED_LENGTH, OUTER_FIXED_LENGTH, DiscoveryConfig
 from discovery.privacy import Neighbours, ReleaseParameters, parameters_for
 from discovery.tags import TagKey
 from schemas.config import ConfigError, DiscoverySettings, Topics, UseCase
+from schemas.envelope import ENC_LENGTH, ENVELOPE_VERSION, FIXED_HEADER_LENGTH, TAG_LENGTH
+from shuffler.inner import InnerCheck
 
 __all__ = [
     "TAG_KEY_SUFFIX",
@@ -94,6 +96,18 @@ def discovery_shuffle_use_case(use_case: UseCase) -> UseCase:
         partitions=use_case.topics.partitions,
     )
     return dataclasses.replace(use_case, name=f"{use_case.name}.discovery", topics=topics)
+
+
+def discovery_inner_check(use_case: UseCase) -> InnerCheck:
+    """What the discovery shuffler checks of the ``E_aux`` envelopes it publishes: a v1
+    envelope of ``<uc>.disc.aux`` and the discovery epoch, of the one length every report of
+    the use case has (the item is padded to ``max_bytes``, ``schemas/discovery.md``)."""
+    config = discovery_config(use_case)
+    inner = FIXED_HEADER_LENGTH + len(config.inner_use_case) + ENC_LENGTH
+    inner += ITEM_FIXED_LENGTH + config.rules.max_bytes + TAG_LENGTH
+    return InnerCheck(
+        config.outer_use_case, ENVELOPE_VERSION, {config.epoch: OUTER_FIXED_LENGTH + inner}
+    )
 
 
 def save_tag_key(key: TagKey, path: str | os.PathLike[str]) -> Path:

@@ -16,6 +16,7 @@ from the aux releases, their estimates from the frequency sketch and their true 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -80,16 +81,19 @@ def add_parser(sub: Any) -> None:
 
 
 def _bad_reports(client: DeviceClient) -> list[tuple[str, bytes]]:
-    """Malformed reports a hostile or broken device might send, one of each kind."""
+    """Malformed reports a hostile or broken device might send, one of each kind, and an
+    out-of-date device's report without the shuffler layer (``single_layer``)."""
     good = client.report("GRINNING FACE")
     tampered = bytearray(good)
     tampered[-5] ^= 0x01
+    bare = dataclasses.replace(client, shuffler_key=None).report("GRINNING FACE")
     return [
         ("random bytes", os.urandom(60)),
         ("truncated envelope", good[: len(good) // 2]),
         ("tampered ciphertext", bytes(tampered)),
         ("unsupported version", good[:3] + b"\x09" + good[4:]),
         ("empty message", b""),
+        ("single-layer envelope", bare),
     ]
 
 
@@ -106,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
     with demo_broker(args, say) as (workdir, broker):
         # size the windows so every report is released: real deployments hold a remainder
         # below n_min until more devices report
-        bad_count = 5
+        bad_count = 6
         max_reports = math.ceil((args.n + bad_count) / WINDOWS)
         settings = PipelineSettings(
             mechanism=args.mechanism,
@@ -149,16 +153,8 @@ def _drive(
     discovering = uc.discovery is not None
     planted = _planted(uc, args.n) if discovering else {}
     population = _population(uc.dictionary_items, planted, args.n, args.seed)
-    client = DeviceClient(uc.name, uc.epoch, pipe.key_pair.public, uc.mechanism)
-    discovery: DiscoveryClient | None = None
-    if discovering:
-        assert pipe.aux_key_pair is not None and pipe.tag_key is not None
-        discovery = DiscoveryClient(
-            discovery_config(uc),
-            server_key=pipe.key_pair.public,
-            aux_key=pipe.aux_key_pair.public,
-            tag_key=pipe.tag_key,
-        )
+    client = pipe.device_client()
+    discovery: DiscoveryClient | None = pipe.discovery_client() if discovering else None
     say(
         f"devices   {args.n:,} report their favourite of {len(uc.dictionary_items):,} emoji "
         f"({uc.mechanism.name}, epsilon={uc.mechanism.effective_epsilon:.3g} per report)"

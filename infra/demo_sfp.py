@@ -105,7 +105,9 @@ def _drive(
         + f"; each sends a word report (eps {params.epsilon_word:g}) and a fragment report "
         f"(eps' {params.epsilon_fragment:g})"
     )
-    client = SfpDeviceClient.for_use_case(pipe.config, uc, uc.epoch, pipe.key_pair.public)
+    client = SfpDeviceClient.for_use_case(
+        pipe.config, uc, uc.epoch, pipe.key_pair.public, pipe.shuffler_public
+    )
     result = produce_population(client.streams(), pipe.kafka, population, seed=args.seed)
     say(f"produced  {result.produced:,} reports in {result.seconds:.1f} s")
     fragments = uc.sfp.fragments_use_case

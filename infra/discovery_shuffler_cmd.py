@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from discovery.runtime import discovery_shuffle_use_case
+from discovery.runtime import discovery_inner_check, discovery_shuffle_use_case
 from infra.shuffler_cmd import add_shuffler_parser, run_shuffler
 
 __all__ = ["add_parser", "run"]
@@ -29,4 +29,10 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    return run_shuffler(args, discovery_shuffle_use_case, window_headers=True, local_dp=False)
+    return run_shuffler(
+        args,
+        discovery_shuffle_use_case,
+        window_headers=True,
+        local_dp=False,
+        inner_of=discovery_inner_check,
+    )

@@ -1,9 +1,9 @@
 """``ldpipe keys``: manage the HPKE recipient keys of the envelope and the discovery tag keys.
 
-``ldpipe keys generate --out DIR [--key-id N] [--name NAME]`` writes
-``DIR/NAME-KEYID.private.json`` (mode 0600, for the aggregators' key directory) and
-``DIR/NAME-KEYID.public.json`` (for devices), and prints the key id and both paths
-(``schemas/envelope.md``).
+``ldpipe keys generate --out DIR [--key-id N] [--name NAME] [--role ROLE]`` writes
+``DIR/NAME-KEYID.private.json`` (mode 0600, for the aggregators' key directory, or with
+``--role shuffler`` the shuffler's) and ``DIR/NAME-KEYID.public.json`` (for devices), and prints
+the key id and both paths (``schemas/envelope.md``).
 
 ``ldpipe keys tag --out DIR [--key-id N] [--name NAME]`` writes ``DIR/NAME-KEYID.tag.json``
 (mode 0600), a discovery tag key for devices and the discovery server, never the aux server
@@ -20,7 +20,7 @@ from typing import Any
 from discovery.runtime import TAG_KEY_SUFFIX, save_tag_key
 from discovery.tags import TagKey
 from schemas.errors import KeyFileError
-from schemas.keys import KeyPair, save_key_pair
+from schemas.keys import KEY_ROLES, KeyPair, save_key_pair
 
 __all__ = ["add_parser", "run"]
 
@@ -55,8 +55,8 @@ def add_parser(sub: Any) -> None:
         help="write a new key pair (private file mode 0600) and print its key id",
         description=(
             "Write NAME-KEYID.private.json (mode 0600; copy it into the aggregators' key "
-            "directory) and NAME-KEYID.public.json (give it to devices) into DIR. Existing "
-            "files are never overwritten."
+            "directory, or with --role shuffler the shuffler's) and NAME-KEYID.public.json "
+            "(give it to devices) into DIR. Existing files are never overwritten."
         ),
     )
     tag = actions.add_parser(
@@ -76,6 +76,15 @@ def add_parser(sub: Any) -> None:
             "--key-id", type=_key_id, help="u32 key id (decimal or 0x hex); random if omitted"
         )
     gen.add_argument("--name", default="ldpipe", help="file name prefix (default: ldpipe)")
+    gen.add_argument(
+        "--role",
+        choices=KEY_ROLES,
+        default="analyzer",
+        help=(
+            "analyzer: aggregators and discovery servers open reports with it (default); "
+            "shuffler: only the shuffler, for the outer layer of nested envelopes"
+        ),
+    )
     tag.add_argument(
         "--name", type=_file_name, default="ldpipe", help="file name prefix (default: ldpipe)"
     )
@@ -91,10 +100,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    pair = KeyPair.generate(key_id=args.key_id, name=args.name)
+    pair = KeyPair.generate(key_id=args.key_id, name=args.name, role=args.role)
     private, public = save_key_pair(pair, args.out)
+    holder = "the shuffler only" if args.role == "shuffler" else "aggregators only"
     print(f"key id       {pair.key_id}")
-    print(f"private key  {private}  (mode 0600: aggregators only)")
+    print(f"role         {args.role}")
+    print(f"private key  {private}  (mode 0600: {holder})")
     print(f"public key   {public}  (for devices)")
     return 0
 

@@ -22,12 +22,15 @@ from typing import Any
 from confluent_kafka import Consumer, TopicPartition
 
 from aggregator.snapshot import latest_snapshots
-from discovery.runtime import save_tag_key
+from discovery.client import DiscoveryClient
+from discovery.runtime import discovery_config, save_tag_key
 from discovery.tags import TagKey
+from infra.epochs_io import load_epochs
 from infra.kafka import KafkaSettings, ensure_topics
 from infra.topics import config_topics
+from producers.client import DeviceClient
 from schemas.config import PipelineConfig, UseCase, load_config
-from schemas.keys import KeyPair, save_key_pair
+from schemas.keys import KeyPair, PublicKey, save_key_pair
 
 __all__ = ["LocalPipeline", "PipelineSettings"]
 
@@ -54,6 +57,7 @@ class PipelineSettings:
     discovery_epsilon: float = 2.0
     discovery_delta: float = 1e-9
     sfp: Mapping[str, Any] | None = None  # the [use_case.sfp] table (None: not SFP)
+    nested: bool = True  # devices seal each report to the shuffler too (schemas/outer.py)
 
 
 def _toml_value(value: Any) -> str:
@@ -77,6 +81,13 @@ class LocalPipeline:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.key_pair = KeyPair.generate(name=self.settings.name)
         private, public = save_key_pair(self.key_pair, self.workdir / "keys")
+        # the shuffler's own key pair, in its own directory: it never holds the analyzer's
+        self.shuffler_key_pair: KeyPair | None = None
+        if self.settings.nested:
+            self.shuffler_key_pair = KeyPair.generate(
+                name=f"{self.settings.name}-shuffler", role="shuffler"
+            )
+            save_key_pair(self.shuffler_key_pair, self.workdir / "shuffler-keys")
         self.aux_key_pair: KeyPair | None = None
         self.tag_key: TagKey | None = None
         self.config_path = self.workdir / "ldpipe.toml"
@@ -105,6 +116,14 @@ class LocalPipeline:
             "[use_case.topics]",
             f"partitions = {s.partitions}",
             "[use_case.shuffle]",
+            *(
+                [
+                    f"public_key = {_toml_value(self._shuffler_public_path)}",
+                    f"private_keys = [{_toml_value(self.workdir / 'shuffler-keys')}]",
+                ]
+                if self.shuffler_key_pair is not None
+                else []
+            ),
             f"n_min = {s.n_min}",
             f"max_reports = {s.max_reports}",
             f"max_wait_seconds = {_toml_value(float(s.max_wait_seconds))}",
@@ -120,6 +139,39 @@ class LocalPipeline:
             lines.append("[use_case.sfp]")
             lines += (f"{key} = {_toml_value(value)}" for key, value in s.sfp.items())
         return "\n".join(lines) + "\n"
+
+    @property
+    def _shuffler_public_path(self) -> Path:
+        assert self.shuffler_key_pair is not None
+        return self.workdir / "shuffler-keys" / f"{self.shuffler_key_pair.stem}.public.json"
+
+    @property
+    def shuffler_public(self) -> PublicKey | None:
+        """The shuffler's public key (devices seal the outer layer to it), if nested."""
+        return self.shuffler_key_pair.public if self.shuffler_key_pair is not None else None
+
+    def device_client(self, epoch: int | None = None) -> DeviceClient:
+        """A device of the first use case, nested if the pipeline is (what devices run)."""
+        uc = self.use_case
+        epochs = uc.epoch_set()
+        if epoch is not None and epoch not in epochs.mechanisms:
+            epochs = load_epochs(self.kafka, uc)
+        epoch = uc.epoch if epoch is None else epoch
+        return DeviceClient(
+            uc.name, epoch, self.key_pair.public, epochs.mechanisms[epoch], self.shuffler_public
+        )
+
+    def discovery_client(self) -> DiscoveryClient:
+        """A device's discovery half (GCMS Alg. 5), nested if the pipeline is."""
+        assert self.aux_key_pair is not None and self.tag_key is not None
+        return DiscoveryClient(
+            discovery_config(self.use_case),
+            server_key=self.key_pair.public,
+            aux_key=self.aux_key_pair.public,
+            tag_key=self.tag_key,
+            shuffler_key=self.shuffler_public,
+            shuffler_use_case=f"{self.use_case.name}.discovery",
+        )
 
     def _discovery_lines(self) -> list[str]:
         """Aux key pair (its own directory: the aux server never holds the server's key), tag

@@ -9,7 +9,7 @@ from typing import Any
 
 from infra.common import add_service_args, service_context
 from infra.epochs_io import load_epochs
-from producers.client import DeviceClient
+from producers.client import DeviceClient, shuffler_public_key
 from producers.datasets import dictionary_population, load_population
 from producers.discovery_stream import discovery_stream
 from producers.loadgen import client_streams, produce_population
@@ -70,13 +70,15 @@ def run(args: argparse.Namespace) -> int:
     if epoch not in epochs:
         raise ValueError(f"epoch {epoch} is not known; known: {sorted(epochs.epochs)}")
     public_key = load_public_key(key_path)
+    shuffler_key = shuffler_public_key(uc)
     if uc.sfp is not None:  # an SFP device sends a word and a fragment report
-        streams = SfpDeviceClient.for_use_case(ctx.config, uc, epoch, public_key).streams()
+        sfp = SfpDeviceClient.for_use_case(ctx.config, uc, epoch, public_key, shuffler_key)
+        streams = sfp.streams()
     else:
-        client = DeviceClient(uc.name, epoch, public_key, epochs.mechanisms[epoch])
+        client = DeviceClient(uc.name, epoch, public_key, epochs.mechanisms[epoch], shuffler_key)
         streams = client_streams(client, uc.topics.reports)
         if uc.discovery is not None and not args.no_discovery:  # and a discovery report
-            streams.append(discovery_stream(uc, public_key))
+            streams.append(discovery_stream(uc, public_key, shuffler_key))
     result = produce_population(streams, ctx.kafka, population, seed=args.seed, rate=args.rate)
     topics = ", ".join(topic for topic, _ in streams)
     if args.json:

@@ -8,7 +8,9 @@ from typing import Any
 
 from infra.common import add_service_args, service_context, stop_on_signals
 from infra.crash import crash_point_from_env
-from schemas.config import UseCase
+from schemas.config import ConfigError, UseCase
+from schemas.keys import KeyRing
+from shuffler.inner import InnerCheck
 from shuffler.service import Shuffler
 
 __all__ = ["add_parser", "add_shuffler_parser", "run", "run_shuffler"]
@@ -29,19 +31,34 @@ def run_shuffler(
     *,
     window_headers: bool = False,
     local_dp: bool = True,
+    inner_of: Callable[[UseCase], InnerCheck] | None = None,
 ) -> int:
     """Run a shuffler on ``use_case_of(the configured use case)`` until a signal or idle exit
     (``window_headers``: mark each record with its window, ``schemas/headers.py``; ``local_dp``
-    false: the reports are not randomized on the device, so no epsilon is claimed for them)."""
+    false: the reports are not randomized on the device, so no epsilon is claimed for them;
+    ``inner_of``: the rules of the inner envelopes, when they are not the use case's own)."""
     ctx = service_context(args)
+    uc = ctx.use_case
+    shuffle = uc.shuffle
+    keyring = None
+    if shuffle.nested:
+        if not shuffle.private_keys:
+            raise ConfigError(
+                f"use_case.{uc.name}.shuffle.private_keys: missing; the shuffler of a use case "
+                f"with nested envelopes opens the outer layer with its own keys (ldpipe keys "
+                f"generate --role shuffler)"
+            )
+        keyring = KeyRing.load(*shuffle.private_keys, role="shuffler")
     shuffler = Shuffler(
-        use_case_of(ctx.use_case),
+        use_case_of(uc),
         ctx.kafka,
         instance=args.instance,
         registry=ctx.registry,
         crash_point=crash_point_from_env(),
         window_headers=window_headers,
         local_dp=local_dp,
+        keyring=keyring,
+        inner=inner_of(uc) if inner_of is not None else None,
     )
     shuffler.run(stop_on_signals(), idle_timeout=args.idle_exit)
     return 0

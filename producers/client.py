@@ -4,7 +4,10 @@ One ``DeviceClient`` is the immutable configuration of one use case on a device:
 id and parameter epoch (both in the envelope header, so the aggregator knows which parameters
 the payload was made with), the recipient public key with its key id, and the mechanism. The
 item never leaves ``report``/``reports`` unrandomized: what comes out is the sealed envelope of
-the randomized report (``schemas/payloads.md`` inside ``schemas/envelope.md``).
+the randomized report (``schemas/payloads.md`` inside ``schemas/envelope.md``). With a
+``shuffler_key`` (a use case with nested envelopes) that envelope is the inner layer (version
+2), sealed once more to the shuffler (``schemas/outer.py``): what the device publishes then
+never appears on the shuffled topic.
 
 >>> from schemas.keys import KeyPair, KeyRing
 >>> from schemas.envelope import open_envelope
@@ -23,12 +26,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from schemas.envelope import EnvelopeHeader, seal
-from schemas.keys import PublicKey
+from schemas.config import ConfigError, UseCase
+from schemas.envelope import ENVELOPE_VERSION, NESTED_VERSION, EnvelopeHeader, seal
+from schemas.keys import PublicKey, load_public_key
 from schemas.mechanisms import Mechanism, Reports, secure_rng
+from schemas.outer import seal_outer
 from schemas.payloads import PayloadCodec
 
-__all__ = ["DeviceClient"]
+__all__ = ["DeviceClient", "shuffler_public_key"]
 
 
 @dataclass(frozen=True)
@@ -37,13 +42,15 @@ class DeviceClient:
 
     ``codec`` (the mechanism's ``PayloadCodec``) and ``header`` are derived on construction.
     Randomness comes from a generator seeded by the OS CSPRNG unless ``rng`` is given: a
-    predictable generator would let an observer undo the randomization.
+    predictable generator would let an observer undo the randomization. ``shuffler_key``
+    (role ``shuffler``) makes every report nested.
     """
 
     use_case: str
     epoch: int
     public_key: PublicKey
     mechanism: Mechanism
+    shuffler_key: PublicKey | None = None
     codec: PayloadCodec = field(init=False, repr=False)
     header: EnvelopeHeader = field(init=False, repr=False)
 
@@ -53,14 +60,26 @@ class DeviceClient:
                 f"public_key must be a schemas.keys.PublicKey (it carries the key id), got "
                 f"{type(self.public_key).__name__}; load one with schemas.keys.load_public_key"
             )
+        if self.public_key.role != "analyzer":
+            raise ValueError(
+                f"public_key is a {self.public_key.role} key; reports are sealed to the "
+                f"analyzer's key (use_case.public_key) and the outer layer to the shuffler's"
+            )
         object.__setattr__(self, "codec", PayloadCodec.for_mechanism(self.mechanism))
-        header = EnvelopeHeader(self.use_case, self.epoch, self.public_key.key_id)
+        version = ENVELOPE_VERSION if self.shuffler_key is None else NESTED_VERSION
+        header = EnvelopeHeader(self.use_case, self.epoch, self.public_key.key_id, version)
         object.__setattr__(self, "header", header)
+        if self.shuffler_key is not None:
+            seal_outer(self.use_case, b"", self.shuffler_key)  # checks the key's role now
+
+    @property
+    def nested(self) -> bool:
+        return self.shuffler_key is not None
 
     def report(self, item: str | bytes, rng: np.random.Generator | None = None) -> bytes:
         """The sealed envelope of one randomized report of ``item``."""
         reports = self.mechanism.randomize([item], rng if rng is not None else secure_rng())
-        return seal(self.header, self.codec.encode_one(reports), self.public_key)
+        return self._wrap(seal(self.header, self.codec.encode_one(reports), self.public_key))
 
     def reports(
         self, items: Sequence[str | bytes], rng: np.random.Generator | None = None
@@ -73,4 +92,23 @@ class DeviceClient:
     def seal_reports(self, randomized: Reports) -> list[bytes]:
         """One envelope per already randomized report (the mechanism's ``perturb`` output)."""
         header, key = self.header, self.public_key
-        return [seal(header, payload, key) for payload in self.codec.encode(randomized)]
+        return [self._wrap(seal(header, payload, key)) for payload in self.codec.encode(randomized)]
+
+    def _wrap(self, inner: bytes) -> bytes:
+        """The shuffler layer around ``inner``, for a nested use case; else ``inner``."""
+        if self.shuffler_key is None:
+            return inner
+        return seal_outer(self.use_case, inner, self.shuffler_key)
+
+
+def shuffler_public_key(uc: UseCase) -> PublicKey | None:
+    """The shuffler's public key of a use case with nested envelopes (else ``None``)."""
+    if not uc.shuffle.nested:
+        return None
+    if uc.shuffle.public_key is None:
+        raise ConfigError(
+            f"use_case.{uc.name}.shuffle.public_key: missing; devices of a use case with "
+            f"nested envelopes seal every report to the shuffler's public key (ldpipe keys "
+            f"generate --role shuffler)"
+        )
+    return load_public_key(uc.shuffle.public_key)

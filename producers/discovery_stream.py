@@ -22,9 +22,12 @@ from schemas.keys import PublicKey, load_public_key
 __all__ = ["discovery_stream"]
 
 
-def discovery_stream(use_case: UseCase, server_key: PublicKey) -> Stream:
+def discovery_stream(
+    use_case: UseCase, server_key: PublicKey, shuffler_key: PublicKey | None = None
+) -> Stream:
     """``(discovery reports topic, envelopes)``; an item the use case's rules refuse (empty
-    after normalization, say) gives ``None``: that device sends no discovery report."""
+    after normalization, say) gives ``None``: that device sends no discovery report. With
+    ``shuffler_key`` each report is sealed once more to the discovery shuffler."""
     settings = use_case.discovery
     if settings is None:
         raise ConfigError(f"use case {use_case.name!r} has no [use_case.discovery] table")
@@ -38,6 +41,8 @@ def discovery_stream(use_case: UseCase, server_key: PublicKey) -> Stream:
         server_key=server_key,
         aux_key=load_public_key(settings.aux_public_key),
         tag_key=load_tag_key(settings.tag_key),
+        shuffler_key=shuffler_key,
+        shuffler_use_case=f"{use_case.name}.discovery",
     )
 
     def envelopes(items: Sequence[str], _rng: np.random.Generator) -> list[bytes | None]:

@@ -54,9 +54,15 @@ class SfpDeviceClient:
 
     @classmethod
     def for_use_case(
-        cls, config: PipelineConfig, use_case: UseCase, epoch: int, public_key: PublicKey
+        cls,
+        config: PipelineConfig,
+        use_case: UseCase,
+        epoch: int,
+        public_key: PublicKey,
+        shuffler_key: PublicKey | None = None,
     ) -> SfpDeviceClient:
-        """The client of an SFP use case of ``config`` (the word half, as configured)."""
+        """The client of an SFP use case of ``config`` (the word half, as configured); with
+        ``shuffler_key`` both halves' reports are nested (they share the shuffle settings)."""
         if use_case.sfp is None or use_case.sfp.role != "word":
             raise ConfigError(
                 f"use case {use_case.name!r} is not an SFP word use case; devices report to "
@@ -72,8 +78,10 @@ class SfpDeviceClient:
         fragments = config.use_case(use_case.sfp.fragments_use_case)
         return cls(
             params,
-            DeviceClient(use_case.name, epoch, public_key, params.word_oracle()),
-            DeviceClient(fragments.name, epoch, public_key, fragment_wire_mechanism(params)),
+            DeviceClient(use_case.name, epoch, public_key, params.word_oracle(), shuffler_key),
+            DeviceClient(
+                fragments.name, epoch, public_key, fragment_wire_mechanism(params), shuffler_key
+            ),
             use_case.topics.reports,
             fragments.topics.reports,
         )

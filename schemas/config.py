@@ -106,7 +106,11 @@ class Topics:
 class ShuffleConfig:
     """A window is released at ``max_reports``, or at ``max_wait_seconds`` if it holds ``n_min``.
 
-    Never fewer than ``n_min`` reports: privacy amplification needs a crowd.
+    Never fewer than ``n_min`` reports: privacy amplification needs a crowd. ``layers`` is
+    ``"nested"`` (devices seal every report once more to ``public_key``, the shuffler's, which
+    opens that layer with ``private_keys``: ``schemas/outer.py``) or ``"single"`` (the
+    shuffler forwards the devices' envelopes byte for byte, so whoever reads both the reports
+    and the shuffled topic links every report to its client: no amplification against them).
     """
 
     n_min: int = 1000
@@ -115,6 +119,13 @@ class ShuffleConfig:
     contribution_limit: int = 1
     contribution_period_seconds: int = 86_400
     delta: float = 1e-6  # for the amplified epsilon exported per window
+    layers: str = "single"
+    public_key: Path | None = None  # the shuffler's public key, devices seal the outer layer
+    private_keys: tuple[Path, ...] = ()  # the shuffler's keyring (files or directories)
+
+    @property
+    def nested(self) -> bool:
+        return self.layers == "nested"
 
 
 @dataclass(frozen=True)
@@ -446,7 +457,22 @@ def _use_case(raw: Mapping[str, Any], index: int, base: Path) -> tuple[UseCase, 
             sw, sh_raw, "contribution_period_seconds", int, defaults.contribution_period_seconds
         ),
         delta=_get(sw, sh_raw, "delta", float, defaults.delta),
+        public_key=_single_path(base, f"{sw}.public_key", sh_raw.get("public_key")),
+        private_keys=_paths(base, f"{sw}.private_keys", sh_raw.get("private_keys", [])),
     )
+    keyed = shuffle.public_key is not None or bool(shuffle.private_keys)
+    layers = _get(sw, sh_raw, "layers", str, "nested" if keyed else "single")
+    if layers not in ("nested", "single"):
+        raise ConfigError(
+            f'{sw}.layers: expected "nested" or "single", got {layers!r}; "nested" (with '
+            f"shuffler keys) is what makes the shuffle hide reports from the broker's operator"
+        )
+    if layers == "single" and keyed:
+        raise ConfigError(
+            f'{sw}.layers: "single" but shuffler keys are configured; remove layers (nested '
+            f"is implied by shuffler keys) or the keys"
+        )
+    shuffle = replace(shuffle, layers=layers)
     _positive(f"{sw}.n_min", shuffle.n_min)
     _positive(f"{sw}.max_wait_seconds", shuffle.max_wait_seconds)
     _positive(f"{sw}.contribution_limit", shuffle.contribution_limit)

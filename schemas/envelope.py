@@ -3,9 +3,10 @@
 Specified byte for byte in ``schemas/envelope.md`` with test vectors in
 ``schemas/vectors/envelope.json``; this module is the reference implementation. Format v1 is a
 little-endian header followed by an HPKE (RFC 9180) single-shot ciphertext of the plaintext
-payload (``schemas/payloads.md``)::
+payload (``schemas/payloads.md``); version 2 has the same bytes and is the inner layer of a
+nested report, which a device seals once more to the shuffler (``schemas/outer.py``)::
 
-    magic "LDP" | version u8 (= 1) | epoch u32 | key_id u32 | use_case_length u8 | use_case
+    magic "LDP" | version u8 (1 or 2) | epoch u32 | key_id u32 | use_case_length u8 | use_case
     | enc (32 bytes) | AEAD ciphertext (payload + 16-byte tag)
 
 The suite is DHKEM(X25519, HKDF-SHA256), HKDF-SHA256, ChaCha20-Poly1305 in mode base (RFC 9180
@@ -18,8 +19,11 @@ and the tag check fails.
 >>> sealed = seal(EnvelopeHeader("emoji", epoch=3, key_id=7), b"payload", pair.public)
 >>> sealed[:18].hex()
 '4c445001030000000700000005656d6f6a69'
->>> open_envelope(sealed, KeyRing([pair]))
-OpenedEnvelope(header=EnvelopeHeader(use_case='emoji', epoch=3, key_id=7), payload=b'payload')
+>>> opened = open_envelope(sealed, KeyRing([pair]))
+>>> opened.header
+EnvelopeHeader(use_case='emoji', epoch=3, key_id=7, version=1)
+>>> opened.payload
+b'payload'
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ __all__ = [
     "MAGIC",
     "MAX_USE_CASE_LENGTH",
     "MIN_ENVELOPE_LENGTH",
+    "NESTED_VERSION",
     "TAG_LENGTH",
     "BytesLike",
     "EnvelopeError",
@@ -63,7 +68,9 @@ __all__ = [
 ]
 
 MAGIC: Final = b"LDP"
-ENVELOPE_VERSION: Final = 1
+ENVELOPE_VERSION: Final = 1  # a single-layer envelope: sealed to the analyzer, sent as it is
+NESTED_VERSION: Final = 2  # the inner layer of a nested report (schemas/outer.py wraps it)
+_VERSIONS: Final = (ENVELOPE_VERSION, NESTED_VERSION)
 # RFC 9180 §7: DHKEM(X25519, HKDF-SHA256), HKDF-SHA256, ChaCha20Poly1305
 KEM_ID: Final = 0x0020
 KDF_ID: Final = 0x0001
@@ -90,8 +97,8 @@ class EnvelopeRejection(StrEnum):
 
     Values are stable ASCII tokens (the dead-letter header, next to
     ``schemas.payloads.PayloadRejection``); new ones may be added, existing ones never change
-    meaning. ``wrong_use_case`` and ``wrong_epoch`` apply only when the reader states what it
-    expects.
+    meaning. ``wrong_use_case``, ``single_layer``/``unexpected_nested`` and ``wrong_epoch``
+    apply only when the reader states what it expects.
     """
 
     TOO_SHORT = "too_short"
@@ -100,6 +107,8 @@ class EnvelopeRejection(StrEnum):
     TRUNCATED = "truncated"
     BAD_USE_CASE = "bad_use_case"
     WRONG_USE_CASE = "wrong_use_case"
+    SINGLE_LAYER = "single_layer"
+    UNEXPECTED_NESTED = "unexpected_nested"
     WRONG_EPOCH = "wrong_epoch"
     UNKNOWN_KEY_ID = "unknown_key_id"
     DECRYPTION_FAILED = "decryption_failed"
@@ -107,20 +116,30 @@ class EnvelopeRejection(StrEnum):
 
 @dataclass(frozen=True)
 class EnvelopeHeader:
-    """The cleartext header of a v1 envelope: which use case, parameter epoch and key.
+    """The cleartext header of an envelope: which use case, parameter epoch and key.
 
     ``use_case`` is 1-51 bytes of ``[a-z0-9_.-]``; ``epoch`` names the parameter set the
-    payload was made with (the payload does not carry it); ``key_id`` the recipient key.
+    payload was made with (the payload does not carry it); ``key_id`` the recipient key;
+    ``version`` 1 for a single-layer envelope, 2 for the inner layer of a nested report (one
+    that reached the shuffler inside a layer sealed to the shuffler, ``schemas/outer.py``).
 
     >>> EnvelopeHeader("emoji", epoch=3, key_id=7).to_bytes().hex()
     '4c445001030000000700000005656d6f6a69'
+    >>> EnvelopeHeader("emoji", epoch=3, key_id=7, version=2).to_bytes().hex()
+    '4c445002030000000700000005656d6f6a69'
     """
 
     use_case: str
     epoch: int
     key_id: int
+    version: int = ENVELOPE_VERSION
 
     def __post_init__(self) -> None:
+        if self.version not in _VERSIONS:
+            raise ValueError(
+                f"envelope version must be {ENVELOPE_VERSION} (single layer) or "
+                f"{NESTED_VERSION} (nested inner layer), got {self.version!r}"
+            )
         if not (isinstance(self.use_case, str) and _USE_CASE_TEXT.fullmatch(self.use_case)):
             raise ValueError(
                 f"use case id {self.use_case!r} is invalid; use 1-{MAX_USE_CASE_LENGTH} "
@@ -134,7 +153,7 @@ class EnvelopeHeader:
     @cached_property
     def _encoded(self) -> bytes:
         name = self.use_case.encode("ascii")
-        return _FIXED.pack(MAGIC, ENVELOPE_VERSION, self.epoch, self.key_id, len(name)) + name
+        return _FIXED.pack(MAGIC, self.version, self.epoch, self.key_id, len(name)) + name
 
     def to_bytes(self) -> bytes:
         """The header bytes, which are also the HPKE ``info`` (computed once per header)."""
@@ -189,12 +208,15 @@ def open_envelope(
     *,
     use_case: str | None = None,
     epochs: Container[int] | None = None,
+    version: int | None = None,
 ) -> OpenedEnvelope:
     """Parse, check and decrypt one envelope (RFC 9180 §6.1 OpenBase, ``info`` = header).
 
-    With ``use_case`` and/or ``epochs`` given, envelopes of another use case or of an epoch
-    not in ``epochs`` are refused before decryption. Raises ``EnvelopeError`` (and nothing
-    else, whatever ``data`` is) whose ``reason`` is an ``EnvelopeRejection``.
+    With ``use_case``, ``version`` and/or ``epochs`` given, envelopes of another use case, of
+    the other layering (``version`` 2: only inner layers of nested reports; 1: only
+    single-layer envelopes) or of an epoch not in ``epochs`` are refused before decryption.
+    Raises ``EnvelopeError`` (and nothing else, whatever ``data`` is) whose ``reason`` is an
+    ``EnvelopeRejection``.
     """
     raw = _as_bytes(data)
     header, end = _parse(raw)
@@ -204,6 +226,8 @@ def open_envelope(
             f"envelope is for use case {header.use_case!r} but this reader opens {use_case!r}; "
             f"the producer publishes to the wrong topic or uses the wrong configuration",
         )
+    if version is not None and header.version != version:
+        _wrong_layer(header, version)
     if epochs is not None and header.epoch not in epochs:
         raise EnvelopeError(
             EnvelopeRejection.WRONG_EPOCH,
@@ -234,6 +258,7 @@ def open_many(
     *,
     use_case: str | None = None,
     epochs: Container[int] | None = None,
+    version: int | None = None,
 ) -> list[OpenedEnvelope | EnvelopeError]:
     """``open_envelope`` over a batch, in order; a bad envelope gives its ``EnvelopeError``.
 
@@ -243,10 +268,31 @@ def open_many(
     append = results.append
     for data in datas:
         try:
-            append(open_envelope(data, keyring, use_case=use_case, epochs=epochs))
+            append(
+                open_envelope(data, keyring, use_case=use_case, epochs=epochs, version=version)
+            )
         except EnvelopeError as exc:
             append(exc)
     return results
+
+
+def _wrong_layer(header: EnvelopeHeader, wanted: int) -> None:
+    if wanted == NESTED_VERSION:
+        raise EnvelopeError(
+            EnvelopeRejection.SINGLE_LAYER,
+            f"envelope of use case {header.use_case!r} is single-layer (version "
+            f"{header.version}) but the use case is configured for nested envelopes: the device "
+            f"did not seal it to the shuffler's key, or a shuffler without shuffle.private_keys "
+            f"forwarded it; update the device's configuration (shuffle.public_key) and the "
+            f"shuffler's (docs/operations.md, moving to nested envelopes)",
+        )
+    raise EnvelopeError(
+        EnvelopeRejection.UNEXPECTED_NESTED,
+        f"envelope of use case {header.use_case!r} is the inner layer of a nested report "
+        f"(version {header.version}) but the use case is configured for single-layer "
+        f"envelopes; configure shuffle.public_key and shuffle.private_keys (layers = "
+        f"'nested') for this use case",
+    )
 
 
 # ---- parsing ---------------------------------------------------------------------------------
@@ -279,12 +325,12 @@ def _parse(data: bytes) -> tuple[EnvelopeHeader, int]:
             f"envelope starts with {magic!r}, not {MAGIC!r}: this is not an ldpipe envelope; "
             f"publish the output of schemas.envelope.seal",
         )
-    if version != ENVELOPE_VERSION:
+    if version not in _VERSIONS:
         raise EnvelopeError(
             EnvelopeRejection.UNSUPPORTED_VERSION,
-            f"envelope version {version} is not supported; this reader opens version "
-            f"{ENVELOPE_VERSION}: upgrade the reader or have the device send version "
-            f"{ENVELOPE_VERSION}",
+            f"envelope version {version} is not supported; this reader opens versions "
+            f"{ENVELOPE_VERSION} and {NESTED_VERSION}: upgrade the reader or have the device "
+            f"send one of those",
         )
     end = FIXED_HEADER_LENGTH + length
     if size < end + ENC_LENGTH + TAG_LENGTH:
@@ -311,5 +357,5 @@ def _decode_header(raw: bytes) -> EnvelopeHeader:
             f"use case id {name!r} ({len(name)} bytes) is invalid; it must be "
             f"1-{MAX_USE_CASE_LENGTH} bytes of [a-z0-9_.-]",
         )
-    _, _, epoch, key_id, _ = _FIXED.unpack_from(raw)
-    return EnvelopeHeader(name.decode("ascii"), epoch, key_id)
+    _, version, epoch, key_id, _ = _FIXED.unpack_from(raw)
+    return EnvelopeHeader(name.decode("ascii"), epoch, key_id, version)

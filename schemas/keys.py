@@ -34,6 +34,7 @@ from schemas.errors import KeyFileError
 __all__ = [
     "KEM_NAME",
     "KEY_FILE_VERSION",
+    "KEY_ROLES",
     "PRIVATE_KEY_FORMAT",
     "PRIVATE_SUFFIX",
     "PUBLIC_KEY_FORMAT",
@@ -41,6 +42,7 @@ __all__ = [
     "KeyFileError",
     "KeyPair",
     "KeyRing",
+    "KeyRole",
     "PublicKey",
     "load_private_key",
     "load_public_key",
@@ -57,6 +59,13 @@ KEM_NAME: Final = "DHKEM(X25519, HKDF-SHA256)"
 PRIVATE_SUFFIX: Final = ".private.json"
 PUBLIC_SUFFIX: Final = ".public.json"
 
+#: whom a key pair belongs to: ``analyzer`` (the aggregators, the discovery server and aux
+#: server: they open the envelopes of randomized reports) or ``shuffler`` (it opens only the
+#: outer layer of nested reports, ``schemas/outer.py``). A key file without a role is an
+#: analyzer's (files written before roles existed).
+KeyRole = Literal["analyzer", "shuffler"]
+KEY_ROLES: Final = ("analyzer", "shuffler")
+
 _U32_SPAN: Final = 1 << 32
 _NAME: Final = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _KEY_BYTES: Final = 32
@@ -72,6 +81,12 @@ def _check_name(name: object) -> str:
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise ValueError(f"key name {name!r} is invalid; use 1-64 characters of [A-Za-z0-9_.-]")
     return name
+
+
+def _check_role(role: object) -> str:
+    if role not in KEY_ROLES:
+        raise ValueError(f"key role must be one of {', '.join(KEY_ROLES)}, got {role!r}")
+    return str(role)
 
 
 def _now() -> datetime:
@@ -93,11 +108,13 @@ class PublicKey:
     raw: bytes  # the 32-byte X25519 public key (RFC 9180 §7.1.1 SerializePublicKey)
     name: str = "ldpipe"
     created: datetime = field(default_factory=_now)
+    role: KeyRole = "analyzer"
     key: X25519PublicKey = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         _check_key_id(self.key_id)
         _check_name(self.name)
+        _check_role(self.role)
         if not isinstance(self.raw, bytes) or len(self.raw) != _KEY_BYTES:
             raise ValueError(f"an X25519 public key is {_KEY_BYTES} bytes, got {self.raw!r}")
         if self.created.tzinfo is None:
@@ -116,10 +133,12 @@ class KeyPair:
     private_key: X25519PrivateKey = field(repr=False)
     name: str = "ldpipe"
     created: datetime = field(default_factory=_now)
+    role: KeyRole = "analyzer"
 
     def __post_init__(self) -> None:
         _check_key_id(self.key_id)
         _check_name(self.name)
+        _check_role(self.role)
         if not isinstance(self.private_key, X25519PrivateKey):
             raise ValueError(
                 f"private_key must be an X25519PrivateKey, got {type(self.private_key).__name__}"
@@ -129,7 +148,12 @@ class KeyPair:
 
     @classmethod
     def generate(
-        cls, key_id: int | None = None, *, name: str = "ldpipe", created: datetime | None = None
+        cls,
+        key_id: int | None = None,
+        *,
+        name: str = "ldpipe",
+        created: datetime | None = None,
+        role: KeyRole = "analyzer",
     ) -> KeyPair:
         """A fresh key pair from the OS CSPRNG; the key id is random unless given."""
         return cls(
@@ -137,13 +161,14 @@ class KeyPair:
             private_key=X25519PrivateKey.generate(),
             name=name,
             created=_now() if created is None else created,
+            role=role,
         )
 
     @property
     def public(self) -> PublicKey:
         """The public half, with the same key id, name and creation time."""
         raw = self.private_key.public_key().public_bytes_raw()
-        return PublicKey(self.key_id, raw, name=self.name, created=self.created)
+        return PublicKey(self.key_id, raw, name=self.name, created=self.created, role=self.role)
 
     @property
     def stem(self) -> str:
@@ -176,28 +201,44 @@ class KeyRing:
         }
 
     @classmethod
-    def load(cls, *sources: str | os.PathLike[str]) -> KeyRing:
-        """Load private key files, and every ``*.private.json`` file of each directory given.
+    def load(cls, *sources: str | os.PathLike[str], role: KeyRole = "analyzer") -> KeyRing:
+        """Load private key files, and every ``*.private.json`` file of ``role`` of each
+        directory given (the other role's files there are passed over: an aggregator never
+        loads a shuffler key, nor a shuffler an analyzer key).
 
-        Raises ``KeyFileError`` for a missing path, a directory without private key files, a
-        private key readable by group or others, malformed content or a duplicate key id.
+        Raises ``KeyFileError`` for a missing path, a directory without private key files of
+        ``role``, a file named explicitly of the other role, a private key readable by group or
+        others, malformed content or a duplicate key id.
         """
         if not sources:
             raise KeyFileError("no key files given; pass private key files or a key directory")
         pairs: list[KeyPair] = []
+        hint = " --role shuffler" if role == "shuffler" else ""
         for source in sources:
             path = Path(source)
             if path.is_dir():
-                files = sorted(path.glob(f"*{PRIVATE_SUFFIX}"))
-                if not files:
+                found = [load_private_key(file) for file in sorted(path.glob(f"*{PRIVATE_SUFFIX}"))]
+                mine = [pair for pair in found if pair.role == role]
+                if not mine:
                     raise KeyFileError(
-                        f"key directory {path} holds no *{PRIVATE_SUFFIX} files; create one "
-                        f"with `ldpipe keys generate --out {path}`"
+                        f"key directory {path} holds no {role} *{PRIVATE_SUFFIX} files; create "
+                        f"one with `ldpipe keys generate --out {path}{hint}`"
                     )
-                pairs.extend(load_private_key(file) for file in files)
+                pairs.extend(mine)
             else:
-                pairs.append(load_private_key(path))
+                pair = load_private_key(path)
+                if pair.role != role:
+                    raise KeyFileError(
+                        f"{path} is the {pair.role}'s key, but this service loads {role} keys; "
+                        f"point it at the {role}'s key files (`ldpipe keys generate{hint}`)"
+                    )
+                pairs.append(pair)
         return cls(pairs)
+
+    @property
+    def roles(self) -> frozenset[str]:
+        """The roles of the keys held (tests assert a service holds only its own)."""
+        return frozenset(pair.role for pair in self._pairs.values())
 
     def get(self, key_id: int, /) -> X25519PrivateKey | None:
         """The private key with this key id, or ``None``."""
@@ -251,6 +292,7 @@ def _document(pair: KeyPair | PublicKey, kind: Literal["private", "public"]) -> 
         "name": public.name,
         "created": _timestamp(public.created),
         "public_key": _b64(public.raw),
+        "role": public.role,
     }
     if isinstance(pair, KeyPair) and kind == "private":
         doc["private_key"] = _b64(_private_bytes(pair))
@@ -382,6 +424,7 @@ def _public_from(doc: Mapping[str, Any], path: Path) -> PublicKey:
             raw=_field_bytes(doc, "public_key", path),
             name=doc.get("name"),  # type: ignore[arg-type]
             created=created,
+            role=doc.get("role", "analyzer"),
         )
     except KeyFileError:
         raise
@@ -409,7 +452,9 @@ def load_private_key(path: str | os.PathLike[str]) -> KeyPair:
             f"{file}: 'public_key' is not the public key of 'private_key'; the file was edited "
             f"or corrupted: restore it from a backup or generate a new pair"
         )
-    return KeyPair(public.key_id, private_key, name=public.name, created=public.created)
+    return KeyPair(
+        public.key_id, private_key, name=public.name, created=public.created, role=public.role
+    )
 
 
 def newest_public_key(paths: Iterable[str | os.PathLike[str]]) -> PublicKey:

@@ -32,6 +32,9 @@ from typing import Any, Literal
 from schemas.errors import LdpipeError
 
 __all__ = [
+    "HOLDS_AGAINST",
+    "HOLDS_AGAINST_ALL_BUT_SHUFFLER",
+    "HOLDS_AGAINST_SHUFFLED_READERS",
     "LEDGER_VERSION",
     "DiscoveryRelease",
     "LedgerFormatError",
@@ -44,6 +47,15 @@ __all__ = [
 ]
 
 LEDGER_VERSION = 1
+
+#: Against whom a window's amplified epsilon holds (``docs/privacy.md``, "Whom each figure
+#: holds against"). Nested envelopes: everyone but the shuffler (the broker's operator, a
+#: reader of every topic, the aggregators), as long as the shuffler does not collude. Single
+#: layer: only whoever reads the shuffled topic but not the reports topic; a reader of both
+#: (the broker's operator) links every report to its client and has the local epsilon only.
+HOLDS_AGAINST_ALL_BUT_SHUFFLER = "all-but-shuffler"
+HOLDS_AGAINST_SHUFFLED_READERS = "shuffled-topic-readers"
+HOLDS_AGAINST = (HOLDS_AGAINST_ALL_BUT_SHUFFLER, HOLDS_AGAINST_SHUFFLED_READERS)
 
 
 class LedgerFormatError(LdpipeError, ValueError):
@@ -68,7 +80,11 @@ class WindowRecord:
     ``released_at`` is unix seconds (the release time stamped on its reports); ``period`` the
     contribution period index (``released_at // period_seconds`` of the shuffler's clock);
     ``inputs`` the (partition, first offset, next offset) ranges of the reports topic it
-    consumed (rejected reports included); ``n`` the reports it published.
+    consumed (rejected reports included); ``n`` the reports it published; ``anonymity_set``
+    the smallest class of reports a reader of the shuffled topic cannot tell apart (same epoch
+    and analyzer key id, ``shuffler/inner.py``), the n the epsilons are computed for;
+    ``holds_against`` whom those epsilons hold against (:data:`HOLDS_AGAINST`). Records written
+    before these two fields existed read as single-layer windows with ``anonymity_set = n``.
     """
 
     use_case: str
@@ -86,7 +102,18 @@ class WindowRecord:
     mechanism: str
     epoch: int
     inputs: tuple[tuple[int, int, int], ...] = ()
+    anonymity_set: int | None = None  # None: n
+    holds_against: str = HOLDS_AGAINST_SHUFFLED_READERS
     kind: Literal["window"] = "window"
+
+    def __post_init__(self) -> None:
+        if self.anonymity_set is None:
+            object.__setattr__(self, "anonymity_set", self.n)
+        if self.holds_against not in HOLDS_AGAINST:
+            raise LedgerFormatError(
+                f"ledger window record: holds_against={self.holds_against!r} is not one of "
+                f"{', '.join(HOLDS_AGAINST)}"
+            )
 
     @property
     def local_dp(self) -> bool:
@@ -199,4 +226,17 @@ def decode_record(data: bytes) -> LedgerRecord:
         raise LedgerFormatError(
             f"ledger window record: inputs={inputs!r} is not [[p, first, next]]"
         )
-    return WindowRecord(**values, inputs=tuple((r[0], r[1], r[2]) for r in inputs))
+    anonymity = raw.get("anonymity_set", values["n"])
+    if type(anonymity) is not int or not 0 <= anonymity <= max(values["n"], 1):
+        raise LedgerFormatError(
+            f"ledger window record: anonymity_set={anonymity!r} is not an integer in [0, n]"
+        )
+    holds = raw.get("holds_against", HOLDS_AGAINST_SHUFFLED_READERS)
+    if not isinstance(holds, str):
+        raise LedgerFormatError(f"ledger window record: holds_against={holds!r} is not a string")
+    return WindowRecord(
+        **values,
+        inputs=tuple((r[0], r[1], r[2]) for r in inputs),
+        anonymity_set=anonymity,
+        holds_against=holds,
+    )

@@ -57,20 +57,20 @@ class ShufflerMetrics:
             window_epsilon=Gauge(
                 "ldpipe_shuffler_window_epsilon",
                 "Amplified central epsilon of the last window (GCMS Thm 1)",
-                label,
+                [*label, "holds_against"],
                 registry=registry,
             ),
             window_delta=Gauge(
                 "ldpipe_shuffler_window_delta",
                 "Delta of the last window's amplified epsilon",
-                label,
+                [*label, "holds_against"],
                 registry=registry,
             ),
             window_epsilon_numerical=Gauge(
                 "ldpipe_shuffler_window_epsilon_numerical",
                 "Amplified central epsilon of the last window, numerical bound (FMT21 Thm 3.2) "
                 "at ldpipe_shuffler_window_delta's configured delta",
-                label,
+                [*label, "holds_against"],
                 registry=registry,
             ),
             report_epsilon=Gauge(

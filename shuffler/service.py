@@ -1,5 +1,11 @@
 """The shuffler: consume reports, hold a window, permute, publish it exactly once.
 
+A use case with nested envelopes (``shuffle.layers = "nested"``) has devices seal every report
+once more to the shuffler (``schemas/outer.py``): the shuffler opens that layer with its own
+keyring (never an analyzer key), checks the inner envelope (``shuffler/inner.py``) and publishes
+only the inner envelope, which appears nowhere on the reports topic. What fails goes to the
+dead-letter topic with stage ``shuffler`` and layer ``outer`` or ``inner``.
+
 Each release is one Kafka transaction (numbered, the order matters):
 
 1. permute the window's values with the OS CSPRNG; drop key, headers and timestamps;
@@ -36,6 +42,7 @@ from confluent_kafka import (
 )
 from prometheus_client import CollectorRegistry
 
+from infra.epochs_io import load_epochs
 from infra.kafka import (
     EXACTLY_ONCE_CONSUMER,
     KafkaSettings,
@@ -46,17 +53,29 @@ from infra.kafka import (
     require_topics,
 )
 from schemas.config import UseCase
+from schemas.envelope import ENVELOPE_VERSION, NESTED_VERSION, EnvelopeError
 from schemas.headers import (
+    LAYER_HEADER,
     REASON_HEADER,
     SOURCE_HEADER,
     STAGE_HEADER,
     WINDOW_HEADER,
     window_header,
 )
-from schemas.ledger import WindowRecord, encode_record, ledger_topic, window_id
+from schemas.keys import KeyRing
+from schemas.ledger import (
+    HOLDS_AGAINST_ALL_BUT_SHUFFLER,
+    HOLDS_AGAINST_SHUFFLED_READERS,
+    WindowRecord,
+    encode_record,
+    ledger_topic,
+    window_id,
+)
+from schemas.outer import open_outer
 from schemas.privacy import AmplificationBounds, amplification_bounds
 from shuffler.contributions import ContributionLedger
 from shuffler.exceptions import ShufflerError
+from shuffler.inner import InnerCheck, payload_lengths
 from shuffler.metrics import ShufflerMetrics
 from shuffler.window import ShuffleWindow
 
@@ -85,8 +104,43 @@ class Shuffler:
         clock: Callable[[], float] = time.time,
         window_headers: bool = False,
         local_dp: bool = True,
+        keyring: KeyRing | None = None,
+        inner: InnerCheck | None = None,
     ) -> None:
         self.use_case = use_case
+        self.nested = use_case.shuffle.nested
+        if self.nested and keyring is None:
+            raise ShufflerError(
+                f"use case {use_case.name!r} has nested envelopes but the shuffler has no "
+                f"keyring; set shuffle.private_keys to its key files (ldpipe keys generate "
+                f"--role shuffler)"
+            )
+        if keyring is not None and keyring.roles - {"shuffler"}:
+            raise ShufflerError(
+                f"the shuffler's keyring holds {', '.join(sorted(keyring.roles))} keys; it "
+                f"must hold shuffler keys only (an analyzer key would let it read reports)"
+            )
+        self.keyring = keyring
+        version = NESTED_VERSION if self.nested else ENVELOPE_VERSION
+        self.inner = inner or InnerCheck(
+            use_case.name,
+            version,
+            payload_lengths(use_case.epoch_set().codecs),
+            self._published_lengths if use_case.topics.params else None,
+        )
+        # against whom the window's amplified epsilon holds (docs/privacy.md)
+        self.holds_against = (
+            HOLDS_AGAINST_ALL_BUT_SHUFFLER if self.nested else HOLDS_AGAINST_SHUFFLED_READERS
+        )
+        if not self.nested:
+            log.warning(
+                "use case %s has single-layer envelopes: whoever reads both %s and %s links "
+                "every report to its client, so the amplified epsilon holds only against "
+                "readers of the shuffled topic; configure shuffler keys (docs/operations.md)",
+                use_case.name,
+                use_case.topics.reports,
+                use_case.topics.shuffled,
+            )
         self.kafka = kafka
         self.instance = instance
         self.clock = clock
@@ -101,6 +155,7 @@ class Shuffler:
         self.windows_released = 0
         self._labels = {"use_case": use_case.name}
         self._first_offsets: dict[tuple[str, int], int] = {}  # of the open window, for the ledger
+        self._eps_labels = {**self._labels, "holds_against": self.holds_against}
         if self.epsilon0 is not None:
             self.metrics.report_epsilon.labels(**self._labels).set(self.epsilon0)
             self.metrics.user_epsilon_period.labels(**self._labels).set(
@@ -122,6 +177,10 @@ class Shuffler:
                     f"instance {instance!r}: window headers need a transactional id of printable "
                     f"ASCII without spaces (at most 200 characters); pick another --instance"
                 ) from None
+
+    def _published_lengths(self) -> dict[int, int]:
+        """Payload lengths of the configured and every published parameter epoch."""
+        return payload_lengths(load_epochs(self.kafka, self.use_case).codecs)
 
     # ---- Kafka clients ------------------------------------------------------------------
     def _open(self) -> tuple[Consumer, Producer]:
@@ -224,6 +283,17 @@ class Shuffler:
         value = msg.value() or b""
         source = message_position(msg)
         self._first_offsets.setdefault(source[:2], source[2])
+        if self.nested:
+            assert self.keyring is not None
+            try:
+                value = open_outer(value, self.keyring, use_case=self.use_case.name).inner
+            except EnvelopeError as exc:
+                self.window.reject(value, str(exc.reason), source, layer="outer")
+                return
+            klass = self.inner.classify(value)
+            if isinstance(klass[0], str):  # refused: the inner envelope would stand out
+                self.window.reject(value, str(klass[0]), source, layer="inner")
+                return
         if self.ledger.admit(msg.key(), source[1:], now):
             self.window.add(value, now, source)
         else:
@@ -245,8 +315,9 @@ class Shuffler:
             if self.window_headers and values
             else None
         )
+        anonymity = self._anonymity_set(values)
         bounds = (
-            amplification_bounds(self.epsilon0, len(values), self.use_case.shuffle.delta)
+            amplification_bounds(self.epsilon0, anonymity, self.use_case.shuffle.delta)
             if values and self.epsilon0 is not None
             else None
         )  # before the transaction: the numerical bound takes milliseconds (then cached)
@@ -261,23 +332,21 @@ class Shuffler:
                     partition=self._partition_of(value),
                     headers=marks,
                 )
-            for value, reason, (topic, partition, offset) in self.window.rejected:
+            for value, reason, (topic, partition, offset), layer in self.window.rejected:
                 source = f"{topic}:{partition}:{offset}".encode()
-                self._produce(
-                    producer,
-                    topics.dlq,
-                    value,
-                    headers=[
-                        (REASON_HEADER, reason.encode()),
-                        (STAGE_HEADER, b"shuffler"),
-                        (SOURCE_HEADER, source),
-                    ],
-                )
+                headers = [
+                    (REASON_HEADER, reason.encode()),
+                    (STAGE_HEADER, b"shuffler"),
+                    (SOURCE_HEADER, source),
+                ]
+                if layer:
+                    headers.append((LAYER_HEADER, layer.encode()))
+                self._produce(producer, topics.dlq, value, headers=headers)
             period, entries = self.ledger.pending_record()
             if entries:
                 self._produce(producer, topics.shuffler_state, entries, key=str(period).encode())
             if values:
-                record = self._ledger_record(len(values), bounds, now, period)
+                record = self._ledger_record(len(values), anonymity, bounds, now, period)
                 key = self.use_case.name.encode()
                 self._produce(producer, ledger_topic(self.use_case.name), record, key=key)
             if getattr(self.crash_point, "point", None) == "shuffler.before_commit":
@@ -299,13 +368,31 @@ class Shuffler:
             raise ShufflerError(f"shuffler transaction failed: {error}") from exc
         self.crash_point("shuffler.after_commit")
         self.ledger.commit()
-        self._record(len(values), len(self.window.rejected), time.perf_counter() - started, bounds)
+        self._record(
+            len(values), self.window.rejection_counts(), time.perf_counter() - started, bounds
+        )
         self.window.clear()
         self._first_offsets.clear()
         return True
 
+    def _anonymity_set(self, values: list[bytes]) -> int:
+        """The smallest class of well-formed reports in the window (``shuffler/inner.py``):
+        what a reader of the shuffled topic cannot tell apart. Malformed values that a
+        single-layer shuffler forwards carry no report and are not counted."""
+        classes: dict[tuple[int, int] | tuple[str, str], int] = {}
+        for value in values:
+            klass = self.inner.classify(value)
+            if not isinstance(klass[0], str):
+                classes[klass] = classes.get(klass, 0) + 1
+        return max(1, min(classes.values(), default=len(values)))
+
     def _ledger_record(
-        self, n: int, bounds: AmplificationBounds | None, now: float, period: int
+        self,
+        n: int,
+        anonymity: int,
+        bounds: AmplificationBounds | None,
+        now: float,
+        period: int,
     ) -> bytes:
         """The window's privacy-ledger record (``schemas/ledger.md``); without ``bounds``
         (reports without local DP) its epsilons are null and its mechanism ``"none"``."""
@@ -331,6 +418,8 @@ class Shuffler:
                 mechanism=uc.mechanism_name if bounds else "none",
                 epoch=uc.epoch,
                 inputs=inputs,
+                anonymity_set=anonymity,
+                holds_against=self.holds_against,
             )
         )
 
@@ -367,35 +456,40 @@ class Shuffler:
         )
 
     def _record(
-        self, published: int, rejected: int, seconds: float, bounds: AmplificationBounds | None
+        self,
+        published: int,
+        rejections: dict[str, int],
+        seconds: float,
+        bounds: AmplificationBounds | None,
     ) -> None:
         labels = self._labels
         self.windows_released += 1
         self.metrics.windows.labels(**labels).inc()
         self.metrics.reports_out.labels(**labels).inc(published)
-        if rejected:
-            self.metrics.reports_rejected.labels(**labels, reason="contribution_limit").inc(
-                rejected
-            )
+        rejected = sum(rejections.values())
+        for reason, count in rejections.items():
+            self.metrics.reports_rejected.labels(**labels, reason=reason).inc(count)
         if published:
             self.metrics.window_size.labels(**labels).observe(published)
         if bounds is None and published:
             log.info("released window of %d reports (%d rejected)", published, rejected)
         if bounds is not None:
-            self.metrics.window_epsilon.labels(**labels).set(bounds.closed_form)
-            self.metrics.window_delta.labels(**labels).set(
+            eps_labels = self._eps_labels
+            self.metrics.window_epsilon.labels(**eps_labels).set(bounds.closed_form)
+            self.metrics.window_delta.labels(**eps_labels).set(
                 bounds.delta if bounds.closed_form_applies else 0.0
             )
-            self.metrics.window_epsilon_numerical.labels(**labels).set(bounds.numerical)
+            self.metrics.window_epsilon_numerical.labels(**eps_labels).set(bounds.numerical)
             log.info(
                 "released window of %d reports (%d rejected): amplified epsilon %.4g "
-                "(numerical; closed form %.4g), delta %.1e, from %.3g per report",
+                "(numerical; closed form %.4g), delta %.1e, from %.3g per report, against %s",
                 published,
                 rejected,
                 bounds.numerical,
                 bounds.closed_form,
                 bounds.delta,
                 self.epsilon0,
+                self.holds_against,
             )
         self.metrics.release_seconds.labels(**labels).observe(seconds)
 

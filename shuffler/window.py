@@ -31,7 +31,8 @@ class ShuffleWindow:
     max_reports: int
     max_wait_seconds: float
     values: list[bytes] = field(default_factory=list)
-    rejected: list[tuple[bytes, str, tuple[str, int, int]]] = field(default_factory=list)
+    # (value, reason, source, layer): layer "" (the contribution limit), "outer" or "inner"
+    rejected: list[tuple[bytes, str, tuple[str, int, int], str]] = field(default_factory=list)
     opened_at: float | None = None
     # next offset to commit per (topic, partition): everything below is in this window
     offsets: dict[tuple[str, int], int] = field(default_factory=dict)
@@ -42,9 +43,18 @@ class ShuffleWindow:
         self.values.append(value)
         self._covers(source)
 
-    def reject(self, value: bytes, reason: str, source: tuple[str, int, int]) -> None:
-        self.rejected.append((value, reason, source))
+    def reject(
+        self, value: bytes, reason: str, source: tuple[str, int, int], *, layer: str = ""
+    ) -> None:
+        self.rejected.append((value, reason, source, layer))
         self._covers(source)
+
+    def rejection_counts(self) -> dict[str, int]:
+        """Rejected reports by reason."""
+        counts: dict[str, int] = {}
+        for _, reason, _, _ in self.rejected:
+            counts[reason] = counts.get(reason, 0) + 1
+        return counts
 
     def _covers(self, source: tuple[str, int, int]) -> None:
         topic, partition, offset = source

@@ -12,7 +12,6 @@ from confluent_kafka import Producer
 from aggregator.snapshot import latest_snapshots, merge_windows
 from aggregator.windows import decode_batch
 from infra.pipeline import LocalPipeline, PipelineSettings
-from producers.client import DeviceClient
 from producers.datasets import Population, dictionary_population
 from schemas.keys import KeyRing
 from schemas.mechanisms import Sketch
@@ -46,7 +45,7 @@ def make_workload(pipe: LocalPipeline, n: int, seed: int) -> Workload:
     rng = np.random.default_rng(seed)
     devices = population.device_items()
     rng.shuffle(devices)
-    client = DeviceClient(uc.name, uc.epoch, pipe.key_pair.public, uc.mechanism)
+    client = pipe.device_client()
     values = client.reports([population.items[i] for i in devices], rng)
     keys = [rng.bytes(16) for _ in values]
     return Workload(keys, values, population)

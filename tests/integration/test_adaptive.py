@@ -14,7 +14,6 @@ from infra.cli import main
 from infra.epochs_io import load_epochs
 from infra.kafka import KafkaSettings
 from infra.pipeline import LocalPipeline
-from producers.client import DeviceClient
 from producers.datasets import dictionary_population
 from tests.integration.pipeline_helpers import make_pipeline, publish
 
@@ -26,11 +25,10 @@ def _phase(pipe: LocalPipeline, epoch: int, seed: int) -> np.ndarray:
     """Publish one phase of N_PHASE reports with ``epoch``'s parameters; return true counts."""
     uc = pipe.use_case
     assert uc.dictionary_items is not None
-    epochs = load_epochs(pipe.kafka, uc)
     population = dictionary_population(uc.dictionary_items, 1.1, N_PHASE, seed=7)
     rng = np.random.default_rng(seed)
     devices = population.device_items()
-    client = DeviceClient(uc.name, epoch, pipe.key_pair.public, epochs.mechanisms[epoch])
+    client = pipe.device_client(epoch)
     values = client.reports([population.items[i] for i in devices], rng)
     publish(pipe, [rng.bytes(16) for _ in values], values)
     return population.counts

@@ -13,14 +13,12 @@ import pytest
 from confluent_kafka import Producer
 
 from aggregator.query import discovered_items, query_use_case
-from discovery.client import DiscoveryClient
-from discovery.runtime import discovery_config, discovery_store_directory
+from discovery.runtime import discovery_store_directory
 from discovery.store import DiscoveryStore
 from infra.cli import main
 from infra.kafka import KafkaSettings
 from infra.ledger_io import read_ledger
 from infra.pipeline import LocalPipeline
-from producers.client import DeviceClient
 from producers.datasets import dictionary_population
 from schemas.ledger import DiscoveryRelease
 from tests.integration.pipeline_helpers import make_pipeline
@@ -61,13 +59,8 @@ def test_planted_words_are_discovered_and_estimated(
     assert uc.discovery is not None and pipe.aux_key_pair is not None and pipe.tag_key
     items = _device_items(pipe, seed=7)
     rng = np.random.default_rng(7)
-    frequency = DeviceClient(uc.name, uc.epoch, pipe.key_pair.public, uc.mechanism)
-    discovery = DiscoveryClient(
-        discovery_config(uc),
-        server_key=pipe.key_pair.public,
-        aux_key=pipe.aux_key_pair.public,
-        tag_key=pipe.tag_key,
-    )
+    frequency = pipe.device_client()
+    discovery = pipe.discovery_client()
     encoded = discovery.encode_many(items)
     assert all(isinstance(report, bytes) for report in encoded)
     keys = [rng.bytes(16) for _ in items]  # one client token per device, for both reports

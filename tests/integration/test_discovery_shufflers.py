@@ -18,8 +18,6 @@ import numpy as np
 from confluent_kafka import Producer
 
 from aggregator.query import discovered_items
-from discovery.client import DiscoveryClient
-from discovery.runtime import discovery_config
 from infra.dead_letters import count_dead_letters
 from infra.kafka import KafkaSettings
 from infra.ledger_io import read_ledger
@@ -59,12 +57,7 @@ def test_two_discovery_shufflers_and_an_aux_restart_release_each_window_once(
     items += [f"tail{i}" for i in range(N - len(items))]
     rng = np.random.default_rng(11)
     rng.shuffle(items)
-    client = DiscoveryClient(
-        discovery_config(uc),
-        server_key=pipe.key_pair.public,
-        aux_key=pipe.aux_key_pair.public,
-        tag_key=pipe.tag_key,
-    )
+    client = pipe.discovery_client()
     reports = [r for r in client.encode_many(items) if isinstance(r, bytes)]
     assert len(reports) == N
     # three broken devices: the aux server dead-letters their reports with the reason

@@ -53,7 +53,9 @@ def test_planted_words_are_found_by_the_puzzle_and_estimated(
     population = Population(
         (*PLANTED, *DICTIONARY), np.array([*PLANTED.values(), *spread], dtype=np.int64)
     )
-    client = SfpDeviceClient.for_use_case(pipe.config, uc, uc.epoch, pipe.key_pair.public)
+    client = SfpDeviceClient.for_use_case(
+        pipe.config, uc, uc.epoch, pipe.key_pair.public, pipe.shuffler_public
+    )
     pipe.start_shuffler()
     pipe.start_aggregator()
     pipe.start_shuffler(use_case=fragments)

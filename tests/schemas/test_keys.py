@@ -250,7 +250,7 @@ def test_keyring_sources_and_duplicates(tmp_path: Path) -> None:
 def test_keyring_needs_keys(tmp_path: Path) -> None:
     with pytest.raises(KeyFileError, match="no key files given"):
         KeyRing.load()
-    with pytest.raises(KeyFileError, match=r"holds no \*.private.json files"):
+    with pytest.raises(KeyFileError, match=r"holds no analyzer \*.private.json files"):
         KeyRing.load(tmp_path)
     with pytest.raises(KeyFileError, match="empty"):
         KeyRing([]).newest()
@@ -312,3 +312,38 @@ def test_cli_through_ldpipe_main_when_registered(tmp_path: Path) -> None:
         pytest.skip("infra/cli.py does not register infra.keys_cmd yet")
     assert cli.main(["keys", "generate", "--out", str(tmp_path), "--key-id", "5"]) == 0
     assert cli.main(["keys", "generate", "--out", str(tmp_path), "--key-id", "5"]) == 2
+
+
+def test_roles_keep_shuffler_and_analyzer_keys_apart(tmp_path: Path) -> None:
+    """One directory may hold both roles' files: each service loads only its own, so an
+    aggregator never holds a shuffler key and the shuffler never an analyzer key."""
+    analyzer = KeyPair.generate(key_id=1, name="emoji")
+    shuffler = KeyPair.generate(key_id=1, name="emoji-shuffler", role="shuffler")
+    private_a, _ = save_key_pair(analyzer, tmp_path)
+    private_s, public_s = save_key_pair(shuffler, tmp_path)
+    assert KeyRing.load(tmp_path).roles == {"analyzer"}
+    assert KeyRing.load(tmp_path, role="shuffler").roles == {"shuffler"}
+    assert load_public_key(public_s).role == "shuffler"
+    assert json.loads(private_s.read_text())["role"] == "shuffler"
+    with pytest.raises(KeyFileError, match="is the shuffler's key, but this service loads analyzer"):
+        KeyRing.load(private_s)
+    with pytest.raises(KeyFileError, match="is the analyzer's key, but this service loads shuffler"):
+        KeyRing.load(private_a, role="shuffler")
+    only_analyzer = tmp_path / "a"
+    save_key_pair(KeyPair.generate(key_id=3), only_analyzer)
+    with pytest.raises(KeyFileError, match="holds no shuffler .*--role shuffler"):
+        KeyRing.load(only_analyzer, role="shuffler")
+
+
+def test_key_files_without_a_role_are_analyzer_keys(tmp_path: Path) -> None:
+    """Files written before roles existed keep working as the analyzer's keys."""
+    private, public = save_key_pair(KeyPair.generate(key_id=5), tmp_path)
+    for path in (private, public):
+        doc = json.loads(path.read_text())
+        del doc["role"]
+        path.chmod(0o600)
+        path.write_text(json.dumps(doc))
+    assert load_private_key(private).role == "analyzer"
+    assert load_public_key(public).role == "analyzer"
+    with pytest.raises(ValueError, match="key role must be one of"):
+        KeyPair.generate(role="auditor")  # type: ignore[arg-type]

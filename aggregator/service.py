@@ -106,6 +106,11 @@ class Aggregator:
     ) -> None:
         self.use_case = use_case
         self.kafka = kafka
+        if "shuffler" in getattr(keyring, "roles", ()):
+            raise AggregatorError(
+                "the aggregator's keyring holds a shuffler key; it must hold analyzer keys only "
+                "(with the shuffler's key it could link reports to their clients)"
+            )
         self.keyring = keyring
         self.options = options or AggregatorOptions()
         opts = self.options

@@ -172,6 +172,17 @@ def _pair(pair: tuple[float, float] | None) -> str:
     return f"epsilon {epsilon:.4g}" + (f", delta {delta:.2g}" if delta else " (pure)")
 
 
+def _holds(r: PrivacyReport) -> str:
+    if r.holds_against is None:
+        return "-"
+    if r.single_layer_windows:
+        return (
+            f"readers of the shuffled topic only ({r.single_layer_windows:,} single-layer "
+            f"window(s): whoever reads the reports topic too has epsilon0)"
+        )
+    return "everyone but the shuffler (nested envelopes)"
+
+
 def _print_report(r: PrivacyReport) -> None:
     days = r.period_seconds / 86_400
     period = f"{days:g} day(s)" if days >= 1 else f"{r.period_seconds} s"
@@ -185,6 +196,8 @@ def _print_report(r: PrivacyReport) -> None:
             f"{r.closed_form_applied}{overlaps}",
         ),
         ("window size, min / median / max", _spread(r.window_size, ",.0f")),
+        ("anonymity set, min / median / max", _spread(r.anonymity_set, ",.0f")),
+        ("amplified figures hold against", _holds(r)),
         ("amplified eps, closed form", _spread(r.closed_form) + f"  (delta {r.delta:g})"),
         ("amplified eps, numerical", _spread(r.numerical) + f"  (delta {r.delta:g})"),
         ("user, per period, local basic", _pair(r.user_local_per_period)),
@@ -198,7 +211,10 @@ def _print_report(r: PrivacyReport) -> None:
     print(f"use case {r.use_case} ({r.mechanism}), ledger {ledger_topic(r.use_case)}")
     for label, value in rows:
         print(f"  {label:<40} {value}")
-    print("  central = towards the aggregators, worst window, group privacy over the limit")
+    print(
+        "  central = towards whom 'hold against' names, worst window, group privacy over the "
+        "limit"
+    )
     print("  assumptions:")
     for assumption in r.assumptions:
         print(f"    - {assumption}")

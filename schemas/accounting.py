@@ -25,13 +25,23 @@ from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple
 
 from schemas.composition import advanced_composition, basic_composition, group_privacy
-from schemas.ledger import DiscoveryRelease, LedgerFormatError, LedgerRecord, WindowRecord
+from schemas.ledger import (
+    HOLDS_AGAINST_ALL_BUT_SHUFFLER,
+    HOLDS_AGAINST_SHUFFLED_READERS,
+    DiscoveryRelease,
+    LedgerFormatError,
+    LedgerRecord,
+    WindowRecord,
+)
 
 __all__ = ["ASSUMPTIONS", "PrivacyReport", "Spread", "overlapping_windows", "summarize_ledger"]
 
 ASSUMPTIONS: tuple[str, ...] = (
     "each report is eps0-LDP (the mechanism's effective epsilon), against everyone",
     "the shuffler is honest and does not collude with the aggregators (amplified figures only)",
+    "amplified figures hold against everyone but the shuffler only for windows of nested "
+    "envelopes (holds_against all-but-shuffler); single-layer windows hold only against "
+    "readers of the shuffled topic who cannot read the reports topic",
     "the shuffler enforces contribution_limit reports per client token per period; a person "
     "with several tokens (devices) is several clients",
     "per-window amplification assumes one report per client in the window; a client with "
@@ -85,6 +95,10 @@ class PrivacyReport:
     user_local_span_advanced: tuple[float, float] | None
     discovery_releases: int
     discovery_total: tuple[float, float]
+    # against whom the amplified (central) figures hold: the weakest window's claim
+    holds_against: str | None = None
+    single_layer_windows: int = 0
+    anonymity_set: Spread | None = None
     assumptions: tuple[str, ...] = ASSUMPTIONS
 
     def as_dict(self) -> dict[str, Any]:
@@ -157,6 +171,7 @@ def summarize_ledger(
     eps0 = max([epsilon0, *(a.epsilon0 for a in amplified)])
     limit = max([contribution_limit, *(w.contribution_limit for w in windows)])
     periods = len({w.period for w in windows})
+    single = sum(w.holds_against == HOLDS_AGAINST_SHUFFLED_READERS for w in windows if w.local_dp)
 
     central_closed = central_numerical = None
     if amplified:
@@ -191,6 +206,15 @@ def summarize_ledger(
         user_local_span_advanced=(
             advanced_composition(eps0, span_reports, delta) if span_reports else None
         ),
+        holds_against=(
+            None
+            if not amplified
+            else HOLDS_AGAINST_SHUFFLED_READERS
+            if single
+            else HOLDS_AGAINST_ALL_BUT_SHUFFLER
+        ),
+        single_layer_windows=single,
+        anonymity_set=Spread.of([w.anonymity_set or w.n for w in windows]),
         discovery_releases=len(releases),
         discovery_total=basic_composition(
             [r.epsilon for r in releases], [r.delta for r in releases]

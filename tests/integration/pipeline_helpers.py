@@ -13,8 +13,10 @@ from aggregator.snapshot import latest_snapshots, merge_windows
 from aggregator.windows import decode_batch
 from infra.pipeline import LocalPipeline, PipelineSettings
 from producers.datasets import Population, dictionary_population
+from schemas.envelope import EnvelopeError
 from schemas.keys import KeyRing
 from schemas.mechanisms import Sketch
+from schemas.outer import open_outer_many
 from schemas.payloads import PayloadCodec
 
 
@@ -63,20 +65,32 @@ def publish(pipe: LocalPipeline, keys: list[bytes | None], values: list[bytes]) 
     assert producer.flush(60) == 0
 
 
+def peel(pipe: LocalPipeline, values: list[bytes]) -> tuple[list[bytes], int]:
+    """The inner envelopes of what devices published (the shuffler's key opens the outer
+    layer, offline), and how many did not open; values as they are for a single layer."""
+    if pipe.shuffler_key_pair is None:
+        return values, 0
+    opened = open_outer_many(values, KeyRing([pipe.shuffler_key_pair]), use_case=pipe.use_case.name)
+    inner = [o.inner for o in opened if not isinstance(o, EnvelopeError)]
+    return inner, len(values) - len(inner)
+
+
 def offline_sketch(pipe: LocalPipeline, values: list[bytes]) -> tuple[Sketch, int]:
     """The sketch of every valid report, computed without Kafka; and how many were invalid."""
     uc = pipe.use_case
     mech = uc.mechanism
+    inner, unopened = peel(pipe, values)
     decoded = decode_batch(
-        values,
+        inner,
         KeyRing([pipe.key_pair]),
         PayloadCodec.for_mechanism(mech),
         use_case=uc.name,
         epochs={uc.epoch},
+        version=2 if pipe.shuffler_key_pair is not None else 1,
     )
     sketch = mech.new_sketch()
     mech.accumulate(sketch, decoded.reports)
-    return sketch, len(decoded.rejections)
+    return sketch, unopened + len(decoded.rejections)
 
 
 def live_sketch(directory: Path, use_case: str) -> Sketch:

@@ -18,11 +18,15 @@ import numpy as np
 from confluent_kafka import Producer
 
 from aggregator.query import discovered_items
+from discovery.runtime import discovery_config
 from infra.dead_letters import count_dead_letters
 from infra.kafka import KafkaSettings
 from infra.ledger_io import read_ledger
 from infra.pipeline import LocalPipeline
+from schemas.envelope import ENC_LENGTH, TAG_LENGTH, parse_header, seal
+from schemas.keys import KeyPair, KeyRing
 from schemas.ledger import DiscoveryRelease, WindowRecord
+from schemas.outer import open_outer, seal_outer
 from tests.integration.pipeline_helpers import make_pipeline
 
 N = 4000
@@ -60,10 +64,23 @@ def test_two_discovery_shufflers_and_an_aux_restart_release_each_window_once(
     client = pipe.discovery_client()
     reports = [r for r in client.encode_many(items) if isinstance(r, bytes)]
     assert len(reports) == N
-    # three broken devices: the aux server dead-letters their reports with the reason
-    junk = {0: bytes(range(200)), 1: b"x", 2: reports[2][:-1]}
+    # three broken devices whose reports pass the shuffler (a valid outer layer around an
+    # E_aux of the right length) and break the aux server's rules: dead-lettered with reasons
+    assert pipe.shuffler_key_pair is not None and pipe.shuffler_public is not None
+    shuffler_uc = f"{uc.name}.discovery"
+    ring = KeyRing([pipe.shuffler_key_pair])
+    e_aux = [open_outer(r, ring, use_case=shuffler_uc).inner for r in reports[:3]]
+    config = discovery_config(uc)
+    header, body = parse_header(e_aux[1])
+    size = len(body) - ENC_LENGTH - TAG_LENGTH
+    stranger = KeyPair.generate(key_id=(header.key_id + 1) % 2**32)
+    junk = {
+        0: e_aux[0][:-1] + bytes([e_aux[0][-1] ^ 1]),
+        1: seal(config.outer_header(stranger.key_id), bytes(size), stranger.public),
+        2: seal(config.outer_header(header.key_id), bytes(size), pipe.aux_key_pair.public),
+    }
     for position, value in junk.items():
-        reports[position] = value
+        reports[position] = seal_outer(shuffler_uc, value, pipe.shuffler_public)
     keys = [rng.bytes(16) for _ in reports]
 
     def releases() -> list[DiscoveryRelease]:
@@ -107,9 +124,9 @@ def test_two_discovery_shufflers_and_an_aux_restart_release_each_window_once(
 
     dead = count_dead_letters(pipe.kafka, uc.discovery.topics.dlq)
     assert dead.by_reason == {
-        ("discovery-aux", "bad_magic"): 1,
-        ("discovery-aux", "too_short"): 1,
         ("discovery-aux", "decryption_failed"): 1,
+        ("discovery-aux", "unknown_key_id"): 1,
+        ("discovery-aux", "outer_bad_version"): 1,
     }, dead.by_reason
     windows, released = shuffled_windows(), releases()
     # discovery reports are not randomized on devices: their windows claim no epsilon

@@ -17,6 +17,8 @@ from infra.dead_letters import count_dead_letters
 from infra.kafka import KafkaSettings
 from schemas.envelope import EnvelopeHeader, seal
 from schemas.keys import KeyPair, KeyRing
+from schemas.outer import seal_outer
+from schemas.payloads import PayloadCodec
 from tests.integration.pipeline_helpers import (
     assert_same_sketch,
     live_sketch,
@@ -82,26 +84,55 @@ def _out_of_range_payload(pipe) -> bytes:  # type: ignore[no-untyped-def]
 
 
 def test_bad_input_lands_in_the_dead_letter_topic(broker: KafkaSettings, tmp_path: Path) -> None:
+    """Each kind of bad report is refused by the first service that can tell: the shuffler
+    (the outer layer, and inner envelopes that would stand out), else the aggregator."""
     pipe = make_pipeline(tmp_path, broker.bootstrap_servers, n_min=100, max_reports=400)
     work = make_workload(pipe, 300, seed=2)
     uc = pipe.use_case
-    public = pipe.key_pair.public
+    public, shuffler = pipe.key_pair.public, pipe.shuffler_public
+    assert shuffler is not None
+    mech = uc.mechanism
+    length = PayloadCodec.for_mechanism(mech).record_length
     good = work.values[0]
     tampered = bytearray(good)
     tampered[-3] ^= 0x40
     stranger = KeyPair.generate(key_id=(pipe.key_pair.key_id + 1) % 2**32)
-    header = EnvelopeHeader(uc.name, uc.epoch, public.key_id)
-    bad = {
-        "random bytes": os.urandom(80),
-        "truncated": good[:20],
-        "wrong version": good[:3] + b"\x07" + good[4:],
-        "unknown key id": seal(
-            EnvelopeHeader(uc.name, uc.epoch, stranger.key_id), b"x" * 10, stranger.public
+    stranger_shuffler = KeyPair.generate(key_id=(shuffler.key_id + 1) % 2**32, role="shuffler")
+    header = EnvelopeHeader(uc.name, uc.epoch, public.key_id, version=2)
+
+    def nest(inner: bytes) -> bytes:
+        return seal_outer(uc.name, inner, shuffler)
+
+    valid_inner = seal(header, pipe.device_client().codec.encode_one(mech.randomize(["x"])), public)
+    inner_tampered = bytearray(valid_inner)
+    inner_tampered[-3] ^= 0x40
+    bad = {  # (stage, layer, reason) -> report
+        ("shuffler", "outer", "bad_magic"): os.urandom(80),
+        ("shuffler", "outer", "truncated"): good[:60],
+        ("shuffler", "outer", "unsupported_version"): good[:3] + b"\x07" + good[4:],
+        ("shuffler", "outer", "decryption_failed"): bytes(tampered),
+        ("shuffler", "outer", "unknown_key_id"): seal_outer(
+            uc.name, valid_inner, stranger_shuffler.public
         ),
-        "tampered": bytes(tampered),
-        "out of range": seal(header, _out_of_range_payload(pipe), public),
-        "wrong epoch": seal(EnvelopeHeader(uc.name, uc.epoch + 1, public.key_id), b"", public),
-        "empty": b"",
+        ("shuffler", "outer", "single_layer"): seal(
+            EnvelopeHeader(uc.name, uc.epoch, public.key_id), bytes(length), public
+        ),
+        ("shuffler", "outer", "too_short"): b"",
+        ("shuffler", "inner", "wrong_epoch"): nest(
+            seal(EnvelopeHeader(uc.name, uc.epoch + 1, public.key_id, 2), b"", public)
+        ),
+        ("shuffler", "inner", "wrong_length"): nest(seal(header, bytes(length + 1), public)),
+        ("aggregator", "envelope", "unknown_key_id"): nest(
+            seal(
+                EnvelopeHeader(uc.name, uc.epoch, stranger.key_id, 2),
+                bytes(length),
+                stranger.public,
+            )
+        ),
+        ("aggregator", "envelope", "decryption_failed"): nest(bytes(inner_tampered)),
+        ("aggregator", "payload", "row_out_of_range"): nest(
+            seal(header, _out_of_range_payload(pipe), public)
+        ),
     }
     values = [*work.values, *bad.values()]
     keys = [*work.keys, *(f"bad{i}".encode() for i in range(len(bad)))]
@@ -114,14 +145,7 @@ def test_bad_input_lands_in_the_dead_letter_topic(broker: KafkaSettings, tmp_pat
     dead = count_dead_letters(pipe.kafka, uc.topics.dlq)
     assert dead.count() == len(bad)
     assert dead.count() + pipe.aggregated() == len(values)  # nothing valid lost
-    reasons = {reason for (_, reason) in dead.by_reason}
-    assert {
-        "unknown_key_id",
-        "decryption_failed",
-        "unsupported_version",
-        "wrong_epoch",
-        "row_out_of_range",
-    } <= reasons
+    assert set(dead.rows) == set(bad)
     offline, invalid = offline_sketch(pipe, values)
     assert invalid == len(bad)
     assert_same_sketch(live_sketch(uc.snapshot.directory, uc.name), offline)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -10,7 +11,7 @@ import pytest
 import schemas.accounting as accounting_module
 import schemas.composition as composition_module
 import schemas.ledger as ledger_module
-from schemas.accounting import overlapping_windows, summarize_ledger
+from schemas.accounting import PrivacyReport, overlapping_windows, summarize_ledger
 from schemas.composition import advanced_composition, basic_composition, group_privacy
 from schemas.ledger import (
     DiscoveryRelease,
@@ -182,9 +183,47 @@ def test_summary_of_a_ledger() -> None:
     )
     assert report.discovery_releases == 2
     assert report.discovery_total == pytest.approx((1.5, 2e-8))
+    # records without holds_against are single-layer windows: their figures hold only
+    # against readers of the shuffled topic
+    assert report.holds_against == "shuffled-topic-readers" and report.single_layer_windows == 3
     as_json = json.loads(json.dumps(report.as_dict()))
     assert as_json["user_local_per_period"] == [4.0, 0.0]
     assert as_json["numerical"]["maximum"] == worst.numerical and as_json["assumptions"]
+
+
+def test_the_summary_says_against_whom_the_amplified_figures_hold() -> None:
+    """Nested windows hold against everyone but the shuffler; a single single-layer window
+    weakens the whole report's claim. The anonymity set is what the epsilons are for."""
+    nested = [
+        dataclasses.replace(
+            window(n, ((0, start, start + n),)),
+            holds_against="all-but-shuffler",
+            anonymity_set=n - 10,
+        )
+        for n, start in ((1000, 0), (2000, 1000))
+    ]
+
+    def summary(records: list[LedgerRecord]) -> PrivacyReport:
+        return summarize_ledger(
+            records,
+            use_case="emoji",
+            mechanism="cms",
+            epsilon0=2.0,
+            contribution_limit=1,
+            period_seconds=86_400,
+            delta=1e-6,
+        )
+
+    report = summary(list(nested))
+    assert report.holds_against == "all-but-shuffler" and report.single_layer_windows == 0
+    assert report.anonymity_set is not None and report.anonymity_set.minimum == 990
+    mixed = summary([*nested, window(500, ((0, 3000, 3500),))])
+    assert mixed.holds_against == "shuffled-topic-readers" and mixed.single_layer_windows == 1
+    decoded = decode_record(encode_record(nested[0]))
+    assert isinstance(decoded, WindowRecord)
+    assert (decoded.anonymity_set, decoded.holds_against) == (990, "all-but-shuffler")
+    with pytest.raises(LedgerFormatError, match="holds_against"):
+        dataclasses.replace(nested[0], holds_against="nobody")
 
 
 def test_empty_ledger() -> None:

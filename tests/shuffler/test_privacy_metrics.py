@@ -136,5 +136,5 @@ def test_the_anonymity_set_is_the_smallest_class_of_look_alike_reports() -> None
 
     values = [inner(analyzer) for _ in range(30)] + [inner(other) for _ in range(12)]
     assert shuffler._anonymity_set(values) == 12
-    assert shuffler._anonymity_set(values[:30] + [b"junk"]) == 30
+    assert shuffler._anonymity_set([*values[:30], b"junk"]) == 30
     assert shuffler._anonymity_set([b"junk"] * 3) == 3  # nothing well-formed: no class

@@ -1,0 +1,135 @@
+"""Nested envelopes without Kafka: configuration, who holds which key, what the shuffler admits.
+
+The end-to-end checks on the real broker are ``tests/integration/test_unlinkable.py`` and
+``tests/integration/test_pipeline.py``; these pin the rules each piece enforces on its own.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from aggregator.exceptions import AggregatorError
+from aggregator.service import Aggregator
+from infra.kafka import KafkaSettings
+from producers.client import DeviceClient, shuffler_public_key
+from schemas.config import ConfigError, parse_config
+from schemas.envelope import EnvelopeHeader, open_envelope, seal
+from schemas.keys import KeyPair, KeyRing, save_key_pair
+from schemas.outer import open_outer, seal_outer
+from shuffler.exceptions import ShufflerError
+from shuffler.service import Shuffler
+
+BASE = """
+[[use_case]]
+name = "emoji"
+mechanism = "cms"
+epsilon = 4.0
+k = 16
+m = 32
+[use_case.shuffle]
+n_min = 2
+max_reports = 10
+"""
+
+
+class FakeMessage:
+    """The three things the shuffler reads of a record (a unit test of its admission rule)."""
+
+    def __init__(self, value: bytes, key: bytes, offset: int) -> None:
+        self._value, self._key, self._offset = value, key, offset
+
+    def value(self) -> bytes:
+        return self._value
+
+    def key(self) -> bytes:
+        return self._key
+
+    def topic(self) -> str:
+        return "ldp.emoji.reports"
+
+    def partition(self) -> int:
+        return 0
+
+    def offset(self) -> int:
+        return self._offset
+
+
+def test_layers_follow_the_shuffler_keys(tmp_path: Path) -> None:
+    assert not parse_config(BASE).use_case("emoji").shuffle.nested
+    keyed = parse_config(BASE + 'public_key = "s.public.json"\n', base=tmp_path)
+    assert keyed.use_case("emoji").shuffle.nested
+    assert parse_config(BASE + 'layers = "nested"\n').use_case("emoji").shuffle.nested
+    with pytest.raises(ConfigError, match='layers: "single" but shuffler keys are configured'):
+        parse_config(BASE + 'layers = "single"\nprivate_keys = ["k"]\n', base=tmp_path)
+    with pytest.raises(ConfigError, match='expected "nested" or "single"'):
+        parse_config(BASE + 'layers = "double"\n')
+    with pytest.raises(ConfigError, match=r"shuffle\.public_key: missing"):
+        shuffler_public_key(parse_config(BASE + 'layers = "nested"\n').use_case("emoji"))
+
+
+def test_the_shuffler_never_holds_an_analyzer_key() -> None:
+    uc = parse_config(BASE + 'layers = "nested"\n').use_case("emoji")
+    kafka = KafkaSettings("127.0.0.1:1")
+    with pytest.raises(ShufflerError, match="has no keyring"):
+        Shuffler(uc, kafka)
+    mixed = KeyRing([KeyPair.generate(1, role="shuffler"), KeyPair.generate(2)])
+    with pytest.raises(ShufflerError, match="must hold shuffler keys only"):
+        Shuffler(uc, kafka, keyring=mixed)
+
+
+def test_the_aggregator_never_holds_a_shuffler_key(tmp_path: Path) -> None:
+    uc = parse_config(BASE).use_case("emoji")
+    ring = KeyRing([KeyPair.generate(1), KeyPair.generate(2, role="shuffler")])
+    with pytest.raises(AggregatorError, match="holds a shuffler key"):
+        Aggregator(uc, KafkaSettings("127.0.0.1:1"), ring)
+    # a shared key directory: each service loads its own role only
+    save_key_pair(KeyPair.generate(1, name="emoji"), tmp_path)
+    save_key_pair(KeyPair.generate(1, name="emoji-shuffler", role="shuffler"), tmp_path)
+    assert KeyRing.load(tmp_path).roles == {"analyzer"}
+    assert KeyRing.load(tmp_path, role="shuffler").roles == {"shuffler"}
+
+
+def test_devices_seal_twice_and_the_outer_layer_hides_the_inner() -> None:
+    uc = parse_config(BASE + 'layers = "nested"\n').use_case("emoji")
+    analyzer, shuffler = KeyPair.generate(1), KeyPair.generate(9, role="shuffler")
+    client = DeviceClient(uc.name, uc.epoch, analyzer.public, uc.mechanism, shuffler.public)
+    report = client.report("smile")
+    assert report[:3] == b"LDS"
+    inner = open_outer(report, KeyRing([shuffler]), use_case="emoji").inner
+    assert inner not in report  # the published bytes do not contain the inner envelope
+    opened = open_envelope(inner, KeyRing([analyzer]), version=2)
+    assert opened.header.version == 2 and len(opened.payload) == client.codec.record_length
+    with pytest.raises(ValueError, match="sealed to a shuffler key"):
+        DeviceClient(uc.name, uc.epoch, analyzer.public, uc.mechanism, analyzer.public)
+    with pytest.raises(ValueError, match="public_key is a shuffler key"):
+        DeviceClient(uc.name, uc.epoch, shuffler.public, uc.mechanism)
+
+
+def test_the_shuffler_admits_inner_envelopes_only() -> None:
+    uc = parse_config(BASE + 'layers = "nested"\n').use_case("emoji")
+    analyzer, shuffler = KeyPair.generate(1), KeyPair.generate(9, role="shuffler")
+    service = Shuffler(
+        uc,
+        KafkaSettings("127.0.0.1:1"),
+        keyring=KeyRing([shuffler]),
+        registry=CollectorRegistry(),
+    )
+    client = DeviceClient(uc.name, uc.epoch, analyzer.public, uc.mechanism, shuffler.public)
+    good = client.reports(["a", "b"])
+    bare = DeviceClient(uc.name, uc.epoch, analyzer.public, uc.mechanism).report("c")
+    odd = seal(EnvelopeHeader("emoji", uc.epoch, 1, version=2), b"short", analyzer.public)
+    values = [*good, bare, seal_outer("emoji", odd, shuffler.public), good[0][:-1]]
+    for i, value in enumerate(values):
+        service._admit(FakeMessage(value, f"device-{i}".encode(), i), 1e9)  # type: ignore[arg-type]
+    inners = [open_outer(v, KeyRing([shuffler])).inner for v in good]
+    assert service.window.values == inners
+    refused = [(reason, layer) for _, reason, _, layer in service.window.rejected]
+    assert refused == [
+        ("single_layer", "outer"),
+        ("wrong_length", "inner"),
+        ("decryption_failed", "outer"),
+    ]
+    assert service.window.offsets == {("ldp.emoji.reports", 0): len(values)}

@@ -135,7 +135,7 @@ class EnvelopeHeader:
     version: int = ENVELOPE_VERSION
 
     def __post_init__(self) -> None:
-        if self.version not in _VERSIONS:
+        if type(self.version) is not int or self.version not in _VERSIONS:
             raise ValueError(
                 f"envelope version must be {ENVELOPE_VERSION} (single layer) or "
                 f"{NESTED_VERSION} (nested inner layer), got {self.version!r}"
@@ -218,6 +218,10 @@ def open_envelope(
     Raises ``EnvelopeError`` (and nothing else, whatever ``data`` is) whose ``reason`` is an
     ``EnvelopeRejection``.
     """
+    if version is not None and (type(version) is not int or version not in _VERSIONS):
+        raise ValueError(
+            f"version must be {ENVELOPE_VERSION}, {NESTED_VERSION} or None, got {version!r}"
+        )
     raw = _as_bytes(data)
     header, end = _parse(raw)
     if use_case is not None and header.use_case != use_case:
@@ -301,7 +305,7 @@ def _as_bytes(data: object) -> bytes:
         return data
     try:
         return memoryview(data).tobytes()  # type: ignore[arg-type]
-    except TypeError:
+    except (TypeError, ValueError):  # not bytes-like, or a released memoryview
         raise EnvelopeError(
             EnvelopeRejection.TOO_SHORT,
             f"envelope is {type(data).__name__}, not bytes; a v1 envelope is at least "

@@ -33,7 +33,7 @@ import re
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Final, NamedTuple
 
 from cryptography.exceptions import InvalidTag
@@ -191,7 +191,7 @@ def _as_bytes(data: object) -> bytes:
         return data
     try:
         return memoryview(data).tobytes()  # type: ignore[arg-type]
-    except TypeError:
+    except (TypeError, ValueError):  # not bytes-like, or a released memoryview
         raise EnvelopeError(
             EnvelopeRejection.TOO_SHORT,
             f"report is {type(data).__name__}, not bytes; a nested report is at least "
@@ -208,7 +208,7 @@ def _parse(data: bytes) -> tuple[OuterHeader, int]:
             f"report is {size} bytes, shorter than the {OUTER_FIXED_LENGTH}-byte fixed header "
             f"of the shuffler layer",
         )
-    magic, version, key_id, length = _FIXED.unpack_from(data)
+    magic, version, _, length = _FIXED.unpack_from(data)
     if magic == MAGIC:
         raise EnvelopeError(
             EnvelopeRejection.SINGLE_LAYER,
@@ -236,11 +236,20 @@ def _parse(data: bytes) -> tuple[OuterHeader, int]:
             f"encapsulated key and the {TAG_LENGTH}-byte tag need at least "
             f"{end + ENC_LENGTH + TAG_LENGTH}; it was cut",
         )
-    name = data[OUTER_FIXED_LENGTH:end]
+    return _decode_header(data[:end]), end
+
+
+@lru_cache(maxsize=1024)
+def _decode_header(raw: bytes) -> OuterHeader:
+    """The header of these bytes (magic, version and length checked). Cached: a topic carries
+    a handful of distinct outer headers, and the validated dataclass costs more than the rest
+    of the parse; errors are not cached."""
+    name = raw[OUTER_FIXED_LENGTH:]
     if _USE_CASE.fullmatch(name) is None:
         raise EnvelopeError(
             EnvelopeRejection.BAD_USE_CASE,
             f"use case id {name!r} ({len(name)} bytes) is invalid; it must be "
             f"1-{MAX_OUTER_USE_CASE_LENGTH} bytes of [a-z0-9_.-]",
         )
-    return OuterHeader(name.decode("ascii"), key_id), end
+    _, _, key_id, _ = _FIXED.unpack_from(raw)
+    return OuterHeader(name.decode("ascii"), key_id)

@@ -1,9 +1,12 @@
 """The report envelope (schemas/envelope.py) against its spec (schemas/envelope.md).
 
-* the library opens every valid vector of ``schemas/vectors/envelope.json`` and refuses every
-  invalid one with its reason; the file is what its generator writes, and the generator's
-  independent HPKE (checked against RFC 9180 A.2.1) opens what the library seals;
+* the library opens every valid vector of ``schemas/vectors/envelope.json`` (format v1 and v2)
+  and refuses every invalid one with its reason; the file is what its generator writes, and the
+  generator's independent HPKE (checked against RFC 9180 A.2.1) opens what the library seals;
 * round trips, the header layout, and every rejection reason with a message naming the fix;
+* the layering: version 2 (the inner layer of a nested report) has v1's bytes but another
+  ``info``; a reader that requires one version refuses the other (``single_layer``,
+  ``unexpected_nested``) after ``wrong_use_case`` and before ``wrong_epoch``;
 * tampering: every header byte flipped gives a parse reason or ``decryption_failed``, never a
   payload; every body byte flipped gives ``decryption_failed``;
 * fuzzing (hypothesis) with random bytes and mutations of valid envelopes: ``parse_header`` and
@@ -34,6 +37,7 @@ from schemas.envelope import (
     FIXED_HEADER_LENGTH,
     MAX_USE_CASE_LENGTH,
     MIN_ENVELOPE_LENGTH,
+    NESTED_VERSION,
     TAG_LENGTH,
     EnvelopeError,
     EnvelopeHeader,
@@ -63,11 +67,17 @@ def ring() -> KeyRing:
 
 
 HEADER = EnvelopeHeader("emoji", epoch=3, key_id=0x01020304)
+HEADER_V2 = EnvelopeHeader("emoji", epoch=3, key_id=0x01020304, version=NESTED_VERSION)
 
 
 @cache
 def sealed(payload: bytes = b"\x01\x02\x0e\x00\x00\x00\x0a\x00\x00\x00\x01") -> bytes:
     return seal(HEADER, payload, pair().public)
+
+
+@cache
+def sealed_v2(payload: bytes = b"\x01\x02\x0e\x00\x00\x00\x0a\x00\x00\x00\x01") -> bytes:
+    return seal(HEADER_V2, payload, pair().public)
 
 
 def reason_of(data: Any, **expect: Any) -> EnvelopeRejection:
@@ -116,6 +126,19 @@ def test_vectors_cover_every_reason_in_order() -> None:
     data = vectors()
     assert data["reasons"] == [str(reason) for reason in EnvelopeRejection]
     assert {case["reason"] for case in data["invalid"]} == set(data["reasons"])
+    assert data["format_version"] == envelope_module.ENVELOPE_VERSION
+    assert {entry["version"] for entry in data["valid"]} == {1, NESTED_VERSION}
+    # both layering reasons, each in both precedences that involve it
+    names = {case["name"] for case in data["invalid"]}
+    assert {
+        "single-layer",
+        "unexpected-nested",
+        "wrong-use-case-before-single-layer",
+        "wrong-use-case-before-unexpected-nested",
+        "single-layer-before-wrong-epoch",
+        "unexpected-nested-before-wrong-epoch",
+        "unexpected-nested-before-unknown-key-id",
+    } <= names
     assert data["suite"]["aad"] == ""
     assert (data["suite"]["kem_id"], data["suite"]["kdf_id"], data["suite"]["aead_id"]) == (
         envelope_module.KEM_ID,
@@ -128,10 +151,31 @@ def test_vectors_cover_every_reason_in_order() -> None:
 def test_vector_envelopes_open(entry: dict[str, Any]) -> None:
     data = bytes.fromhex(entry["envelope_hex"])
     header, payload = open_envelope(data, vector_keys())
-    assert header == EnvelopeHeader(entry["use_case"], entry["epoch"], entry["key_id"])
+    want = EnvelopeHeader(entry["use_case"], entry["epoch"], entry["key_id"], entry["version"])
+    assert header == want and header.version == entry["version"]
     assert payload.hex() == entry["payload_hex"]
     assert header.to_bytes().hex() == entry["header_hex"]
     assert parse_header(data) == (header, data[len(header.to_bytes()) :])
+    # a reader that requires this version opens it; one that requires the other refuses it
+    assert open_envelope(data, vector_keys(), version=entry["version"]).payload == payload
+    other = 3 - entry["version"]
+    with pytest.raises(EnvelopeError) as info:
+        open_envelope(data, vector_keys(), version=other)
+    assert info.value.reason is (R.SINGLE_LAYER if other == NESTED_VERSION else R.UNEXPECTED_NESTED)
+
+
+def test_v2_vectors_are_v1_vectors_relabelled() -> None:
+    """A v2 vector has the bytes of the v1 vector of the same name but the version byte, and
+    another ciphertext: the version is in ``info``."""
+    by_name = {entry["name"]: entry for entry in vectors()["valid"]}
+    pairs = [(name, by_name[name + "-v2"]) for name in by_name if name + "-v2" in by_name]
+    assert len(pairs) >= 3
+    for name, v2 in pairs:
+        v1 = by_name[name]
+        one, two = bytes.fromhex(v1["header_hex"]), bytes.fromhex(v2["header_hex"])
+        assert one[3] == 1 and two[3] == NESTED_VERSION and one[:3] + one[4:] == two[:3] + two[4:]
+        assert len(v1["envelope_hex"]) == len(v2["envelope_hex"])
+        assert v1["key_hex"] != v2["key_hex"]
 
 
 @pytest.mark.parametrize("entry", vectors()["invalid"], ids=lambda e: e["name"])
@@ -147,10 +191,20 @@ def test_reference_implementation_opens_what_the_library_seals() -> None:
     """cryptography's HPKE and the generator's RFC 9180 transcription agree (info, aad, enc)."""
     generator = load_generator()
     secret = pair().private_key.private_bytes_raw()
-    for payload in (b"", b"x", bytes(range(256))):
-        data = seal(HEADER, payload, pair().public)
-        got = generator.open_reference(data, {HEADER.key_id: secret})
-        assert got == ("emoji", 3, HEADER.key_id, payload)
+    for header in (HEADER, HEADER_V2):
+        for payload in (b"", b"x", bytes(range(256))):
+            data = seal(header, payload, pair().public)
+            got = generator.open_reference(data, {HEADER.key_id: secret})
+            assert got == ("emoji", 3, HEADER.key_id, payload)
+            full = generator.read_reference(data, {HEADER.key_id: secret}, version=header.version)
+            assert full == (header.version, "emoji", 3, HEADER.key_id, payload)
+
+
+def test_generator_never_imports_the_library() -> None:
+    source = (VECTORS_DIR / "make_envelope_vectors.py").read_text(encoding="utf-8")
+    for module in ("schemas.envelope", "schemas.outer", "schemas.keys", "import hpke", "hpke"):
+        assert f"import {module}" not in source and f"from {module}" not in source, module
+    assert "primitives import hpke" not in source and "hpke." not in source
 
 
 def test_spec_worked_example_is_the_first_vector() -> None:
@@ -174,19 +228,24 @@ def test_public_surface() -> None:
 def test_header_layout() -> None:
     raw = EnvelopeHeader("emoji", epoch=0x0A0B0C0D, key_id=0x01020304).to_bytes()
     assert raw == b"LDP\x01" + bytes.fromhex("0d0c0b0a") + bytes.fromhex("04030201") + b"\x05emoji"
+    nested = EnvelopeHeader("emoji", epoch=0x0A0B0C0D, key_id=0x01020304, version=2).to_bytes()
+    assert nested == raw[:3] + b"\x02" + raw[4:]
     assert FIXED_HEADER_LENGTH == 13 and MAX_USE_CASE_LENGTH == 51 and MIN_ENVELOPE_LENGTH == 62
     longest = EnvelopeHeader("a" * MAX_USE_CASE_LENGTH, epoch=0, key_id=0).to_bytes()
     assert len(longest) == 64  # RFC 9180 §7.2.1 recommended info limit
 
 
+@pytest.mark.parametrize("header", [HEADER, HEADER_V2], ids=["v1", "v2"])
 @pytest.mark.parametrize("size", [0, 1, 11, 100, 4096])
-def test_round_trip(size: int) -> None:
+def test_round_trip(size: int, header: EnvelopeHeader) -> None:
     payload = bytes((i * 7) & 0xFF for i in range(size))
-    data = seal(HEADER, payload, pair().public)
-    assert len(data) == len(HEADER.to_bytes()) + ENC_LENGTH + size + TAG_LENGTH
-    assert open_envelope(data, ring()) == OpenedEnvelope(HEADER, payload)
-    header, body = parse_header(data)
-    assert header == HEADER and len(body) == ENC_LENGTH + size + TAG_LENGTH
+    data = seal(header, payload, pair().public)
+    assert len(data) == len(header.to_bytes()) + ENC_LENGTH + size + TAG_LENGTH
+    assert open_envelope(data, ring()) == OpenedEnvelope(header, payload)
+    assert open_envelope(data, ring(), version=header.version).header.version == header.version
+    parsed, body = parse_header(data)
+    assert parsed == header and parsed.version == header.version
+    assert len(body) == ENC_LENGTH + size + TAG_LENGTH
 
 
 def test_sealing_is_randomized_and_accepts_raw_keys() -> None:
@@ -227,6 +286,12 @@ def test_header_validation(use_case: Any, epoch: Any, key_id: Any) -> None:
         EnvelopeHeader(use_case, epoch, key_id)
 
 
+@pytest.mark.parametrize("version", [0, 3, 255, -1, None, "2"])
+def test_header_version_validation(version: Any) -> None:
+    with pytest.raises(ValueError, match=r"version must be 1 \(single layer\) or 2"):
+        EnvelopeHeader("emoji", 1, 1, version=version)
+
+
 def test_header_edges_are_valid() -> None:
     recipient = KeyPair.generate(key_id=0)
     for use_case in (
@@ -256,10 +321,12 @@ def test_every_reason_with_a_message_that_names_the_fix() -> None:
         (b"", {}, R.TOO_SHORT, "at least 62 bytes"),
         (data[:12], {}, R.TOO_SHORT, "fixed header"),
         (b"XYZ" + data[3:], {}, R.BAD_MAGIC, "not an ldpipe envelope"),
-        (data[:3] + b"\x02" + data[4:], {}, R.UNSUPPORTED_VERSION, "opens version 1"),
+        (data[:3] + b"\x03" + data[4:], {}, R.UNSUPPORTED_VERSION, "opens versions 1 and 2"),
         (data[: end + ENC_LENGTH + TAG_LENGTH - 1], {}, R.TRUNCATED, "was cut"),
         (data[:13] + b"EMOJI" + data[18:], {}, R.BAD_USE_CASE, "[a-z0-9_.-]"),
         (data, {"use_case": "other"}, R.WRONG_USE_CASE, "this reader opens 'other'"),
+        (data, {"version": 2}, R.SINGLE_LAYER, "shuffle.public_key"),
+        (sealed_v2(), {"version": 1}, R.UNEXPECTED_NESTED, "layers = 'nested'"),
         (data, {"epochs": range(4, 9)}, R.WRONG_EPOCH, "parameter epoch 3"),
         (data[:8] + struct.pack("<I", 5) + data[12:], {}, R.UNKNOWN_KEY_ID, "key directory"),
         (data[:-1] + bytes([data[-1] ^ 1]), {}, R.DECRYPTION_FAILED, "altered"),
@@ -272,6 +339,28 @@ def test_every_reason_with_a_message_that_names_the_fix() -> None:
         assert fragment in str(info.value)
         assert isinstance(info.value, LdpipeError) and isinstance(info.value, ValueError)
     assert open_envelope(data, ring(), use_case="emoji", epochs={2, 3}).header == HEADER
+    assert open_envelope(data, ring(), use_case="emoji", epochs={3}, version=1).header == HEADER
+    assert open_envelope(sealed_v2(), ring(), epochs={3}, version=2).header == HEADER_V2
+
+
+def test_layering_rules_and_their_order() -> None:
+    """``single_layer``/``unexpected_nested`` come after ``wrong_use_case`` and before
+    ``wrong_epoch``, ``unknown_key_id`` and decryption; without ``version`` both open."""
+    v1, v2 = sealed(), sealed_v2()
+    assert reason_of(v1, version=2, use_case="other") is R.WRONG_USE_CASE
+    assert reason_of(v2, version=1, use_case="other") is R.WRONG_USE_CASE
+    assert reason_of(v1, version=2, epochs=[]) is R.SINGLE_LAYER
+    assert reason_of(v2, version=1, epochs=[]) is R.UNEXPECTED_NESTED
+    unknown = v2[:8] + struct.pack("<I", 5) + v2[12:]
+    assert reason_of(unknown, version=1) is R.UNEXPECTED_NESTED
+    assert reason_of(unknown, version=2) is R.UNKNOWN_KEY_ID
+    relabelled = v1[:3] + b"\x02" + v1[4:]  # the version is in info: relabelling fails
+    assert reason_of(relabelled) is R.DECRYPTION_FAILED
+    assert reason_of(relabelled, version=2) is R.DECRYPTION_FAILED
+    assert reason_of(relabelled, version=1) is R.UNEXPECTED_NESTED  # before authentication
+    assert reason_of(v2[:3] + b"\x01" + v2[4:]) is R.DECRYPTION_FAILED
+    assert open_envelope(v1, ring()).header.version == 1
+    assert open_envelope(v2, ring()).header.version == 2
 
 
 @pytest.mark.parametrize(
@@ -281,6 +370,10 @@ def test_every_reason_with_a_message_that_names_the_fix() -> None:
         (b"LDP\x01", R.TOO_SHORT),
         (b"LDQ\x01" + bytes(100), R.BAD_MAGIC),
         (b"LDP\x00" + bytes(100), R.UNSUPPORTED_VERSION),
+        (b"LDP\x03" + bytes(100), R.UNSUPPORTED_VERSION),
+        (b"LDP\x03" + bytes(8) + b"\x05abc", R.UNSUPPORTED_VERSION),
+        (b"LDP\x02" + bytes(8) + b"\x05abc", R.TRUNCATED),
+        (b"LDP\x02" + bytes(8) + b"\x00" + bytes(100), R.BAD_USE_CASE),
         (b"LDP\x01" + bytes(8) + b"\x05abc", R.TRUNCATED),
         (b"LDP\x01" + bytes(8) + b"\x00" + bytes(100), R.BAD_USE_CASE),
     ],
@@ -327,6 +420,10 @@ def test_open_many_keeps_order_and_never_raises() -> None:
     ]
     wrong = open_many(good, ring(), epochs=[7])
     assert all(isinstance(r, EnvelopeError) and r.reason is R.WRONG_EPOCH for r in wrong)
+    mixed = open_many([good[0], sealed_v2(), None], ring(), version=2)
+    assert isinstance(mixed[0], EnvelopeError) and mixed[0].reason is R.SINGLE_LAYER
+    assert isinstance(mixed[1], OpenedEnvelope) and mixed[1].header == HEADER_V2
+    assert isinstance(mixed[2], EnvelopeError) and mixed[2].reason is R.TOO_SHORT
 
 
 # ---- tampering -----------------------------------------------------------------------------------
@@ -334,8 +431,8 @@ def allowed_reasons(index: int, use_case_length: int) -> set[EnvelopeRejection]:
     """What flipping header byte ``index`` may give (never success)."""
     if index < 3:
         return {R.BAD_MAGIC}
-    if index == 3:
-        return {R.UNSUPPORTED_VERSION}
+    if index == 3:  # 1 <-> 2 relabels the layering, which info binds
+        return {R.UNSUPPORTED_VERSION, R.DECRYPTION_FAILED}
     if index < 8:  # epoch
         return {R.DECRYPTION_FAILED}
     if index < 12:  # key id: no other key in the ring
@@ -346,9 +443,10 @@ def allowed_reasons(index: int, use_case_length: int) -> set[EnvelopeRejection]:
     return {R.BAD_USE_CASE, R.DECRYPTION_FAILED}
 
 
-@pytest.mark.parametrize("mask", [0x01, 0x02, 0x20, 0x80, 0xFF])
-def test_every_header_byte_is_bound(mask: int) -> None:
-    data = sealed()
+@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("mask", [0x01, 0x02, 0x03, 0x20, 0x80, 0xFF])
+def test_every_header_byte_is_bound(mask: int, version: int) -> None:
+    data = sealed() if version == 1 else sealed_v2()
     end = len(HEADER.to_bytes())
     for index in range(end):
         tampered = bytearray(data)
@@ -356,8 +454,9 @@ def test_every_header_byte_is_bound(mask: int) -> None:
         assert reason_of(bytes(tampered)) in allowed_reasons(index, end - 13), index
 
 
-def test_every_body_byte_is_bound() -> None:
-    data = sealed()
+@pytest.mark.parametrize("version", [1, 2])
+def test_every_body_byte_is_bound(version: int) -> None:
+    data = sealed() if version == 1 else sealed_v2()
     end = len(HEADER.to_bytes())
     for index in range(end, len(data)):
         for mask in (0x01, 0x80):
@@ -399,6 +498,7 @@ def check_only_envelope_errors(data: bytes) -> OpenedEnvelope | None:
 def test_fuzz_random_bytes(data: bytes) -> None:
     assert check_only_envelope_errors(data) is None
     assert check_only_envelope_errors(b"LDP\x01" + data) is None
+    assert check_only_envelope_errors(b"LDP\x02" + data) is None
 
 
 @st.composite
@@ -431,3 +531,27 @@ def test_fuzz_mutated_envelopes(data: bytes) -> None:
         assert opened.header == HEADER
     results = open_many([data, sealed()], ring())
     assert isinstance(results[1], OpenedEnvelope)
+
+
+def test_the_version_must_be_an_integer_layering() -> None:
+    """A bool or float version is refused at construction, as epoch and key id are; a
+    reader's required version must be 1 or 2 (a typo must not refuse every envelope)."""
+    for bad in (True, 2.0, "2", 3):
+        with pytest.raises(ValueError, match="envelope version must be"):
+            EnvelopeHeader("emoji", 1, 1, version=bad)  # type: ignore[arg-type]
+    pair = KeyPair.generate(key_id=1)
+    sealed = seal(EnvelopeHeader("emoji", 1, 1, version=2), b"p", pair.public)
+    for bad in (3, "2", True):
+        with pytest.raises(ValueError, match="version must be 1, 2 or None"):
+            open_envelope(sealed, KeyRing([pair]), version=bad)  # type: ignore[arg-type]
+
+
+def test_a_released_memoryview_is_too_short_not_a_crash() -> None:
+    from schemas.outer import open_outer
+
+    view = memoryview(b"LDP" + bytes(80))
+    view.release()
+    for reader in (open_envelope, open_outer):
+        with pytest.raises(EnvelopeError) as info:
+            reader(view, {})
+        assert info.value.reason == "too_short"

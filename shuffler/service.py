@@ -156,6 +156,7 @@ class Shuffler:
         self._labels = {"use_case": use_case.name}
         self._first_offsets: dict[tuple[str, int], int] = {}  # of the open window, for the ledger
         self._eps_labels = {**self._labels, "holds_against": self.holds_against}
+        self._reports_in = self.metrics.reports_in.labels(**self._labels)  # once, not per report
         if self.epsilon0 is not None:
             self.metrics.report_epsilon.labels(**self._labels).set(self.epsilon0)
             self.metrics.user_epsilon_period.labels(**self._labels).set(
@@ -279,7 +280,7 @@ class Shuffler:
         return self.windows_released
 
     def _admit(self, msg: Message, now: float) -> None:
-        self.metrics.reports_in.labels(**self._labels).inc()
+        self._reports_in.inc()
         value = msg.value() or b""
         source = message_position(msg)
         self._first_offsets.setdefault(source[:2], source[2])

@@ -13,10 +13,17 @@ from aggregator.snapshot import latest_snapshots, merge_windows
 from aggregator.windows import decode_batch
 from infra.pipeline import LocalPipeline, PipelineSettings
 from producers.datasets import Population, dictionary_population
-from schemas.envelope import EnvelopeError
-from schemas.keys import KeyRing
+from schemas.envelope import (
+    ENC_LENGTH,
+    TAG_LENGTH,
+    EnvelopeError,
+    EnvelopeHeader,
+    parse_header,
+    seal,
+)
+from schemas.keys import KeyPair, KeyRing
 from schemas.mechanisms import Sketch
-from schemas.outer import open_outer_many
+from schemas.outer import open_outer_many, seal_outer
 from schemas.payloads import PayloadCodec
 
 
@@ -104,3 +111,20 @@ def live_sketch(directory: Path, use_case: str) -> Sketch:
 def assert_same_sketch(a: Sketch, b: Sketch) -> None:
     np.testing.assert_array_equal(a.counts, b.counts)
     np.testing.assert_array_equal(a.row_totals, b.row_totals)
+
+
+def aggregator_refusals(pipe: LocalPipeline, good: bytes) -> list[bytes]:
+    """Two nested reports that pass the shuffler and that the aggregator refuses: an inner
+    envelope for an analyzer key it lacks (``unknown_key_id``) and a tampered one
+    (``decryption_failed``); ``good`` is a valid report of the pipeline."""
+    uc, shuffler = pipe.use_case, pipe.shuffler_public
+    assert shuffler is not None
+    (inner,), _ = peel(pipe, [good])
+    header, body = parse_header(inner)
+    stranger = KeyPair.generate(key_id=(header.key_id + 1) % 2**32)
+    size = len(body) - ENC_LENGTH - TAG_LENGTH
+    foreign = seal(
+        EnvelopeHeader(uc.name, header.epoch, stranger.key_id, 2), bytes(size), stranger.public
+    )
+    tampered = inner[:-1] + bytes([inner[-1] ^ 1])
+    return [seal_outer(uc.name, foreign, shuffler), seal_outer(uc.name, tampered, shuffler)]

@@ -4,7 +4,6 @@ them by stage, layer and reason, counts a re-sent copy once, and names a missing
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,13 @@ from infra.cli import main
 from infra.dead_letters import count_dead_letters, read_dead_letters
 from infra.kafka import KafkaSettings, produce
 from infra.pipeline import LocalPipeline, PipelineSettings
-from tests.integration.pipeline_helpers import make_pipeline, make_workload, publish, unique_name
+from tests.integration.pipeline_helpers import (
+    aggregator_refusals,
+    make_pipeline,
+    make_workload,
+    publish,
+    unique_name,
+)
 
 
 def test_dlq_tallies_what_the_services_refused(
@@ -25,7 +30,7 @@ def test_dlq_tallies_what_the_services_refused(
     work = make_workload(pipe, 300, seed=11)
     keys: list[bytes | None] = list(work.keys)
     keys[1:6] = [keys[0]] * 5  # one client sends 6 reports: 5 over the limit of 1
-    values = [*work.values, os.urandom(64), b"\x00"]
+    values = [*work.values, *aggregator_refusals(pipe, work.values[0])]
     keys += [b"bad-0", b"bad-1"]
     pipe.start_shuffler()
     pipe.start_aggregator(0, 1)

@@ -25,6 +25,7 @@ from tests.integration.pipeline_helpers import (
     make_pipeline,
     make_workload,
     offline_sketch,
+    peel,
     publish,
 )
 
@@ -103,7 +104,7 @@ def test_bad_input_lands_in_the_dead_letter_topic(broker: KafkaSettings, tmp_pat
     def nest(inner: bytes) -> bytes:
         return seal_outer(uc.name, inner, shuffler)
 
-    valid_inner = seal(header, pipe.device_client().codec.encode_one(mech.randomize(["x"])), public)
+    (valid_inner,), _ = peel(pipe, [good])
     inner_tampered = bytearray(valid_inner)
     inner_tampered[-3] ^= 0x40
     bad = {  # (stage, layer, reason) -> report

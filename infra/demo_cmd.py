@@ -113,11 +113,12 @@ def run(args: argparse.Namespace) -> int:
         # the shuffler dead-letters them)
         bad_count = 6
         max_reports = math.ceil(args.n / WINDOWS)
+        last = args.n - (WINDOWS - 1) * max_reports  # the smallest window: the remainder
         settings = PipelineSettings(
             mechanism=args.mechanism,
             epsilon=args.epsilon,
             mechanism_options=options,
-            n_min=min(1000, max_reports),
+            n_min=min(1000, last),
             max_reports=max_reports,
             # oue answers only for its dictionary: nothing to discover
             discovery=args.mechanism != "oue",

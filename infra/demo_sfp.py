@@ -68,7 +68,7 @@ def run_sfp(args: argparse.Namespace) -> int:
             epsilon=2.0,
             mechanism_options={"k": 2048, "m": 1024},
             dictionary=str(words),
-            n_min=min(1000, math.ceil(args.n / windows)),
+            n_min=min(1000, args.n - (windows - 1) * math.ceil(args.n / windows)),
             max_reports=math.ceil(args.n / windows),
             sfp={"fragment_k": 256},
         )

@@ -13,8 +13,10 @@ whoever reads both topics cannot join them on bytes. Specified in ``schemas/enve
     | enc (32 bytes) | AEAD ciphertext (inner envelope + 16-byte tag)
 
 Same HPKE suite and rules as the inner layer (header = ``info``, empty ``aad``). The outer
-header carries no parameter epoch: a reader of the reports topic cannot sort inputs by the epoch
-their inner envelope shows on the shuffled topic.
+header carries no parameter epoch (a reader of the reports topic should not sort inputs by the
+epoch their inner envelope shows on the shuffled topic); epochs with payloads of different
+lengths still differ in outer length, which is why the shuffler's anonymity set is counted per
+epoch (``shuffler/inner.py``).
 
 >>> from schemas.envelope import EnvelopeHeader, seal
 >>> from schemas.keys import KeyPair, KeyRing

@@ -1,7 +1,8 @@
 """Per-client contribution limits that survive crashes, even on brokers that leak aborts.
 
 The client token travels as the Kafka key and dies in the shuffler; what is kept is an 8-byte
-keyed BLAKE2b of it per period, with the input position ``(partition, offset)`` of each report
+BLAKE2b of it (personalized, not keyed: whoever reads the shuffler-state topic can test a
+guessed token) per period, with the input position ``(partition, offset)`` of each report
 it admitted. Entries admitted in a window are *pending* until that window's transaction commits;
 every window writes its entries to the shuffler-state topic inside the same transaction, and a
 restarted shuffler rebuilds the counts of the current period from them (``restore``).

@@ -284,21 +284,22 @@ class Shuffler:
         value = msg.value() or b""
         source = message_position(msg)
         self._first_offsets.setdefault(source[:2], source[2])
-        if self.nested:
+        received = value  # what a refused report's dead letter carries: never the inner
+        if self.nested:  # envelope, which beside ldpipe.source would link it to its client
             assert self.keyring is not None
             try:
                 value = open_outer(value, self.keyring, use_case=self.use_case.name).inner
             except EnvelopeError as exc:
-                self.window.reject(value, str(exc.reason), source, layer="outer")
+                self.window.reject(received, str(exc.reason), source, layer="outer")
                 return
             klass = self.inner.classify(value)
             if isinstance(klass[0], str):  # refused: the inner envelope would stand out
-                self.window.reject(value, str(klass[0]), source, layer="inner")
+                self.window.reject(received, str(klass[0]), source, layer="inner")
                 return
         if self.ledger.admit(msg.key(), source[1:], now):
             self.window.add(value, now, source)
         else:
-            self.window.reject(value, "contribution_limit", source)
+            self.window.reject(received, "contribution_limit", source)
 
     def _release(self, consumer: Consumer, producer: Producer, now: float) -> bool:
         """Publish the window in one transaction; False if it was aborted (and rewound)."""

@@ -127,6 +127,9 @@ def test_the_shuffler_admits_inner_envelopes_only() -> None:
     inners = [open_outer(v, KeyRing([shuffler])).inner for v in good]
     assert service.window.values == inners
     refused = [(reason, layer) for _, reason, _, layer in service.window.rejected]
+    # a dead letter carries what the device sent, never an opened inner envelope: beside its
+    # ldpipe.source it would link a readable report to its client
+    assert [value for value, *_ in service.window.rejected] == values[2:]
     assert refused == [
         ("single_layer", "outer"),
         ("wrong_length", "inner"),

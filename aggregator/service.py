@@ -58,8 +58,21 @@ from infra.kafka import (
     require_topics,
 )
 from schemas.config import UseCase
-from schemas.envelope import ENVELOPE_VERSION, NESTED_VERSION, PrivateKeyLookup
-from schemas.headers import LAYER_HEADER, REASON_HEADER, SOURCE_HEADER, STAGE_HEADER
+from schemas.envelope import (
+    ENC_LENGTH,
+    ENVELOPE_VERSION,
+    FIXED_HEADER_LENGTH,
+    NESTED_VERSION,
+    TAG_LENGTH,
+    PrivateKeyLookup,
+)
+from schemas.headers import (
+    LAYER_HEADER,
+    REASON_HEADER,
+    SOURCE_HEADER,
+    STAGE_HEADER,
+    oversized_letter,
+)
 from schemas.mechanisms import Reports
 
 __all__ = ["Aggregator", "AggregatorOptions"]
@@ -336,19 +349,33 @@ class Aggregator:
         self.crash_point("aggregator.after_accumulate")
         return accepted
 
+    def _value_limit(self) -> int:
+        """The longest envelope of any known epoch: a longer value is no report."""
+        name = len(self.use_case.name)
+        payload = max(codec.record_length for codec in self.epochs.codecs.values())
+        return FIXED_HEADER_LENGTH + name + ENC_LENGTH + payload + TAG_LENGTH
+
     def _dead_letter(self, producer: Producer, msg: Message, layer: str, reason: str) -> None:
+        value = msg.value()
+        limit = self._value_limit()
+        if value is not None and len(value) > limit:
+            # no report is this long, whatever else is wrong with it; its dead letter carries
+            # a digest, so the dead letter itself can always be produced
+            layer, reason = "envelope", "too_large"
         self.rejected += 1
         self.metrics.reports_rejected.labels(**self._labels, reason=reason).inc()
         if not self.options.dead_letters:
             return
         topic, partition, offset = message_position(msg)
+        carried, extra = oversized_letter(value, limit)
         headers: list[tuple[str, str | bytes | None]] = [
             (REASON_HEADER, reason.encode()),
             (STAGE_HEADER, b"aggregator"),
             (LAYER_HEADER, layer.encode()),
             (SOURCE_HEADER, f"{topic}:{partition}:{offset}".encode()),
+            *extra,
         ]
-        produce(producer, self.use_case.topics.dlq, value=msg.value(), headers=headers)
+        produce(producer, self.use_case.topics.dlq, value=carried, headers=headers)
 
     # ---- snapshots ----------------------------------------------------------------------
     def snapshot(self, producer: Producer, consumer: Consumer | None = None) -> Path:

@@ -25,6 +25,7 @@ from infra.kafka import KafkaSettings, iter_to_end
 from schemas.headers import (
     LAYER_HEADER,
     REASON_HEADER,
+    SIZE_HEADER,
     SOURCE_HEADER,
     STAGE_HEADER,
     header_value,
@@ -71,7 +72,7 @@ class DeadLetter:
             reason=_text(header_value(headers, REASON_HEADER)),
             layer=None if layer is None else _text(layer),
             source=None if source is None else _text(source),
-            size=len(value) if value is not None else 0,
+            size=_size(header_value(headers, SIZE_HEADER), value),
         )
 
     @property
@@ -184,6 +185,15 @@ def read_dead_letters(
 def count_dead_letters(kafka: KafkaSettings, topic: str) -> DeadLetterTally:
     """Read ``topic`` to its end (read_committed) and tally it, never holding it in memory."""
     return tally(topic, iter_dead_letters(kafka, topic))
+
+
+def _size(declared: str | bytes | None, value: bytes | None) -> int:
+    """The refused value's size: its ``ldpipe.size`` header when an oversized value was
+    replaced by its digest, else the value's own length."""
+    try:
+        return int(_text(declared)) if declared is not None else len(value or b"")
+    except ValueError:
+        return len(value or b"")
 
 
 def _text(value: str | bytes | None) -> str:

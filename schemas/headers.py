@@ -6,8 +6,13 @@ Dead letters (shuffler, aggregators, discovery server) carry:
 * ``ldpipe.stage`` — who refused it (``shuffler``, ``aggregator``, ``discovery-aux``,
   ``discovery-server``);
 * ``ldpipe.source`` — where it was read, ``topic:partition:offset``;
-* ``ldpipe.layer`` — aggregators (``envelope``, ``payload``) and the discovery server
-  (``release``, ``envelope``, ``item``): which format's rule the record broke.
+* ``ldpipe.layer`` — shufflers (``outer``, ``inner``), aggregators (``envelope``,
+  ``payload``) and the discovery server (``release``, ``envelope``, ``item``): which format's
+  rule the record broke;
+* ``ldpipe.size`` and ``ldpipe.digest`` — only on a dead letter whose refused value was larger
+  than any valid report of its use case (reason ``too_large``): the value's length in bytes
+  and ``sha256:<hex>`` of it. Such a dead letter carries an empty value, so a dead letter is
+  never larger than a report and can always be produced (``oversized_letter``).
 
 The aux server's release records carry ``ldpipe.release`` (JSON, ``discovery/aux_service.py``
 ``ReleaseHeader``): the window, its size in records and the release's parameters.
@@ -30,15 +35,18 @@ True
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
 __all__ = [
+    "DIGEST_HEADER",
     "LAYER_HEADER",
     "REASON_HEADER",
     "RELEASE_HEADER",
+    "SIZE_HEADER",
     "SOURCE_HEADER",
     "STAGE_HEADER",
     "WINDOW_HEADER",
@@ -46,6 +54,7 @@ __all__ = [
     "Headers",
     "WindowMark",
     "header_value",
+    "oversized_letter",
     "parse_window_header",
     "window_header",
 ]
@@ -56,6 +65,8 @@ SOURCE_HEADER: Final = "ldpipe.source"
 LAYER_HEADER: Final = "ldpipe.layer"
 RELEASE_HEADER: Final = "ldpipe.release"
 WINDOW_HEADER: Final = "ldpipe.window"
+SIZE_HEADER: Final = "ldpipe.size"
+DIGEST_HEADER: Final = "ldpipe.digest"
 
 _MAX_WINDOW = 1 << 31  # records per window: far above any max_reports
 _WINDOW_RE: Final = re.compile(rb"(0|[1-9][0-9]{0,9}):([\x21-\x7e]{1,249}/[0-9a-f]{32})")
@@ -64,6 +75,24 @@ _WINDOW_RE: Final = re.compile(rb"(0|[1-9][0-9]{0,9}):([\x21-\x7e]{1,249}/[0-9a-
 HeaderValue = bytes | str | None
 #: a record's headers as clients hand them over: a list of pairs, or a mapping
 Headers = Mapping[str, HeaderValue] | Sequence[tuple[str, HeaderValue]] | None
+
+
+def oversized_letter(
+    value: bytes | None, limit: int
+) -> tuple[bytes | None, list[tuple[str, bytes]]]:
+    """What a dead letter of ``value`` carries: the value itself, or, above ``limit`` bytes,
+    an empty value and the ``ldpipe.size`` and ``ldpipe.digest`` headers.
+
+    >>> oversized_letter(b"abc", 3)
+    (b'abc', [])
+    >>> value, headers = oversized_letter(b"abcd", 3)
+    >>> value, headers[0], headers[1][1][:15]
+    (b'', ('ldpipe.size', b'4'), b'sha256:88d4266f')
+    """
+    if value is None or len(value) <= limit:
+        return value, []
+    digest = "sha256:" + hashlib.sha256(value).hexdigest()
+    return b"", [(SIZE_HEADER, str(len(value)).encode()), (DIGEST_HEADER, digest.encode())]
 
 
 def header_value(headers: Headers, name: str) -> HeaderValue:

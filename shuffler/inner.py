@@ -74,6 +74,15 @@ class InnerCheck:
         header = FIXED_HEADER_LENGTH + len(self.use_case)
         return header + ENC_LENGTH + payload + TAG_LENGTH
 
+    def max_length(self) -> int:
+        """The longest inner envelope of any known epoch (what a size limit derives from)."""
+        return max((self.envelope_length(epoch) or 0 for epoch in self.lengths), default=0)
+
+    def max_length_fresh(self) -> int:
+        """:meth:`max_length` after a (rate-limited) reload of newly published epochs."""
+        self._reload()
+        return self.max_length()
+
     def classify(self, inner: bytes) -> InnerClass | Rejection:
         """The class of a well-formed inner envelope, or ``(reason, message)``."""
         try:

@@ -60,6 +60,7 @@ from schemas.headers import (
     SOURCE_HEADER,
     STAGE_HEADER,
     WINDOW_HEADER,
+    oversized_letter,
     window_header,
 )
 from schemas.keys import KeyRing
@@ -71,7 +72,7 @@ from schemas.ledger import (
     ledger_topic,
     window_id,
 )
-from schemas.outer import open_outer
+from schemas.outer import open_outer, outer_length
 from schemas.privacy import AmplificationBounds, amplification_bounds
 from shuffler.contributions import ContributionLedger
 from shuffler.exceptions import ShufflerError
@@ -157,6 +158,8 @@ class Shuffler:
         self._first_offsets: dict[tuple[str, int], int] = {}  # of the open window, for the ledger
         self._eps_labels = {**self._labels, "holds_against": self.holds_against}
         self._reports_in = self.metrics.reports_in.labels(**self._labels)  # once, not per report
+        self.size_limit = 0
+        self._size_limit()
         if self.epsilon0 is not None:
             self.metrics.report_epsilon.labels(**self._labels).set(self.epsilon0)
             self.metrics.user_epsilon_period.labels(**self._labels).set(
@@ -178,6 +181,13 @@ class Shuffler:
                     f"instance {instance!r}: window headers need a transactional id of printable "
                     f"ASCII without spaces (at most 200 characters); pick another --instance"
                 ) from None
+
+    def _size_limit(self, *, fresh: bool = False) -> int:
+        """The largest report of the use case (any known epoch, with the shuffler layer when
+        nested); ``fresh`` reloads published epochs first (at most every 2 s)."""
+        inner = self.inner.max_length_fresh() if fresh else self.inner.max_length()
+        self.size_limit = outer_length(self.use_case.name, inner) if self.nested else inner
+        return self.size_limit
 
     def _published_lengths(self) -> dict[int, int]:
         """Payload lengths of the configured and every published parameter epoch."""
@@ -284,6 +294,11 @@ class Shuffler:
         value = msg.value() or b""
         source = message_position(msg)
         self._first_offsets.setdefault(source[:2], source[2])
+        if len(value) > self.size_limit and len(value) > self._size_limit(fresh=True):
+            # larger than any report of the use case: refused before anything else, and its
+            # dead letter carries a digest (oversized_letter), so no transaction can fail on it
+            self.window.reject(value, "too_large", source, layer="outer" if self.nested else "")
+            return
         received = value  # what a refused report's dead letter carries: never the inner
         if self.nested:  # envelope, which beside ldpipe.source would link it to its client
             assert self.keyring is not None
@@ -336,14 +351,16 @@ class Shuffler:
                 )
             for value, reason, (topic, partition, offset), layer in self.window.rejected:
                 source = f"{topic}:{partition}:{offset}".encode()
+                carried, extra = oversized_letter(value, self.size_limit)
                 headers = [
                     (REASON_HEADER, reason.encode()),
                     (STAGE_HEADER, b"shuffler"),
                     (SOURCE_HEADER, source),
+                    *extra,
                 ]
                 if layer:
                     headers.append((LAYER_HEADER, layer.encode()))
-                self._produce(producer, topics.dlq, value, headers=headers)
+                self._produce(producer, topics.dlq, carried or b"", headers=headers)
             period, entries = self.ledger.pending_record()
             if entries:
                 self._produce(producer, topics.shuffler_state, entries, key=str(period).encode())

@@ -15,6 +15,7 @@ import pytest
         "schemas.outer",
         "schemas.keys",
         "schemas.ledger",
+        "schemas.headers",
         "shuffler.inner",
         "producers.client",
     ],

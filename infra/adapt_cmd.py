@@ -23,6 +23,7 @@ from aggregator.query import query_use_case
 from infra.common import add_service_args, service_context, stop_on_signals
 from infra.epochs_io import load_epochs, publish_epoch
 from schemas.adaptive import choose_target_parameters, worst_variance
+from schemas.config import UseCase
 from schemas.epochs import ParameterEpoch
 
 __all__ = ["add_parser", "run"]
@@ -119,14 +120,18 @@ def _once(args: argparse.Namespace, ctx: Any) -> dict[str, Any]:
     }
 
 
-def run(args: argparse.Namespace) -> int:
-    ctx = service_context(args)
-    if ctx.use_case.sfp is not None:
+def _validate(uc: UseCase) -> None:
+    """Use cases adapt cannot retune, refused before any Kafka connection."""
+    if uc.sfp is not None:
         raise ValueError(
-            f"use case {ctx.use_case.name!r} is an SFP use case: its word and fragment sketches "
+            f"use case {uc.name!r} is an SFP use case: its word and fragment sketches "
             f"must keep the parameters the puzzle was configured with (Apple §6.1), so it is not "
             f"retuned; change [use_case.sfp] and the epoch instead"
         )
+
+
+def run(args: argparse.Namespace) -> int:
+    ctx = service_context(args, _validate)
     stop = stop_on_signals() if args.every else None
     while True:
         result = _once(args, ctx)

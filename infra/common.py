@@ -6,6 +6,7 @@ import argparse
 import logging
 import signal
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,9 +47,18 @@ def add_service_args(
         metavar="KEY=VALUE",
         help="librdkafka setting passed to every client, e.g. -X security.protocol=SSL",
     )
+    parser.add_argument(
+        "--connect-timeout",
+        type=_seconds,
+        default=15.0,
+        metavar="SECONDS",
+        help="give up, in one line, if no Kafka broker answers within this long (default: 15)",
+    )
     if metrics:
         parser.add_argument(
-            "--metrics-port", type=int, help="serve Prometheus metrics on this port (0: none)"
+            "--metrics-port",
+            type=_port,
+            help="serve Prometheus metrics on this port (0: none)",
         )
         parser.add_argument(
             "--metrics-addr",
@@ -66,22 +76,65 @@ class ServiceContext:
 
 
 def kafka_settings(config: PipelineConfig, args: argparse.Namespace) -> KafkaSettings:
-    """The configuration's Kafka settings, with --bootstrap-servers and -X applied over them."""
+    """The configuration's Kafka settings, with --bootstrap-servers and -X applied over them,
+    once a broker has answered (within ``--connect-timeout``; else one line names why)."""
     extra: dict[str, Any] = {**config.kafka.extra, **parse_extra(args.kafka_extra)}
-    return KafkaSettings(args.bootstrap_servers or config.kafka.bootstrap_servers, extra)
+    kafka = KafkaSettings(args.bootstrap_servers or config.kafka.bootstrap_servers, extra)
+    kafka.check_reachable(getattr(args, "connect_timeout", 15.0))
+    return kafka
 
 
-def service_context(args: argparse.Namespace) -> ServiceContext:
+def service_context(
+    args: argparse.Namespace, validate: Callable[[UseCase], None] | None = None
+) -> ServiceContext:
+    """Configuration, use case and Kafka settings of a command; ``validate`` checks the use
+    case before any I/O; then a broker must answer (within ``--connect-timeout``) and the
+    metrics endpoint start, each failing in one line."""
     config = load_config(args.config)
     use_case = select_use_case(config, args.use_case)
+    if validate is not None:
+        validate(use_case)
     kafka = kafka_settings(config, args)
     registry = CollectorRegistry()
-    port = getattr(args, "metrics_port", None)
-    if port:
-        addr = getattr(args, "metrics_addr", "127.0.0.1")
-        start_http_server(port, addr=addr, registry=registry)
-        log.info("metrics on http://%s:%d/metrics", addr, port)
+    start_metrics(args, registry)
     return ServiceContext(config, use_case, kafka, registry)
+
+
+def start_metrics(args: argparse.Namespace, registry: CollectorRegistry) -> None:
+    """Serve ``registry`` on ``--metrics-addr:--metrics-port`` (none for port 0 or unset); a
+    port in use or not allowed is one line (``ValueError``)."""
+    port = getattr(args, "metrics_port", None)
+    if not port:
+        return
+    addr = getattr(args, "metrics_addr", "127.0.0.1")
+    try:
+        start_http_server(port, addr=addr, registry=registry)
+    except OSError as exc:
+        raise ValueError(
+            f"--metrics-port {port}: cannot listen on {addr}:{port} ({exc.strerror or exc}); "
+            f"pick a free port, or 0 for no metrics endpoint"
+        ) from None
+    log.info("metrics on http://%s:%d/metrics", addr, port)
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 0-65535, got {port}")
+    return port
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text}")
+    return value
 
 
 def select_use_case(config: PipelineConfig, name: str | None) -> UseCase:

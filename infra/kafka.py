@@ -31,6 +31,7 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
+from infra.rdkafka_log import RDKAFKA_LOGGER
 from schemas.errors import LdpipeError
 
 __all__ = [
@@ -120,6 +121,11 @@ def _unwrap(exc: KafkaException) -> KafkaError | None:
     return first if isinstance(first, KafkaError) else None
 
 
+def _why(exc: KafkaException) -> str:
+    error = _unwrap(exc)
+    return error.str() if error is not None else str(exc)
+
+
 def parse_extra(items: Iterable[str]) -> dict[str, str]:
     """``["key=value", ...]`` from repeated ``-X key=value`` flags; a later key wins."""
     extra: dict[str, str] = {}
@@ -170,12 +176,42 @@ class KafkaSettings:
         more: Mapping[str, Any],
     ) -> dict[str, Any]:
         return {
+            "logger": RDKAFKA_LOGGER,  # through Python logging, rate-limited (rdkafka_log.py)
             **defaults,
             **self.extra,
             **(overrides or {}),
             **more,
             "bootstrap.servers": self.bootstrap_servers,
         }
+
+    def check_reachable(self, timeout: float = 15.0) -> None:
+        """Fail within ``timeout`` seconds, in one line, if no broker answers.
+
+        Raises ``ValueError`` for librdkafka settings it refuses (``-X``, ``[kafka.extra]``)
+        and :class:`PipelineKafkaError` naming the address, the cause and what to check when
+        the cluster cannot be reached.
+        """
+        causes: list[str] = []
+        config = {**self.admin_config(), "error_cb": lambda e: causes.append(e.str())}
+        config["log_level"] = 0  # the cause comes from error_cb: no log lines from this probe
+        try:
+            admin = AdminClient(config)
+        except KafkaException as exc:
+            raise ValueError(
+                f"librdkafka refuses the Kafka settings: {_why(exc)}; check the -X "
+                f"options and [kafka.extra] (names: librdkafka's CONFIGURATION.md)"
+            ) from None
+        try:
+            admin.list_topics(timeout=timeout)
+        except KafkaException as exc:
+            admin.poll(0)  # serve error_cb
+            cause = causes[-1] if causes else _why(exc)
+            raise PipelineKafkaError(
+                f"cannot reach Kafka at {self.bootstrap_servers} within {timeout:g} s ({cause}); "
+                f"is the broker running (ldpipe broker --config CONFIG)? check bootstrap_servers "
+                f"in [kafka] or --bootstrap-servers, and the security settings",
+                error=_unwrap(exc),
+            ) from None
 
     def producer_config(
         self, overrides: Mapping[str, Any] | None = None, /, **more: Any

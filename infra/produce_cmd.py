@@ -14,6 +14,7 @@ from producers.datasets import dictionary_population, load_population
 from producers.discovery_stream import discovery_stream
 from producers.loadgen import client_streams, produce_population
 from producers.sfp_client import SfpDeviceClient
+from schemas.config import UseCase
 from schemas.keys import load_public_key
 
 __all__ = ["add_parser", "run"]
@@ -46,15 +47,19 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(run=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    ctx = service_context(args)
-    uc = ctx.use_case
-    if uc.derived and uc.sfp is not None:  # before any I/O
+def _validate(uc: UseCase) -> None:
+    """What is wrong with producing to ``uc`` whatever the broker holds (before any I/O)."""
+    if uc.derived and uc.sfp is not None:
         raise ValueError(
             f"use case {uc.name!r} is the fragments half of SFP use case "
             f"{uc.sfp.word_use_case!r}; produce to {uc.sfp.word_use_case!r} (each device "
             f"sends both reports)"
         )
+
+
+def run(args: argparse.Namespace) -> int:
+    ctx = service_context(args, _validate)
+    uc = ctx.use_case
     key_path = args.public_key or uc.public_key
     if key_path is None:
         raise ValueError(f"use case {uc.name!r} has no public_key; pass --public-key FILE")

@@ -61,6 +61,7 @@ __all__ = [
     "EnvelopeRejection",
     "OpenedEnvelope",
     "PrivateKeyLookup",
+    "as_bytes",
     "open_envelope",
     "open_many",
     "parse_header",
@@ -272,9 +273,7 @@ def open_many(
     append = results.append
     for data in datas:
         try:
-            append(
-                open_envelope(data, keyring, use_case=use_case, epochs=epochs, version=version)
-            )
+            append(open_envelope(data, keyring, use_case=use_case, epochs=epochs, version=version))
         except EnvelopeError as exc:
             append(exc)
     return results
@@ -300,7 +299,9 @@ def _wrong_layer(header: EnvelopeHeader, wanted: int) -> None:
 
 
 # ---- parsing ---------------------------------------------------------------------------------
-def _as_bytes(data: object) -> bytes:
+def as_bytes(data: object, what: str = "envelope", minimum: int = MIN_ENVELOPE_LENGTH) -> bytes:
+    """``data`` as ``bytes``; anything not bytes-like (a tombstone's ``None``, a released
+    memoryview) is ``too_short``: the first rule of every layer."""
     if type(data) is bytes:
         return data
     try:
@@ -308,9 +309,11 @@ def _as_bytes(data: object) -> bytes:
     except (TypeError, ValueError):  # not bytes-like, or a released memoryview
         raise EnvelopeError(
             EnvelopeRejection.TOO_SHORT,
-            f"envelope is {type(data).__name__}, not bytes; a v1 envelope is at least "
-            f"{MIN_ENVELOPE_LENGTH} bytes",
+            f"{what} is {type(data).__name__}, not bytes; it is at least {minimum} bytes",
         ) from None
+
+
+_as_bytes = as_bytes
 
 
 def _parse(data: bytes) -> tuple[EnvelopeHeader, int]:

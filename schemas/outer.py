@@ -49,6 +49,7 @@ from schemas.envelope import (
     EnvelopeError,
     EnvelopeRejection,
     PrivateKeyLookup,
+    as_bytes,
 )
 from schemas.keys import PublicKey
 
@@ -189,16 +190,7 @@ def open_outer_many(
 
 # ---- parsing ---------------------------------------------------------------------------------
 def _as_bytes(data: object) -> bytes:
-    if type(data) is bytes:
-        return data
-    try:
-        return memoryview(data).tobytes()  # type: ignore[arg-type]
-    except (TypeError, ValueError):  # not bytes-like, or a released memoryview
-        raise EnvelopeError(
-            EnvelopeRejection.TOO_SHORT,
-            f"report is {type(data).__name__}, not bytes; a nested report is at least "
-            f"{MIN_OUTER_LENGTH} bytes",
-        ) from None
+    return as_bytes(data, "nested report", MIN_OUTER_LENGTH)
 
 
 def _parse(data: bytes) -> tuple[OuterHeader, int]:

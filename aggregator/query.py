@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from statistics import NormalDist
 from typing import Any, Literal
@@ -24,22 +24,45 @@ import numpy as np
 import numpy.typing as npt
 
 from aggregator.exceptions import QueryError
-from aggregator.snapshot import MergedSketch, WindowSketch, latest_snapshots, merge_windows
+from aggregator.snapshot import (
+    MergedSketch,
+    SnapshotScan,
+    WindowSketch,
+    merge_windows,
+    scan_snapshots,
+    writer_instance,
+)
 from discovery.found import store_directory
 from discovery.store import DiscoveryStore
 from schemas.calibrate import FitMethod, NoiseModel, PriorFamily, fit_prior, posterior_mean
 from schemas.config import UseCase
+from schemas.errors import SnapshotError
 from schemas.mechanisms import Mechanism
 
 __all__ = [
     "ItemEstimate",
+    "MissingSnapshotsError",
     "QueryResult",
+    "describe_missing",
     "discovered_items",
     "load_merged",
     "query_use_case",
 ]
 
 _FOREVER = 2**62
+
+
+class MissingSnapshotsError(SnapshotError):
+    """A writer (or partition) the answer should include has no valid snapshot: summing the
+    rest would silently leave its reports out. ``missing`` says what (as ``QueryResult``)."""
+
+    def __init__(self, message: str, missing: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.missing = missing
+
+
+def _no_missing() -> dict[str, Any]:
+    return {"writers": {}, "partitions": []}
 
 
 @dataclass(frozen=True)
@@ -71,6 +94,10 @@ class QueryResult:
     level: float
     items: list[ItemEstimate]
     calibration: dict[str, Any] | None = None  # the fitted prior, when calibrated
+    # what the answer leaves out (only ever non-empty with allow_missing): writers with no
+    # valid snapshot -> why each of their files was refused, and "topic:partition" that no
+    # valid snapshot covers
+    missing: dict[str, Any] = field(default_factory=_no_missing)
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -88,15 +115,37 @@ def _rebuild(merged: MergedSketch) -> Mechanism:
 
 
 def load_merged(
-    directory: Path, use_case: str, start: int | None = None, end: int | None = None
+    directory: Path,
+    use_case: str,
+    start: int | None = None,
+    end: int | None = None,
+    *,
+    topic: str | None = None,
+    partitions: int | None = None,
+    allow_missing: bool = False,
 ) -> tuple[dict[int, MergedSketch], dict[str, Any]]:
-    """Per-epoch merged sketches of the windows within ``[start, end)``, and what they cover."""
-    files = latest_snapshots(directory)
-    if not files:
+    """Per-epoch merged sketches of the windows within ``[start, end)``, and what they cover.
+
+    Every writer with a file in ``directory`` must have a valid snapshot, and with ``topic``
+    and ``partitions`` (the use case's shuffled topic and its partition count) every partition
+    ``0 .. partitions-1`` must be covered by one: listed in a valid snapshot, or owned by the
+    ``<x>-<i>of<N>`` writer of one that lists that topic (an aggregator lists a partition only
+    once it has read from it). Otherwise :class:`MissingSnapshotsError` (exit 1), unless
+    ``allow_missing``: then the rest is summed and ``coverage["missing"]`` says what is not.
+    """
+    scan = scan_snapshots(directory)
+    if not scan.writers:
         raise QueryError(
             f"no snapshots in {directory} yet; start the aggregator (ldpipe aggregator) and wait "
             f"for its first snapshot"
         )
+    missing = _find_missing(scan, topic, partitions)
+    if not scan.latest or (not allow_missing and _any_missing(missing)):
+        raise MissingSnapshotsError(
+            _missing_message(scan, missing, topic, partitions, some_valid=bool(scan.latest)),
+            missing,
+        )
+    files = scan.latest
     merged = merge_windows(
         files.values(),
         use_case,
@@ -111,8 +160,73 @@ def load_merged(
             for snap in files.values()
             for (topic, partition), offset in sorted(snap.offsets.items())
         },
+        "missing": missing,
     }
     return merged, coverage
+
+
+def _find_missing(scan: SnapshotScan, topic: str | None, partitions: int | None) -> dict[str, Any]:
+    """Writers with no valid snapshot, and the partitions of ``topic`` no valid one covers."""
+    writers = {
+        writer: [reason for _path, reason in files] for writer, files in scan.missing.items()
+    }
+    uncovered: list[str] = []
+    if topic is not None and partitions is not None:
+        covered: set[int] = set()
+        for writer, snap in scan.latest.items():
+            listed = {p for t, p in snap.offsets if t == topic}
+            covered |= listed
+            owner = writer_instance(writer)
+            if owner is not None and listed:  # an instance of this topic's aggregators
+                covered |= {p for p in range(partitions) if p % owner[1] == owner[0]}
+        uncovered = [f"{topic}:{p}" for p in range(partitions) if p not in covered]
+    return {"writers": writers, "partitions": uncovered}
+
+
+def _any_missing(missing: dict[str, Any]) -> bool:
+    return bool(missing["writers"] or missing["partitions"])
+
+
+def describe_missing(missing: dict[str, Any]) -> str:
+    """One line: ``writer 'a' (no valid snapshot), partitions t:1, t:3`` (empty if nothing)."""
+    parts = [f"writer {writer!r} (no valid snapshot)" for writer in missing["writers"]]
+    if missing["partitions"]:
+        parts.append(f"partitions {', '.join(missing['partitions'])} (in no valid snapshot)")
+    return ", ".join(parts)
+
+
+def _missing_message(
+    scan: SnapshotScan,
+    missing: dict[str, Any],
+    topic: str | None,
+    partitions: int | None,
+    *,
+    some_valid: bool,
+) -> str:
+    """One line naming every missing writer (with why each file was refused) and partition."""
+    problems = []
+    for writer, files in scan.missing.items():
+        refused = "; ".join(
+            " ".join(reason.replace(str(path), path.name).split()) for path, reason in files
+        )
+        problems.append(f"writer {writer!r} has no valid snapshot (refused: {refused})")
+    if missing["partitions"]:
+        numbers = ", ".join(key.rsplit(":", 1)[1] for key in missing["partitions"])
+        problems.append(
+            f"partitions {numbers} of {topic} (topics.partitions = {partitions}) are in no "
+            f"valid snapshot"
+        )
+    where = f"in {scan.directory}"
+    if not some_valid:
+        return (
+            f"no valid snapshot {where}: {'; '.join(problems)}; let the aggregators write new "
+            f"snapshots (a stopped one rebuilds from Kafka on restart; move copied files out)"
+        )
+    return (
+        f"{'; '.join(problems)} {where}: the answer would silently leave their reports out; let "
+        f"their aggregators write new snapshots (a stopped one rebuilds from Kafka on restart; "
+        f"move copied files out), or pass --allow-missing to answer without them"
+    )
 
 
 def query_use_case(
@@ -128,8 +242,13 @@ def query_use_case(
     calibrate: PriorFamily | None = None,
     calibrate_fit: FitMethod = "mv",
     discovered: bool = True,
+    allow_missing: bool = False,
 ) -> QueryResult:
     """Estimates with standard errors and ``level`` intervals, for ``items`` or the top N.
+
+    Every writer in the snapshot directory and every partition of the shuffled topic must have
+    a valid snapshot (:func:`load_merged`), else :class:`MissingSnapshotsError`; with
+    ``allow_missing`` the answer leaves them out and ``QueryResult.missing`` names them.
 
     Without ``items`` the candidates are the dictionary followed by the items discovered so
     far (``discovered``, GCMS §6.2 joint use: :func:`discovered_items`). ``calibrate`` (a prior
@@ -168,7 +287,13 @@ def query_use_case(
     if calibrate is not None:
         candidates = _with_dictionary(use_case, candidates)
     merged, coverage = load_merged(
-        directory or use_case.snapshot.directory, use_case.name, start, end
+        directory or use_case.snapshot.directory,
+        use_case.name,
+        start,
+        end,
+        topic=use_case.topics.shuffled,
+        partitions=use_case.topics.partitions,
+        allow_missing=allow_missing,
     )
     if combine not in ("ivw", "sum"):
         raise QueryError(f"combine must be 'ivw' or 'sum', got {combine!r}")
@@ -231,6 +356,7 @@ def query_use_case(
         level=level,
         items=rows,
         calibration=calibration,
+        missing=coverage["missing"],
     )
 
 

@@ -150,6 +150,7 @@ class Aggregator:
         )
         self.seen = SeenReports(self.horizon)
         self.duplicates = 0
+        self._undelivered: list[str] = []  # dead letters the broker refused (delivery reports)
         self.sequence = 0
         self.dirty = False
         self.rejected = 0
@@ -158,13 +159,20 @@ class Aggregator:
 
     # ---- recovery -----------------------------------------------------------------------
     def recover(self) -> SnapshotFile | None:
-        """Load this writer's latest valid snapshot into memory (None: start from scratch)."""
+        """Load this writer's latest valid snapshot into memory (None: start from scratch).
+
+        Corrupt files are skipped (falling back to older ones); a file that is not this
+        writer's own (another writer's content under its name, or partitions this instance does
+        not own) stops the process instead: adopting it would count another writer's
+        partitions twice, and only an operator can tell which copy is right.
+        """
         self.directory.mkdir(parents=True, exist_ok=True)
         # above every file of this writer, valid or not: a corrupt newest file keeps its name
         self.sequence = next_sequence(self.directory, self.writer) - 1
-        snap = latest_snapshot(self.directory, writer=self.writer)
+        snap = latest_snapshot(self.directory, writer=self.writer, foreign="raise")
         if snap is None:
             return None
+        self._check_owned(snap)
         self.offsets = {p: o for (t, p), o in snap.offsets.items() if t == self.topic}
         self.seen = SeenReports(self.horizon, snap.seen.tolist())
         for window in snap.windows:
@@ -192,6 +200,23 @@ class Aggregator:
             self.offsets,
         )
         return snap
+
+    def _check_owned(self, snap: SnapshotFile) -> None:
+        """Refuse a snapshot listing a partition this instance does not own (p % N != i)."""
+        opts = self.options
+        foreign = sorted(
+            (topic, p)
+            for topic, p in snap.offsets
+            if topic != self.topic or p % opts.instances != opts.instance
+        )
+        if foreign:
+            listed = ", ".join(f"{topic}[{p}]" for topic, p in foreign)
+            raise AggregatorError(
+                f"snapshot {snap.source} of writer {self.writer!r} lists {listed}, which "
+                f"instance {opts.instance} of {opts.instances} does not own (it owns "
+                f"{self.topic}[p] with p % {opts.instances} == {opts.instance}): it holds "
+                f"another writer's partitions; move it out of {self.directory}"
+            )
 
     def _reload_epochs(self) -> None:
         """Add the epochs published to the parameters topic (they never change once known)."""
@@ -332,9 +357,11 @@ class Aggregator:
         fresh = self.seen.filter([m.value() for m in good])
         if len(fresh) < len(good):
             dropped = len(good) - len(fresh)
-            self.duplicates += dropped
-            self.metrics.reports_rejected.labels(**labels, reason="duplicate").inc(dropped)
             log.warning("dropped %d re-published duplicate reports", dropped)
+            kept = set(fresh)
+            for i, msg in enumerate(good):  # accounted for: aggregated + refused + duplicates
+                if i not in kept:  # = every record read
+                    self._dead_letter(producer, msg, "envelope", "duplicate")
             good = [good[i] for i in fresh]
         parts, rejections = self._decode([m.value() for m in good])
         accepted = 0
@@ -356,13 +383,19 @@ class Aggregator:
         return FIXED_HEADER_LENGTH + name + ENC_LENGTH + payload + TAG_LENGTH
 
     def _dead_letter(self, producer: Producer, msg: Message, layer: str, reason: str) -> None:
+        """Dead-letter one record; a ``duplicate`` (a copy of a record already counted or
+        refused) carries only its digest and counts in ``duplicates``, not ``rejected``."""
         value = msg.value()
         limit = self._value_limit()
-        if value is not None and len(value) > limit:
+        if reason == "duplicate":
+            self.duplicates += 1
+            limit = 0  # the original is on the shuffled topic already: a digest says which
+        elif value is not None and len(value) > limit:
             # no report is this long, whatever else is wrong with it; its dead letter carries
             # a digest, so the dead letter itself can always be produced
             layer, reason = "envelope", "too_large"
-        self.rejected += 1
+        if reason != "duplicate":
+            self.rejected += 1
         self.metrics.reports_rejected.labels(**self._labels, reason=reason).inc()
         if not self.options.dead_letters:
             return
@@ -375,7 +408,19 @@ class Aggregator:
             (SOURCE_HEADER, f"{topic}:{partition}:{offset}".encode()),
             *extra,
         ]
-        produce(producer, self.use_case.topics.dlq, value=carried, headers=headers)
+        produce(
+            producer,
+            self.use_case.topics.dlq,
+            value=carried,
+            headers=headers,
+            on_delivery=self._dead_letter_delivered,
+        )
+
+    def _dead_letter_delivered(self, err: KafkaError | None, msg: Message) -> None:
+        """Delivery report of a dead letter: a refusal keeps the snapshot from advancing, so
+        the refused record is read and dead-lettered again after a restart."""
+        if err is not None:
+            self._undelivered.append(f"{msg.topic()}: {err.str()}")
 
     # ---- snapshots ----------------------------------------------------------------------
     def snapshot(self, producer: Producer, consumer: Consumer | None = None) -> Path:
@@ -385,6 +430,12 @@ class Aggregator:
         if remaining:
             raise AggregatorError(
                 f"{remaining} dead-letter records were not delivered; not advancing the snapshot"
+            )
+        if self._undelivered:
+            raise AggregatorError(
+                f"the broker refused {len(self._undelivered)} dead letter(s) (first: "
+                f"{self._undelivered[0]}); not advancing the snapshot, so they are written "
+                f"again after a restart: check the dead-letter topic's ACLs and limits"
             )
         self.windows.trim()
         self.sequence += 1

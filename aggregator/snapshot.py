@@ -50,7 +50,9 @@ __all__ = [
     "MergedSketch",
     "PartitionKey",
     "SnapshotFile",
+    "SnapshotIdentityError",
     "SnapshotRef",
+    "SnapshotScan",
     "WindowSketch",
     "latest_snapshot",
     "latest_snapshots",
@@ -60,8 +62,10 @@ __all__ = [
     "next_sequence",
     "prune",
     "read_snapshot",
+    "scan_snapshots",
     "snapshot_name",
     "write_snapshot",
+    "writer_instance",
 ]
 
 logger = logging.getLogger(__name__)
@@ -83,6 +87,8 @@ _KEY = "ldpipe."
 _WRITER = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
 _WRITER_RE = re.compile(_WRITER)
 _NAME_RE = re.compile(rf"(?P<writer>{_WRITER})-(?P<sequence>[0-9]{{12,}})\.arrow")
+# a writer named "<anything>-<i>of<N>" is instance i of N: it owns the partitions p % N == i
+_INSTANCE_RE = re.compile(r".*-(?P<instance>[0-9]{1,9})of(?P<instances>[0-9]{1,9})")
 _TEMP_RE = re.compile(rf"\.{_WRITER}-[0-9]{{12,}}\.arrow\.[0-9]+\.[0-9a-f]+\.tmp")
 _MAX_CELLS = 2**31 - 1  # list<int64> offsets are int32
 _SCHEMA = pa.schema(
@@ -91,6 +97,12 @@ _SCHEMA = pa.schema(
         pa.field("row_totals", pa.int64(), nullable=False),
     ]
 )
+
+
+class SnapshotIdentityError(SnapshotError):
+    """A valid file that is not what its name says: another writer's or sequence's content, or
+    partitions its writer does not own (``schemas/snapshot.md``, "Identity"). It was copied or
+    renamed by hand; readers refuse it like a corrupt file, recovery stops on it."""
 
 
 # ---- value objects -----------------------------------------------------------------------------
@@ -285,6 +297,23 @@ def snapshot_name(writer: str, sequence: int) -> str:
     return f"{writer}-{sequence:012d}.arrow"
 
 
+def writer_instance(writer: str) -> tuple[int, int] | None:
+    """``(i, N)`` for a writer named ``<anything>-<i>of<N>`` with ``0 <= i < N``, else None.
+
+    Such a writer is instance i of N of a statically split consumer (the aggregator's
+    ``<use case>-<i>of<N>``, a replay's ``replay-<i>of<N>``): it owns the partitions p with
+    ``p % N == i`` of the topic it reads, and its files may list no other.
+
+    >>> writer_instance("emoji-1of4"), writer_instance("agg-0"), writer_instance("x-2of2")
+    ((1, 4), None, None)
+    """
+    match = _INSTANCE_RE.fullmatch(writer)
+    if match is None:
+        return None
+    instance, instances = int(match["instance"]), int(match["instances"])
+    return (instance, instances) if 0 <= instance < instances else None
+
+
 # ---- writing -----------------------------------------------------------------------------------
 def write_snapshot(
     directory: str | os.PathLike[str],
@@ -297,8 +326,9 @@ def write_snapshot(
 
     The protocol (``schemas/snapshot.md``, "Writing"):
 
-    1. refuse a name that exists (:class:`SnapshotExistsError`) or a sequence not above every
-       file of this writer already there (:class:`SnapshotError`);
+    1. refuse a name that exists (:class:`SnapshotExistsError`), a sequence not above every
+       file of this writer already there (:class:`SnapshotError`), or a ``<x>-<i>of<N>``
+       writer listing a partition instance i of N does not own (:class:`SnapshotIdentityError`);
     2. write the Arrow file to a temp name (``.{name}.{pid}.{random}.tmp``, which readers
        ignore), hashing it on the way with a zero placeholder for its checksum; patch the
        checksum in; flush and ``os.fsync`` the file;
@@ -317,6 +347,8 @@ def write_snapshot(
     folder = Path(directory)
     folder.mkdir(parents=True, exist_ok=True)
     final = folder / snapshot.name
+    # a reader would refuse it: e.g. an aggregator that adopted another writer's partitions
+    _check_identity(final, snapshot.writer, snapshot.sequence, snapshot.offsets)
     if final.exists():
         raise SnapshotExistsError(f"{final} exists already; snapshot files are immutable")
     newest = _newest_sequence(folder, snapshot.writer)
@@ -460,12 +492,16 @@ def _read(source: Path, *, mmap: bool, verify: bool, windows: bool) -> SnapshotF
 
 def _parse(buffer: Any, source: Path, *, verify: bool, decode_windows: bool) -> SnapshotFile:
     view = memoryview(buffer)
-    spans = _metadata_spans(lambda at, n: bytes(view[at : at + n]), len(view))
+    try:
+        spans = _metadata_spans(lambda at, n: bytes(view[at : at + n]), len(view))
+    except SnapshotError as exc:  # name the file: the warning of a fallback must say which
+        raise SnapshotError(f"{source}: {exc}") from None
     reader = pa.ipc.open_file(buffer)
     metadata: dict[bytes, bytes] = dict(reader.schema.metadata or {})
     if verify:
         _verify_checksum(view, spans, metadata.get((_KEY + "checksum").encode(), b""), source)
     header = _decode_metadata(metadata, source)
+    _check_identity(source, header["writer"], header["sequence"], header["offsets"])
     _expect(reader.schema.remove_metadata().equals(_SCHEMA), source, "unexpected Arrow schema")
     specs: list[dict[str, Any]] = header["windows"]
     seen_count: int = header["seen"]
@@ -498,6 +534,40 @@ def _parse(buffer: Any, source: Path, *, verify: bool, decode_windows: bool) -> 
         source=source,
         seen=seen,
     )
+
+
+def _check_identity(
+    source: Path, writer: str, sequence: int, offsets: Mapping[PartitionKey, int]
+) -> None:
+    """The writer and sequence inside must be the ones in the file name (when it has the
+    snapshot name form), and a ``<x>-<i>of<N>`` writer may list only partitions ``p % N == i``."""
+    match = _NAME_RE.fullmatch(source.name)
+    if match is not None and match["writer"] != writer:
+        raise SnapshotIdentityError(
+            f"snapshot {source} says writer {writer!r} but is named for {match['writer']!r}: "
+            f"it was copied or renamed; move it out of {source.parent}"
+        )
+    if match is not None and int(match["sequence"]) != sequence:
+        raise SnapshotIdentityError(
+            f"snapshot {source} says sequence {sequence} but is named for sequence "
+            f"{int(match['sequence'])}: it was copied or renamed; move it out of {source.parent}"
+        )
+    owner = writer_instance(writer)
+    if owner is None:
+        return
+    instance, instances = owner
+    foreign = sorted(key for key in offsets if key[1] % instances != instance)
+    if foreign:
+        raise SnapshotIdentityError(
+            f"snapshot {source} of writer {writer!r} lists {_partition_list(foreign)}, which "
+            f"instance {instance} of {instances} does not own (it owns p % {instances} == "
+            f"{instance}): it holds another writer's partitions; move it out of {source.parent}"
+        )
+
+
+def _partition_list(keys: Iterable[PartitionKey]) -> str:
+    """``t[0], t[2]`` (topic[partition], sorted) for messages."""
+    return ", ".join(f"{topic}[{partition}]" for topic, partition in sorted(keys))
 
 
 def _metadata_spans(
@@ -668,12 +738,18 @@ def next_sequence(directory: str | os.PathLike[str], writer: str) -> int:
 
 
 def latest_snapshot(
-    directory: str | os.PathLike[str], writer: str | None = None, *, mmap: bool = True
+    directory: str | os.PathLike[str],
+    writer: str | None = None,
+    *,
+    mmap: bool = True,
+    foreign: Literal["skip", "raise"] = "skip",
 ) -> SnapshotFile | None:
     """The newest valid snapshot of ``writer``, falling back past invalid files; None if none.
 
     ``writer=None`` is for a directory of one writer; with several it raises ``ValueError``
-    (use :func:`latest_snapshots`).
+    (use :func:`latest_snapshots`). A file that is not what its name says
+    (:class:`SnapshotIdentityError`: copied or renamed by hand) is skipped like a corrupt one,
+    or with ``foreign="raise"`` (what recovery uses) raised: newest first, the walk stops there.
     """
     refs = list_snapshots(directory)
     if writer is None:
@@ -685,19 +761,63 @@ def latest_snapshot(
             )
     else:
         refs = [ref for ref in refs if ref.writer == writer]
-    return _newest_valid(refs, mmap=mmap)
+    return _newest_valid(refs, mmap=mmap, foreign=foreign)[0]
+
+
+@dataclass(frozen=True)
+class SnapshotScan:
+    """Every writer of a directory (by file name): its newest valid snapshot, and the files
+    refused on the way to it (newest first), each with the reason (``"<path>: ..."``)."""
+
+    directory: Path
+    latest: dict[str, SnapshotFile]
+    refused: dict[str, tuple[tuple[Path, str], ...]]
+
+    @property
+    def writers(self) -> list[str]:
+        """Every writer with a file in the directory, valid or not, sorted."""
+        return sorted({*self.latest, *self.refused})
+
+    @property
+    def missing(self) -> dict[str, tuple[tuple[Path, str], ...]]:
+        """Writers with files but no valid one: their files, each with why it was refused."""
+        return {w: files for w, files in sorted(self.refused.items()) if w not in self.latest}
+
+
+def scan_snapshots(directory: str | os.PathLike[str], *, mmap: bool = True) -> SnapshotScan:
+    """The newest valid snapshot of every writer in ``directory``, and what was refused.
+
+    A writer whose every file is refused (corrupt, truncated, or not what its name says) is in
+    ``missing``: summing the others would silently drop its reports, so a query worker must
+    treat it as an error (``aggregator/query.py``).
+    """
+    latest: dict[str, SnapshotFile] = {}
+    refused: dict[str, tuple[tuple[Path, str], ...]] = {}
+    for writer, refs in itertools.groupby(list_snapshots(directory), key=lambda r: r.writer):
+        snapshot, skipped = _newest_valid(list(refs), mmap=mmap)
+        if snapshot is not None:
+            latest[writer] = snapshot
+        if skipped:
+            refused[writer] = tuple(skipped)
+        if snapshot is None and skipped:
+            logger.warning(
+                "writer %s has no valid snapshot in %s: all %d of its files were refused",
+                writer,
+                directory,
+                len(skipped),
+            )
+    return SnapshotScan(Path(directory), latest, refused)
 
 
 def latest_snapshots(
     directory: str | os.PathLike[str], *, mmap: bool = True
 ) -> dict[str, SnapshotFile]:
-    """The newest valid snapshot of every writer in ``directory`` (what a query worker sums)."""
-    latest = {}
-    for writer, refs in itertools.groupby(list_snapshots(directory), key=lambda r: r.writer):
-        snapshot = _newest_valid(list(refs), mmap=mmap)
-        if snapshot is not None:
-            latest[writer] = snapshot
-    return latest
+    """The newest valid snapshot of every writer in ``directory`` that has one.
+
+    Writers with no valid file are left out (with a warning): a query worker must use
+    :func:`scan_snapshots`, which reports them.
+    """
+    return scan_snapshots(directory, mmap=mmap).latest
 
 
 def prune(
@@ -744,15 +864,22 @@ def _newest_sequence(folder: Path, writer: str) -> int | None:
     return max(sequences, default=None)
 
 
-def _newest_valid(refs: list[SnapshotRef], *, mmap: bool) -> SnapshotFile | None:
+def _newest_valid(
+    refs: list[SnapshotRef], *, mmap: bool, foreign: Literal["skip", "raise"] = "skip"
+) -> tuple[SnapshotFile | None, list[tuple[Path, str]]]:
+    """The newest readable file of ``refs`` and the files refused before it (newest first)."""
+    refused: list[tuple[Path, str]] = []
     for ref in sorted(refs, reverse=True):
         try:
-            return read_snapshot(ref.path, mmap=mmap)
-        except SnapshotError as exc:
+            return read_snapshot(ref.path, mmap=mmap), refused
+        except SnapshotError as exc:  # the message names the file
+            if foreign == "raise" and isinstance(exc, SnapshotIdentityError):
+                raise
             logger.warning("skipping invalid snapshot, falling back to the previous one: %s", exc)
+            refused.append((ref.path, str(exc)))
         except FileNotFoundError:
             logger.debug("snapshot %s vanished (pruned) while reading", ref.path)
-    return None
+    return None, refused
 
 
 def _is_valid(path: Path) -> bool:

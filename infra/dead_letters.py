@@ -41,6 +41,7 @@ __all__ = [
 ]
 
 UNKNOWN = "?"  # a header the record lacks (not written by an ldpipe service)
+DUPLICATE = "duplicate"  # an aggregator's dead letter for a copy, not a refused report
 
 
 @dataclass(frozen=True)
@@ -123,8 +124,20 @@ class DeadLetterTally:
         return out
 
     def count(self, stage: str | None = None) -> int:
-        """Distinct refusals, of one stage or of all."""
-        return sum(n for (s, _), n in self.by_reason.items() if stage is None or s == stage)
+        """Distinct refused reports, of one stage or of all (``duplicate`` letters are copies
+        of records already counted or refused, not reports: see :attr:`duplicates`)."""
+        return sum(
+            n
+            for (s, reason), n in self.by_reason.items()
+            if (stage is None or s == stage) and reason != DUPLICATE
+        )
+
+    @property
+    def duplicates(self) -> int:
+        """Copies of shuffled records an aggregator had already counted or refused (an
+        aborted window the broker let through, a replayed report): aggregated + refused +
+        duplicates = every shuffled record read."""
+        return sum(n for (_, _, reason), n in self.rows.items() if reason == DUPLICATE)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -132,6 +145,8 @@ class DeadLetterTally:
             "records": self.records,
             "distinct": self.distinct,
             "copies": self.copies,
+            "refused": self.count(),
+            "duplicates": self.duplicates,
             "first": self.first,
             "last": self.last,
             "reasons": [

@@ -134,6 +134,12 @@ def _print(result: dict[str, Any]) -> None:
     for row in result["reasons"]:
         layer = row["layer"] or "-"
         print(f"  {row['stage']:<18} {layer:<10} {row['reason']:<28} {row['count']:>9,}")
+    if result["duplicates"]:
+        print(
+            f"  {result['refused']:,} refused reports and {result['duplicates']:,} duplicate "
+            f"copies of records already counted or refused: reports aggregated + "
+            f"{result['refused']:,} = reports sent"
+        )
     for letter in result["letters"]:
         where = f"{letter['topic']}:{letter['partition']}:{letter['offset']}"
         why = f"{letter['stage']}/{letter['layer'] or '-'}/{letter['reason']}"

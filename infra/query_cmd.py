@@ -12,7 +12,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, start_http_server
 
 from aggregator.metrics import QueryMetrics
-from aggregator.query import QueryResult, query_use_case
+from aggregator.query import QueryResult, describe_missing, query_use_case
 from infra.common import select_use_case, stop_on_signals
 from schemas.calibrate import FIT_METHODS, PRIOR_FAMILIES
 from schemas.config import load_config
@@ -36,6 +36,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--end", type=int, help="last window end (unix seconds, exclusive)")
     p.add_argument("--level", type=float, default=0.95, help="confidence level of the intervals")
     p.add_argument("--snapshots", help="snapshot directory (default: the use case's)")
+    p.add_argument(
+        "--allow-missing",
+        action="store_true",
+        help="answer even if a writer has no valid snapshot or a partition is in none; what is "
+        "left out is named on stderr (and in --json as `missing`)",
+    )
     p.add_argument(
         "--combine",
         choices=["ivw", "sum"],
@@ -80,7 +86,18 @@ def _once(args: argparse.Namespace) -> QueryResult:
         combine=args.combine,
         calibrate=args.calibrate,
         calibrate_fit=args.calibrate_fit or "mv",
+        allow_missing=args.allow_missing,
     )
+
+
+def _warn_missing(result: QueryResult) -> None:
+    """With --allow-missing: one stderr line naming what the answer leaves out."""
+    left_out = describe_missing(result.missing)
+    if left_out:
+        print(
+            f"ldpipe query: warning: --allow-missing: the answer leaves out {left_out}",
+            file=sys.stderr,
+        )
 
 
 def _print(result: QueryResult) -> None:
@@ -129,6 +146,9 @@ def _serve(args: argparse.Namespace) -> int:
             metrics.estimate.remove(*key)
             metrics.std_error.remove(*key)
         shown = current
+        left_out = describe_missing(result.missing)
+        if left_out:
+            log.warning("--allow-missing: the estimates leave out %s", left_out)
         metrics.reports.labels(result.use_case).set(result.reports)
         metrics.snapshot_age.labels(result.use_case).set(result.snapshot_age_seconds)
         stop.wait(args.refresh)
@@ -144,6 +164,7 @@ def run(args: argparse.Namespace) -> int:
         return _serve(args)
     started = time.perf_counter()
     result = _once(args)
+    _warn_missing(result)
     if args.json:
         payload = result.as_dict()
         payload["seconds"] = time.perf_counter() - started

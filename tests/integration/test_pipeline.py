@@ -122,7 +122,8 @@ def test_bad_input_lands_in_the_dead_letter_topic(broker: KafkaSettings, tmp_pat
         ("shuffler", "inner", "wrong_epoch"): nest(
             seal(EnvelopeHeader(uc.name, uc.epoch + 1, public.key_id, 2), b"", public)
         ),
-        ("shuffler", "inner", "wrong_length"): nest(seal(header, bytes(length + 1), public)),
+        ("shuffler", "inner", "wrong_length"): nest(seal(header, bytes(length - 1), public)),
+        ("shuffler", "outer", "too_large"): nest(seal(header, bytes(length + 1), public)),
         ("aggregator", "envelope", "unknown_key_id"): nest(
             seal(
                 EnvelopeHeader(uc.name, uc.epoch, stranger.key_id, 2),

@@ -21,6 +21,7 @@ from schemas.keys import KeyPair, KeyRing, save_key_pair
 from schemas.outer import open_outer, seal_outer
 from shuffler.exceptions import ShufflerError
 from shuffler.service import Shuffler
+from tests.fake_kafka import StubMessage
 
 BASE = """
 [[use_case]]
@@ -33,28 +34,6 @@ m = 32
 n_min = 2
 max_reports = 10
 """
-
-
-class FakeMessage:
-    """The three things the shuffler reads of a record (a unit test of its admission rule)."""
-
-    def __init__(self, value: bytes, key: bytes, offset: int) -> None:
-        self._value, self._key, self._offset = value, key, offset
-
-    def value(self) -> bytes:
-        return self._value
-
-    def key(self) -> bytes:
-        return self._key
-
-    def topic(self) -> str:
-        return "ldp.emoji.reports"
-
-    def partition(self) -> int:
-        return 0
-
-    def offset(self) -> int:
-        return self._offset
 
 
 def test_layers_follow_the_shuffler_keys(tmp_path: Path) -> None:
@@ -123,7 +102,7 @@ def test_the_shuffler_admits_inner_envelopes_only() -> None:
     odd = seal(EnvelopeHeader("emoji", uc.epoch, 1, version=2), b"short", analyzer.public)
     values = [*good, bare, seal_outer("emoji", odd, shuffler.public), good[0][:-1]]
     for i, value in enumerate(values):
-        service._admit(FakeMessage(value, f"device-{i}".encode(), i), 1e9)  # type: ignore[arg-type]
+        service._admit(StubMessage(value, i, key=f"device-{i}".encode()), 1e9)  # type: ignore[arg-type]
     inners = [open_outer(v, KeyRing([shuffler])).inner for v in good]
     assert service.window.values == inners
     refused = [(reason, layer) for _, reason, _, layer in service.window.rejected]

@@ -1,0 +1,90 @@
+"""Audit D5 on the real broker: aggregator B's snapshot copied under aggregator A's name. A must
+stop at start (exit 1, one line naming the file) instead of adopting B's partitions, and write
+nothing; the query refuses the copy and answers from A's own previous file."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from aggregator.snapshot import list_snapshots, next_sequence, read_snapshot, snapshot_name
+from infra.cli import main
+from infra.kafka import KafkaSettings
+from infra.pipeline import LocalPipeline
+from schemas.errors import SnapshotError
+from tests.integration.pipeline_helpers import make_pipeline, make_workload, publish
+
+N, MORE = 1200, 400
+
+
+def wait_done(pipe: LocalPipeline, total: int, timeout: float = 120) -> None:
+    pipe.wait_until(lambda: pipe.shuffler_backlog() == 0, timeout, "the shuffler")
+    pipe.wait_until(lambda: pipe.aggregated() >= total, timeout, "the aggregators", poll=0.5)
+
+
+def test_an_aggregator_refuses_another_writers_snapshot_under_its_name(
+    broker: KafkaSettings, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pipe = make_pipeline(tmp_path, broker.bootstrap_servers, n_min=200, max_reports=600)
+    work = make_workload(pipe, N + MORE, seed=42)
+    uc = pipe.use_case
+    directory = uc.snapshot.directory
+    a, b = f"{uc.name}-0of2", f"{uc.name}-1of2"
+    pipe.start_shuffler()
+    pipe.start_aggregator(0, 2)
+    pipe.start_aggregator(1, 2)
+    try:
+        publish(pipe, work.keys[:N], work.values[:N])  # type: ignore[arg-type]
+        wait_done(pipe, N)
+        pipe.kill("aggregator-0")
+        pipe.kill("aggregator-1")
+        newest_b = max(ref for ref in list_snapshots(directory) if ref.writer == b)
+        copy = directory / snapshot_name(a, next_sequence(directory, a))
+        shutil.copyfile(newest_b.path, copy)
+        own_before = sorted(ref.path for ref in list_snapshots(directory) if ref.writer == a)
+        # more reports: an aggregator that adopted B's partitions would snapshot them now
+        publish(pipe, work.keys[N:], work.values[N:])  # type: ignore[arg-type]
+        pipe.wait_until(lambda: pipe.shuffler_backlog() == 0, 120, "the shuffler")
+        process = pipe.start(
+            "aggregator-0",
+            [
+                "aggregator",
+                "--instance",
+                "0",
+                "--instances",
+                "2",
+                "--use-case",
+                uc.name,
+                "--idle-exit",
+                "5",
+            ],
+        )
+        process.wait(120)
+    finally:
+        pipe.stop_all()
+
+    assert process.returncode == 1, pipe.log_tail("aggregator-0")
+    log = (tmp_path / "aggregator-0.log").read_text(errors="replace")
+    errors = [line for line in log.splitlines() if line.startswith("ldpipe aggregator:")]
+    assert errors == [
+        f"ldpipe aggregator: error: snapshot {copy} says writer {b!r} but is named for {a!r}: "
+        f"it was copied or renamed; move it out of {directory}"
+    ]
+    own_after = sorted(ref.path for ref in list_snapshots(directory) if ref.writer == a)
+    assert own_after == own_before  # it wrote nothing
+    for path in own_after:  # and no file of A holds any of B's (odd) partitions
+        try:
+            snap = read_snapshot(path)
+        except SnapshotError:
+            assert path == copy
+            continue
+        assert {p for _, p in snap.offsets} <= {0}, (path, snap.offsets)
+
+    # the query refuses the copy too and sums A's own previous file with B's
+    assert main(["query", "--config", str(pipe.config_path), "--top", "3", "--json"]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["writers"] == [a, b] and answer["reports"] == N
+    assert answer["missing"] == {"writers": {}, "partitions": []}

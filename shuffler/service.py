@@ -158,6 +158,7 @@ class Shuffler:
         self._first_offsets: dict[tuple[str, int], int] = {}  # of the open window, for the ledger
         self._eps_labels = {**self._labels, "holds_against": self.holds_against}
         self._reports_in = self.metrics.reports_in.labels(**self._labels)  # once, not per report
+        self.metrics.nested.labels(**self._labels).set(1 if self.nested else 0)
         self.size_limit = 0
         self._size_limit()
         if self.epsilon0 is not None:

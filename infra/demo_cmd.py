@@ -125,7 +125,12 @@ def run(args: argparse.Namespace) -> int:
         )
         pipe = LocalPipeline(workdir, broker.bootstrap_servers, settings)
         pipe.create_topics()
-        say(f"keys      {workdir / 'keys'} (HPKE X25519, key id {pipe.key_pair.key_id})")
+        shuffler = pipe.shuffler_key_pair
+        say(
+            f"keys      {workdir / 'keys'} (HPKE X25519, key id {pipe.key_pair.key_id}); "
+            f"the shuffler's in {workdir / 'shuffler-keys'} (key id "
+            f"{shuffler.key_id if shuffler else '-'}): devices seal every report to both"
+        )
         pipe.start_shuffler()
         for i in range(2):
             pipe.start_aggregator(i, 2)

@@ -166,7 +166,13 @@ class Aggregator:
         not own) stops the process instead: adopting it would count another writer's
         partitions twice, and only an operator can tell which copy is right.
         """
-        self.directory.mkdir(parents=True, exist_ok=True)
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise AggregatorError(
+                f"cannot create the snapshot directory {self.directory} ({exc.strerror}); "
+                f"set snapshot.directory to a writable place"
+            ) from exc
         # above every file of this writer, valid or not: a corrupt newest file keeps its name
         self.sequence = next_sequence(self.directory, self.writer) - 1
         snap = latest_snapshot(self.directory, writer=self.writer, foreign="raise")
@@ -458,9 +464,17 @@ class Aggregator:
                 for (epoch, start, end), sketch in self.windows
             ),
         )
-        path = write_snapshot(
-            self.directory, snap, crash_point=lambda point: self.crash_point(f"aggregator.{point}")
-        )
+        try:
+            path = write_snapshot(
+                self.directory,
+                snap,
+                crash_point=lambda point: self.crash_point(f"aggregator.{point}"),
+            )
+        except PermissionError as exc:  # a full disk (other OSErrors) is not an operator's typo
+            raise AggregatorError(
+                f"cannot write a snapshot into {self.directory} ({exc.strerror}); give the "
+                f"aggregator's user write access to it, or set snapshot.directory elsewhere"
+            ) from exc
         prune(self.directory, keep=self.use_case.snapshot.keep_files)
         self.dirty = False
         labels = self._labels

@@ -12,6 +12,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, start_http_server
 
+from infra.argtypes import port, positive_seconds
 from infra.kafka import KafkaSettings, parse_extra
 from schemas.config import PipelineConfig, UseCase, load_config
 
@@ -49,7 +50,7 @@ def add_service_args(
     )
     parser.add_argument(
         "--connect-timeout",
-        type=_seconds,
+        type=positive_seconds,
         default=15.0,
         metavar="SECONDS",
         help="give up, in one line, if no Kafka broker answers within this long (default: 15)",
@@ -57,7 +58,7 @@ def add_service_args(
     if metrics:
         parser.add_argument(
             "--metrics-port",
-            type=_port,
+            type=port,
             help="serve Prometheus metrics on this port (0: none)",
         )
         parser.add_argument(
@@ -115,26 +116,6 @@ def start_metrics(args: argparse.Namespace, registry: CollectorRegistry) -> None
             f"pick a free port, or 0 for no metrics endpoint"
         ) from None
     log.info("metrics on http://%s:%d/metrics", addr, port)
-
-
-def _port(text: str) -> int:
-    try:
-        port = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"a port is 0-65535, got {port}")
-    return port
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text}")
-    return value
 
 
 def select_use_case(config: PipelineConfig, name: str | None) -> UseCase:

@@ -7,6 +7,7 @@ import json
 import sys
 from typing import Any
 
+from infra.argtypes import positive_float
 from infra.common import add_service_args, service_context
 from infra.epochs_io import load_epochs
 from producers.client import DeviceClient, shuffler_public_key
@@ -34,7 +35,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--n", type=int, help="devices")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
-        "--rate", type=float, help="target reports per second (default: as fast as possible)"
+        "--rate",
+        type=positive_float,
+        help="target reports per second, > 0 (default: as fast as possible)",
     )
     p.add_argument("--public-key", help="public key file (default: the use case's)")
     p.add_argument(

@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from aggregator.metrics import QueryMetrics
 from aggregator.query import QueryResult, describe_missing, query_use_case
+from infra.argtypes import positive_int
 from infra.common import select_use_case, stop_on_signals
 from schemas.calibrate import FIT_METHODS, PRIOR_FAMILIES
 from schemas.config import load_config
@@ -31,7 +32,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--use-case", help="use case name (default: the only one configured)")
     group = p.add_mutually_exclusive_group()
     group.add_argument("--items", help="comma-separated items to estimate")
-    group.add_argument("--top", type=int, help="the N highest estimates of the dictionary")
+    group.add_argument(
+        "--top", type=positive_int, help="the N highest estimates of the dictionary (N >= 1)"
+    )
     p.add_argument("--start", type=int, help="first window start (unix seconds, inclusive)")
     p.add_argument("--end", type=int, help="last window end (unix seconds, exclusive)")
     p.add_argument("--level", type=float, default=0.95, help="confidence level of the intervals")
@@ -156,6 +159,11 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.start is not None and args.end is not None and args.start >= args.end:
+        raise ValueError(
+            f"--start {args.start} is not before --end {args.end}: no window can be in that "
+            f"range; give --start < --end (unix seconds)"
+        )
     if args.calibrate_fit is not None and args.calibrate is None:
         raise ValueError("--calibrate-fit needs --calibrate (the prior family: powerlaw, gaussian)")
     if args.serve and args.calibrate is not None:

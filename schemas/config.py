@@ -760,6 +760,11 @@ def parse_config(
 def load_config(path: str | Path) -> PipelineConfig:
     """Load and validate a configuration file."""
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(
+            f"configuration file {path} is a directory; --config takes the TOML file itself, "
+            f"e.g. {path / 'example.toml'}"
+        )
     if not path.is_file():
         raise ConfigError(f"configuration file {path} does not exist; see infra/example.toml")
     return parse_config(path.read_text(encoding="utf-8"), base=path.parent, source=path)

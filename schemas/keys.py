@@ -345,7 +345,13 @@ def save_key_pair(pair: KeyPair, directory: str | os.PathLike[str]) -> tuple[Pat
     The directory is created (mode 0700) if missing. Returns (private path, public path).
     """
     out = Path(directory)
-    out.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        out.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise KeyFileError(
+            f"cannot create the key directory {out} ({exc.strerror}); pass --out a directory "
+            f"you may write"
+        ) from None
     private = out / f"{pair.stem}{PRIVATE_SUFFIX}"
     public = out / f"{pair.stem}{PUBLIC_SUFFIX}"
     for existing in (private, public):
@@ -369,7 +375,12 @@ def _read_document(path: Path, kind: Literal["private", "public"]) -> dict[str, 
         ) from None
     if not stat.S_ISREG(info.st_mode):
         raise KeyFileError(f"{kind} key file {path} is not a regular file")
-    if kind == "private" and os.name == "posix" and info.st_mode & 0o077:
+    if (
+        kind == "private"
+        and os.name == "posix"
+        and info.st_mode & 0o077
+        and not path.name.endswith(PUBLIC_SUFFIX)
+    ):
         raise KeyFileError(
             f"private key file {path} has mode {stat.S_IMODE(info.st_mode):04o}: group or "
             f"others may read it; restrict it with `chmod 600 {path}`"

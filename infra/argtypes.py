@@ -1,0 +1,42 @@
+"""argparse types for numbers with a range: a bad value is one usage line (exit 2) naming it."""
+
+from __future__ import annotations
+
+import argparse
+
+__all__ = ["port", "positive_float", "positive_int", "positive_seconds"]
+
+
+def _number(text: str, kind: type[int] | type[float], what: str) -> int | float:
+    try:
+        return kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not {what}: {text!r}") from None
+
+
+def port(text: str) -> int:
+    value = int(_number(text, int, "a port number"))
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 0-65535, got {value}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    value = int(_number(text, int, "a whole number"))
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = float(_number(text, float, "a number"))
+    if not value > 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
+    return value
+
+
+def positive_seconds(text: str) -> float:
+    value = float(_number(text, float, "a number of seconds"))
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text}")
+    return value

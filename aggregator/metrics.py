@@ -20,6 +20,7 @@ class AggregatorMetrics:
     snapshot_last_success: Gauge
     windows_open: Gauge
     consumer_lag: Gauge
+    broker_data_loss: Gauge
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> AggregatorMetrics:
@@ -76,6 +77,12 @@ class AggregatorMetrics:
             consumer_lag=Gauge(
                 "ldpipe_aggregator_consumer_lag_messages",
                 "High watermark minus position",
+                [*label, "partition"],
+                registry=registry,
+            ),
+            broker_data_loss=Gauge(
+                "ldpipe_aggregator_broker_data_loss",
+                "1: the recovered position is outside the partition's log (the broker lost data)",
                 [*label, "partition"],
                 registry=registry,
             ),

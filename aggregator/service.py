@@ -21,7 +21,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+import uuid
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,8 +52,11 @@ from aggregator.snapshot import (
 from aggregator.windows import DecodedBatch, WindowedSketches, decode_epochs
 from infra.epochs_io import read_epochs
 from infra.kafka import (
+    _READER,
     EXACTLY_ONCE_CONSUMER,
     KafkaSettings,
+    PipelineKafkaError,
+    kafka_error,
     message_position,
     produce,
     require_topics,
@@ -75,7 +79,7 @@ from schemas.headers import (
 )
 from schemas.mechanisms import Reports
 
-__all__ = ["Aggregator", "AggregatorOptions"]
+__all__ = ["Aggregator", "AggregatorOptions", "DataLoss", "find_data_loss", "log_bounds"]
 
 log = logging.getLogger(__name__)
 
@@ -95,12 +99,102 @@ class AggregatorOptions:
     batch_size: int = 5000
     dead_letters: bool = True
     dedupe_horizon: int | None = None  # default: the use case's snapshot.dedupe_horizon
+    # resume partitions whose recovered position lies outside the log at the log start
+    after_data_loss: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.instance < self.instances:
             raise ValueError(
                 f"instance must be in [0, instances), got {self.instance} of {self.instances}"
             )
+
+
+#: partition -> (low watermark, true end) of those partitions of the shuffled topic
+LogBounds = Callable[[Sequence[int]], Mapping[int, tuple[int, int]]]
+
+#: seconds between checks, while idle, that no position lies beyond its log's end (Tansu
+#: answers a fetch past the end with nothing, not OFFSET_OUT_OF_RANGE)
+LIVE_CHECK_SECONDS = 30.0
+
+# a consumer error saying the position is not in the log (auto.offset.reset=error)
+_OUT_OF_RANGE = (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE)
+
+
+@dataclass(frozen=True)
+class DataLoss:
+    """A recovered position outside a partition's log: the broker lost (or deleted) records."""
+
+    partition: int
+    offset: int  # where the snapshot resumes
+    low: int  # the log start now
+    end: int  # the log end now (the partition-EOF offset, not the reported high watermark)
+
+    @property
+    def beyond_end(self) -> bool:
+        return self.offset > self.end
+
+
+def find_data_loss(
+    positions: Mapping[int, int], bounds: Mapping[int, tuple[int, int]]
+) -> list[DataLoss]:
+    """The partitions whose position lies beyond the log end, or before the log start.
+
+    Position == end is a caught-up consumer; a position past the end can only mean the log was
+    lost (a memory broker restarted, a topic re-created, an unclean leader election); one
+    before the start means records were deleted before they were counted (retention).
+    """
+    lost = []
+    for partition, offset in sorted(positions.items()):
+        if partition not in bounds:
+            continue
+        low, end = bounds[partition]
+        if offset > end or offset < low:
+            lost.append(DataLoss(partition, offset, low, end))
+    return lost
+
+
+def log_bounds(
+    kafka: KafkaSettings, topic: str, partitions: Sequence[int], *, timeout: float = 30.0
+) -> dict[int, tuple[int, int]]:
+    """(low watermark, true end) of each partition, read with a throw-away consumer.
+
+    The end is the offset of the partition-EOF event after reading from ``high - 1``: Tansu 0.6
+    reports the last batch's base offset + 1 as the high watermark (docs/broker.md), so only a
+    read to EOF finds the end; on Kafka the EOF comes at once. Committed records only, like the
+    aggregator itself; its own group, and it commits nothing.
+    """
+    out: dict[int, tuple[int, int]] = {}
+    if not partitions:
+        return out
+    group = f"ldpipe-aggregator-log-end-{uuid.uuid4().hex}"
+    consumer = Consumer(kafka.consumer_config(group, _READER))
+    try:
+        lows: dict[int, int] = {}
+        starts = []
+        for p in partitions:
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)
+            lows[p] = low
+            starts.append(TopicPartition(topic, p, max(low, high - 1)))
+        consumer.assign(starts)
+        deadline = time.monotonic() + timeout
+        while len(out) < len(lows):
+            if time.monotonic() > deadline:
+                raise PipelineKafkaError(
+                    f"could not find the end of {topic!r} within {timeout:.0f} s",
+                    code=KafkaError._TIMED_OUT,
+                )
+            message = consumer.poll(0.1)
+            if message is None:
+                continue
+            error = message.error()
+            if error is not None and error.code() == KafkaError._PARTITION_EOF:
+                p = message.partition() or 0
+                out[p] = (lows[p], message.offset() or 0)
+            elif error is not None:
+                raise kafka_error(f"finding the end of {topic!r}", error)
+    finally:
+        consumer.close()
+    return out
 
 
 class Aggregator:
@@ -116,6 +210,7 @@ class Aggregator:
         registry: CollectorRegistry | None = None,
         crash_point: Callable[[str], None] | None = None,
         clock: Callable[[], float] = time.time,
+        bounds: LogBounds | None = None,
     ) -> None:
         self.use_case = use_case
         self.kafka = kafka
@@ -156,6 +251,9 @@ class Aggregator:
         self.rejected = 0
         self._labels = {"use_case": use_case.name}
         self._last_lag = 0.0
+        self._bounds = bounds or (lambda parts: log_bounds(self.kafka, self.topic, parts))
+        self.live_check_seconds = LIVE_CHECK_SECONDS
+        self._recovered_from = "no snapshot"  # names the snapshot file the offsets came from
 
     # ---- recovery -----------------------------------------------------------------------
     def recover(self) -> SnapshotFile | None:
@@ -180,6 +278,7 @@ class Aggregator:
             return None
         self._check_owned(snap)
         self.offsets = {p: o for (t, p), o in snap.offsets.items() if t == self.topic}
+        self._recovered_from = f"snapshot {snap.source or f'#{snap.sequence}'}"
         self.seen = SeenReports(self.horizon, snap.seen.tolist())
         for window in snap.windows:
             if window.use_case != self.use_case.name:
@@ -274,6 +373,111 @@ class Aggregator:
         opts = self.options
         return [p for p in found[self.topic] if p % opts.instances == opts.instance]
 
+    # ---- broker data loss ---------------------------------------------------------------
+    def check_positions(self, parts: Sequence[int]) -> list[DataLoss]:
+        """Compare every recovered position with its partition's log now, before consuming.
+
+        A position outside the log (beyond its true end, or before its start) means the broker
+        lost records: without ``after_data_loss`` this stops the process in one line; with it,
+        those partitions (only) resume at the log start, where the dedupe set drops whatever
+        this writer already counted within its horizon. Returns the partitions found.
+        """
+        positions = {p: o for p, o in self.offsets.items() if p in parts}
+        if not positions:
+            return []
+        lost = find_data_loss(positions, self._bounds(sorted(positions)))
+        for loss in lost:
+            self.metrics.broker_data_loss.labels(**self._labels, partition=str(loss.partition)).set(
+                1
+            )
+        if lost and not self.options.after_data_loss:
+            raise AggregatorError(self._data_loss_message(lost))
+        for loss in lost:
+            log.warning(
+                "--after-data-loss: %s; resuming at the log start %d (reports this writer "
+                "already counted are dropped by its dedupe set of the last %d reports)",
+                self._where(loss),
+                loss.low,
+                self.horizon,
+            )
+            self.offsets[loss.partition] = loss.low
+            self.dirty = True  # the next snapshot records the new position
+        return lost
+
+    def _where(self, loss: DataLoss, *, live: bool = False) -> str:
+        now = f"ends at {loss.end}" if loss.beyond_end else f"starts at {loss.low}"
+        if live:
+            where = f"writer {self.writer}'s position is {loss.offset}"
+        else:
+            where = f"{self._recovered_from} of writer {self.writer} resumes at {loss.offset}"
+        return f"partition {loss.partition} of {self.topic} {now} but {where}"
+
+    def _data_loss_message(self, lost: Sequence[DataLoss], *, live: bool = False) -> str:
+        first = lost[0]
+        more = f" (and {len(lost) - 1} more partition(s))" if len(lost) > 1 else ""
+        why = (
+            "the broker lost data (a memory broker restarted, or the log was truncated)"
+            if first.beyond_end
+            else "records were deleted before this writer counted them (retention)"
+        )
+        return (
+            f"{self._where(first, live=live)}{more}: {why}; restart with `ldpipe aggregator ... "
+            f"--after-data-loss` to resume such partitions at the log start (reports already "
+            f"counted are dropped by the dedupe set) — docs/operations.md#broker-data-loss"
+        )
+
+    def _check_live(self, consumer: Consumer, parts: Sequence[int]) -> None:
+        """While idle: a position beyond the reported high watermark may be past the true end
+        (the broker restarted under us); find the true end of those partitions and stop if so.
+        On Kafka a position is never past the high watermark; on Tansu it is whenever the last
+        batch holds more than one record, so this runs at most every ``LIVE_CHECK_SECONDS``."""
+        ahead = {}
+        for p in parts:
+            position = self.offsets.get(p)
+            _low, high = consumer.get_watermark_offsets(
+                TopicPartition(self.topic, p), cached=True
+            ) or (0, -1)
+            if position is not None and high >= 0 and position > high:
+                ahead[p] = position
+        if not ahead:
+            return
+        try:
+            found = find_data_loss(ahead, self._bounds(sorted(ahead)))
+        except PipelineKafkaError as exc:  # the broker is away: wait for it, as the consumer does
+            log.warning("could not check the log ends of %s: %s", self.topic, exc)
+            return
+        lost = [loss for loss in found if loss.beyond_end]
+        for loss in lost:
+            self.metrics.broker_data_loss.labels(**self._labels, partition=str(loss.partition)).set(
+                1
+            )
+        if lost:
+            raise AggregatorError(self._data_loss_message(lost, live=True))
+
+    def _out_of_range(self, message: Message) -> AggregatorError:
+        """The consumer's position left the log while running (auto.offset.reset=error)."""
+        partition = message.partition() or 0
+        offset = self.offsets.get(partition, message.offset() or 0)
+        self.metrics.broker_data_loss.labels(**self._labels, partition=str(partition)).set(1)
+        try:
+            bounds = self._bounds([partition])
+        except PipelineKafkaError as exc:
+            log.warning("could not find the log end of %s [%d]: %s", self.topic, partition, exc)
+            bounds = {}
+        if partition not in bounds:
+            error = message.error()
+            return AggregatorError(
+                f"partition {partition} of {self.topic}: writer {self.writer}'s position "
+                f"{offset} is not in the log ({error.str() if error else 'out of range'}): the "
+                f"broker lost data; restart with `ldpipe aggregator ... --after-data-loss` to "
+                f"resume such partitions at the log start (reports already counted are dropped "
+                f"by the dedupe set) — docs/operations.md#broker-data-loss"
+            )
+        low, end = bounds[partition]
+        return AggregatorError(
+            self._data_loss_message([DataLoss(partition, offset, low, end)], live=True)
+        )
+
     # ---- the loop -----------------------------------------------------------------------
     def run(
         self,
@@ -291,6 +495,11 @@ class Aggregator:
         self.recover()
         group = self.options.group_id or f"ldpipe-aggregator-{self.use_case.name}"
         overrides: dict[str, object] = dict(EXACTLY_ONCE_CONSUMER)
+        if self.offsets:
+            # a position from a snapshot that is not in the log must stop us, not silently
+            # rewind to the log start (Kafka answers OFFSET_OUT_OF_RANGE); the start-up check
+            # below catches the brokers that answer nothing instead (Tansu)
+            overrides["auto.offset.reset"] = "error"
         if until_end:
             overrides["enable.partition.eof"] = True
         consumer = Consumer(self.kafka.consumer_config(group, overrides))
@@ -298,6 +507,7 @@ class Aggregator:
         aggregated = 0
         try:
             parts = self.partitions(consumer)
+            self.check_positions(parts)
             start = dict(self.options.start_offsets or {})
             consumer.assign(
                 [
@@ -310,6 +520,7 @@ class Aggregator:
             at_end: set[int] = set()  # partitions whose end (EOF event) we reached
             last_snapshot = time.monotonic()
             last_activity = time.monotonic()
+            last_check = time.monotonic()
             while not stop.is_set():
                 messages = consumer.consume(num_messages=self.options.batch_size, timeout=0.2)
                 if messages:
@@ -328,6 +539,10 @@ class Aggregator:
                     self.snapshot(producer, consumer)
                     last_snapshot = time.monotonic()
                 self._update_lag(consumer, parts)
+                now = time.monotonic()
+                if now - max(last_check, last_activity) >= self.live_check_seconds:
+                    last_check = now
+                    self._check_live(consumer, parts)
                 # the end is the EOF event, not the high watermark, which some brokers
                 # (Tansu 0.6) under-report
                 if until_end and at_end >= set(parts):
@@ -353,6 +568,8 @@ class Aggregator:
         good = [m for m in messages if m.error() is None]
         for m in messages:
             err = m.error()
+            if err is not None and err.code() in _OUT_OF_RANGE:
+                raise self._out_of_range(m)
             if err is not None and err.code() != KafkaError._PARTITION_EOF:
                 log.warning("consumer error: %s", err)
         if not good:

@@ -22,6 +22,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--instances", type=int, default=1, help="processes sharing the partitions")
     p.add_argument("--keys", nargs="*", help="private key files/directories (default: config)")
     p.add_argument("--idle-exit", type=float, help="exit after this many idle seconds")
+    p.add_argument(
+        "--after-data-loss",
+        action="store_true",
+        help="resume partitions whose snapshot position is outside the log (the broker lost "
+        "data) at the log start; the dedupe set drops reports already counted",
+    )
     p.set_defaults(run=run)
 
 
@@ -37,7 +43,11 @@ def run(args: argparse.Namespace) -> int:
         ctx.use_case,
         ctx.kafka,
         KeyRing.load(*sources),
-        AggregatorOptions(instance=args.instance, instances=args.instances),
+        AggregatorOptions(
+            instance=args.instance,
+            instances=args.instances,
+            after_data_loss=args.after_data_loss,
+        ),
         registry=ctx.registry,
         crash_point=crash_point_from_env(),
     )

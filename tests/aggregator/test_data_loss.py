@@ -1,0 +1,192 @@
+"""Broker data loss: a recovered position outside the log stops the aggregator in one line, or,
+with ``--after-data-loss``, resumes only those partitions at the log start.
+
+Unit tests with a stub for the end-finding function; the real-broker check (a restarted memory
+broker) is ``tests/integration/test_data_loss.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import pytest
+from confluent_kafka import KafkaError
+from prometheus_client import CollectorRegistry
+
+from aggregator.exceptions import AggregatorError
+from aggregator.service import Aggregator, AggregatorOptions, DataLoss, find_data_loss
+from infra.kafka import KafkaSettings
+from schemas.config import parse_config
+from schemas.keys import KeyPair, KeyRing
+from tests.fake_kafka import StubMessage, StubProducer
+
+CONFIG = """
+[[use_case]]
+name = "emoji"
+mechanism = "cms"
+epsilon = 4.0
+k = 16
+m = 32
+"""
+TOPIC = "ldp.emoji.shuffled"
+
+
+class Bounds:
+    """A stub log: partition -> (low watermark, true end); records which partitions it was
+    asked about."""
+
+    def __init__(self, bounds: Mapping[int, tuple[int, int]]) -> None:
+        self.bounds = dict(bounds)
+        self.asked: list[list[int]] = []
+
+    def __call__(self, parts: Sequence[int]) -> dict[int, tuple[int, int]]:
+        self.asked.append(list(parts))
+        return {p: self.bounds[p] for p in parts}
+
+
+def _aggregator(
+    tmp_path: Path,
+    bounds: Bounds,
+    *,
+    after: bool = False,
+    registry: CollectorRegistry | None = None,
+) -> Aggregator:
+    uc = parse_config(CONFIG).use_case("emoji")
+    options = AggregatorOptions(snapshot_dir=tmp_path, writer="emoji-0of1", after_data_loss=after)
+    return Aggregator(
+        uc,
+        KafkaSettings("127.0.0.1:1"),
+        KeyRing([KeyPair.generate(1)]),
+        options,
+        registry=registry,
+        bounds=bounds,
+    )
+
+
+def _snapshot_at(tmp_path: Path, offsets: dict[int, int]) -> Path:
+    agg = _aggregator(tmp_path, Bounds({}))
+    agg.recover()
+    agg.offsets = dict(offsets)
+    return agg.snapshot(StubProducer())  # type: ignore[arg-type]
+
+
+def test_find_data_loss_flags_positions_outside_the_log_only() -> None:
+    bounds = {0: (0, 5000), 1: (0, 5000), 2: (100, 200), 3: (0, 0)}
+    positions = {0: 51_000, 1: 5000, 2: 50, 3: 0, 4: 7}  # 4: not asked about, ignored
+    assert find_data_loss(positions, bounds) == [
+        DataLoss(0, 51_000, 0, 5000),
+        DataLoss(2, 50, 100, 200),
+    ]
+    assert find_data_loss({0: 5000}, {0: (0, 5000)}) == []  # caught up is not data loss
+
+
+def test_a_position_beyond_the_log_end_stops_in_one_line_and_sets_the_metric(
+    tmp_path: Path,
+) -> None:
+    path = _snapshot_at(tmp_path, {0: 51_000, 1: 4000})
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    bounds = Bounds({0: (0, 5012), 1: (0, 5003)})
+    registry = CollectorRegistry()
+    agg = _aggregator(tmp_path, bounds, registry=registry)
+    agg.recover()
+    with pytest.raises(AggregatorError) as info:
+        agg.check_positions([0, 1])
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(
+        f"partition 0 of {TOPIC} ends at 5012 but snapshot {path} of writer emoji-0of1 "
+        f"resumes at 51000: the broker lost data"
+    )
+    assert "--after-data-loss" in message and "docs/operations.md#broker-data-loss" in message
+    assert bounds.asked == [[0, 1]]
+    value = registry.get_sample_value(
+        "ldpipe_aggregator_broker_data_loss", {"use_case": "emoji", "partition": "0"}
+    )
+    assert value == 1
+    assert (
+        registry.get_sample_value(
+            "ldpipe_aggregator_broker_data_loss", {"use_case": "emoji", "partition": "1"}
+        )
+        is None
+    )
+    assert agg.offsets == {0: 51_000, 1: 4000}  # nothing changed
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_a_position_before_the_log_start_is_named_as_deleted_records(tmp_path: Path) -> None:
+    _snapshot_at(tmp_path, {0: 10})
+    agg = _aggregator(tmp_path, Bounds({0: (300, 900)}))
+    agg.recover()
+    with pytest.raises(AggregatorError, match=r"partition 0 of \S+ starts at 300 .*retention"):
+        agg.check_positions([0])
+
+
+def test_after_data_loss_resumes_only_the_lost_partitions_at_the_log_start(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    _snapshot_at(tmp_path, {0: 51_000, 1: 4000, 2: 10})
+    agg = _aggregator(tmp_path, Bounds({0: (0, 5012), 1: (0, 5003), 2: (300, 900)}), after=True)
+    agg.recover()
+    agg.dirty = False
+    with caplog.at_level("WARNING", logger="aggregator.service"):
+        lost = agg.check_positions([0, 1, 2])
+    assert [loss.partition for loss in lost] == [0, 2]
+    assert agg.offsets == {0: 0, 1: 4000, 2: 300}
+    assert agg.dirty  # the next snapshot records the new positions
+    lines = [r.getMessage() for r in caplog.records if "--after-data-loss" in r.getMessage()]
+    assert len(lines) == 2
+    assert "partition 0 of" in lines[0] and "resuming at the log start 0" in lines[0]
+
+
+def test_no_snapshot_no_probe(tmp_path: Path) -> None:
+    bounds = Bounds({})
+    agg = _aggregator(tmp_path, bounds)
+    assert agg.recover() is None
+    assert agg.check_positions([0, 1]) == []
+    assert bounds.asked == []
+
+
+class _Watermarks:
+    """A consumer's cached high watermarks (what ``_check_live`` asks of it)."""
+
+    def __init__(self, high: Mapping[int, int]) -> None:
+        self.high = dict(high)
+
+    def get_watermark_offsets(self, tp: object, cached: bool = False) -> tuple[int, int]:
+        return 0, self.high[tp.partition]  # type: ignore[attr-defined]
+
+
+class _ErrorMessage(StubMessage):
+    def __init__(self, partition: int, code: int) -> None:
+        super().__init__(b"", -1001, topic=TOPIC, partition=partition)
+        self.code = code
+
+    def error(self) -> KafkaError:
+        return KafkaError(self.code)
+
+
+def test_a_broker_restarted_under_a_running_aggregator_stops_it(tmp_path: Path) -> None:
+    # Tansu answers a fetch past the end with nothing: while idle, a position past the
+    # reported high watermark is checked against the true end
+    bounds = Bounds({0: (0, 120), 1: (0, 4000)})
+    registry = CollectorRegistry()
+    agg = _aggregator(tmp_path, bounds, registry=registry)
+    agg.offsets = {0: 51_000, 1: 4000}
+    agg._check_live(_Watermarks({0: 51_000, 1: 4000}), [0, 1])  # type: ignore[arg-type]
+    assert bounds.asked == []  # no position past its high watermark: nothing to probe
+    with pytest.raises(
+        AggregatorError, match=r"partition 0 of \S+ ends at 120 .*position is 51000"
+    ):
+        agg._check_live(_Watermarks({0: 100, 1: 4000}), [0, 1])  # type: ignore[arg-type]
+    assert bounds.asked == [[0]]
+    labels = {"use_case": "emoji", "partition": "0"}
+    assert registry.get_sample_value("ldpipe_aggregator_broker_data_loss", labels) == 1
+
+
+def test_an_out_of_range_consumer_error_stops_the_aggregator(tmp_path: Path) -> None:
+    agg = _aggregator(tmp_path, Bounds({1: (0, 40)}))
+    agg.offsets = {1: 900}
+    message = _ErrorMessage(1, KafkaError._AUTO_OFFSET_RESET)
+    with pytest.raises(AggregatorError, match=r"partition 1 of \S+ ends at 40 .*lost data"):
+        agg._process([message], StubProducer())  # type: ignore[list-item, arg-type]

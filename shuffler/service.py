@@ -385,7 +385,15 @@ class Shuffler:
                 self.ledger.discard()
                 log.warning("window transaction aborted (%s); reports will be re-consumed", error)
                 return False
-            raise ShufflerError(f"shuffler transaction failed: {error}") from exc
+            if error.fatal() or error.code() == KafkaError._STATE:
+                raise ShufflerError(
+                    f"shuffler transaction failed: {error.str()}; the broker no longer knows "
+                    f"this producer's transaction (it lost its data, e.g. a memory broker "
+                    f"restarted, or another shuffler took over {self.transactional_id!r}): "
+                    f"restart the shuffler; committed windows stay published exactly once, and "
+                    f"the aggregators detect lost records (docs/operations.md#broker-data-loss)"
+                ) from exc
+            raise ShufflerError(f"shuffler transaction failed: {error.str()}") from exc
         self.crash_point("shuffler.after_commit")
         self.ledger.commit()
         self._record(

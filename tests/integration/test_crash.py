@@ -8,6 +8,7 @@ and right after the shuffler's transaction commit and the aggregator's snapshot 
 
 from __future__ import annotations
 
+import os
 import random
 import signal
 import time
@@ -19,6 +20,7 @@ from infra.dead_letters import count_dead_letters
 from infra.kafka import KafkaSettings
 from infra.pipeline import LocalPipeline
 from tests.integration.pipeline_helpers import (
+    aggregator_refusals,
     assert_same_sketch,
     live_sketch,
     make_pipeline,
@@ -69,6 +71,16 @@ def test_kill_nine_at_random_moments_and_crash_points(
         snapshot_interval=0.3,
     )
     work = make_workload(pipe, 8000, seed=7)
+    # poison among the reports, in every burst: garbage just under, at and just over the
+    # longest valid report (the shuffler refuses them, the last as too_large), and reports the
+    # aggregators refuse; the accounting must stay exact through every kill
+    limit = len(work.values[0])
+
+    def poison(b: int) -> list[bytes]:  # fresh bytes each burst: copies would be duplicates
+        garbage = [os.urandom(limit - 1), os.urandom(limit), os.urandom(limit + 1)]
+        return [*garbage, *aggregator_refusals(pipe, work.values[b])]
+
+    per_burst = len(poison(0))
     pipe.start_shuffler()
     pipe.start_aggregator(0, 2)
     pipe.start_aggregator(1, 2)
@@ -79,6 +91,7 @@ def test_kill_nine_at_random_moments_and_crash_points(
         for b in range(bursts):
             start, stop = b * size, (b + 1) * size
             publish(pipe, work.keys[start:stop], work.values[start:stop])  # type: ignore[arg-type]
+            publish(pipe, [f"poison-{b}-{i}".encode() for i in range(per_burst)], poison(b))
             # a random kill -9 of a random service at a random moment
             time.sleep(rng.uniform(0.2, 1.5))  # the random moment itself
             victim = rng.choice(sorted(CRASH_POINTS))
@@ -111,7 +124,7 @@ def test_kill_nine_at_random_moments_and_crash_points(
                 pipe.kill(victim, signal.SIGKILL)
                 kills["random"] += 1
             _restart(pipe, victim)
-        total = len(work.values)
+        total = len(work.values) + bursts * per_burst
         pipe.wait_until(lambda: pipe.shuffler_backlog() == 0, 180, "the shuffler")
         dlq = pipe.use_case.topics.dlq
 
@@ -127,4 +140,8 @@ def test_kill_nine_at_random_moments_and_crash_points(
     assert kills["crash point"] >= 10, kills
     offline, _ = offline_sketch(pipe, work.values)
     assert pipe.aggregated() == len(work.values)
+    # every poison record refused exactly once (copies of one refusal count once), every
+    # report aggregated once: aggregated + refused = sent
+    refused = count_dead_letters(pipe.kafka, pipe.use_case.topics.dlq)
+    assert refused.count() == bursts * per_burst, refused.by_reason
     assert_same_sketch(live_sketch(pipe.use_case.snapshot.directory, pipe.use_case.name), offline)

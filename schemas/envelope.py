@@ -62,6 +62,7 @@ __all__ = [
     "OpenedEnvelope",
     "PrivateKeyLookup",
     "as_bytes",
+    "hpke_open",
     "open_envelope",
     "open_many",
     "parse_header",
@@ -239,22 +240,37 @@ def open_envelope(
             f"envelope has parameter epoch {header.epoch}, which this reader does not accept "
             f"({epochs!r}); the device runs an old or unreleased parameter set",
         )
-    private_key = keyring.get(header.key_id)
-    if private_key is None:
-        raise EnvelopeError(
-            EnvelopeRejection.UNKNOWN_KEY_ID,
+    payload = hpke_open(
+        raw,
+        end,
+        keyring,
+        header.key_id,
+        missing=(
             f"no private key with key id {header.key_id} in the keyring; add its key file "
-            f"to the aggregator's key directory, or the device uses a retired or foreign key",
-        )
+            f"to the aggregator's key directory, or the device uses a retired or foreign key"
+        ),
+        what="HPKE open",
+    )
+    return OpenedEnvelope(header, payload)
+
+
+def hpke_open(
+    raw: bytes, end: int, keyring: PrivateKeyLookup, key_id: int, *, missing: str, what: str
+) -> bytes:
+    """OpenBase of ``raw[end:]`` with ``info = raw[:end]`` (the header) and the key
+    ``key_id``: ``unknown_key_id`` (message ``missing``) or ``decryption_failed``. Both layers
+    open this way."""
+    private_key = keyring.get(key_id)
+    if private_key is None:
+        raise EnvelopeError(EnvelopeRejection.UNKNOWN_KEY_ID, missing)
     try:
-        payload = _SUITE.decrypt(raw[end:], private_key, info=raw[:end])
+        return _SUITE.decrypt(raw[end:], private_key, info=raw[:end])
     except (InvalidTag, ValueError):
         raise EnvelopeError(
             EnvelopeRejection.DECRYPTION_FAILED,
-            f"HPKE open failed for key id {header.key_id}: the header or ciphertext was "
-            f"altered, or the envelope was sealed to another public key",
+            f"{what} failed for key id {key_id}: the header or ciphertext was altered, or it "
+            f"was sealed to another public key",
         ) from None
-    return OpenedEnvelope(header, payload)
 
 
 def open_many(

@@ -38,7 +38,6 @@ from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from typing import Final, NamedTuple
 
-from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hpke
 
 from schemas.envelope import (
@@ -50,6 +49,7 @@ from schemas.envelope import (
     EnvelopeRejection,
     PrivateKeyLookup,
     as_bytes,
+    hpke_open,
 )
 from schemas.keys import PublicKey
 
@@ -156,21 +156,17 @@ def open_outer(
             f"{use_case!r}; the device publishes to the wrong topic or uses the wrong "
             f"configuration",
         )
-    private_key = keyring.get(header.key_id)
-    if private_key is None:
-        raise EnvelopeError(
-            EnvelopeRejection.UNKNOWN_KEY_ID,
+    inner = hpke_open(
+        raw,
+        end,
+        keyring,
+        header.key_id,
+        missing=(
             f"no shuffler private key with key id {header.key_id}; add its key file to "
-            f"shuffle.private_keys, or the device uses a retired or foreign shuffler key",
-        )
-    try:
-        inner = _SUITE.decrypt(raw[end:], private_key, info=raw[:end])
-    except (InvalidTag, ValueError):
-        raise EnvelopeError(
-            EnvelopeRejection.DECRYPTION_FAILED,
-            f"HPKE open of the shuffler layer failed for key id {header.key_id}: the header or "
-            f"ciphertext was altered, or it was sealed to another public key",
-        ) from None
+            f"shuffle.private_keys, or the device uses a retired or foreign shuffler key"
+        ),
+        what="HPKE open of the shuffler layer",
+    )
     return OpenedOuter(header, inner)
 
 

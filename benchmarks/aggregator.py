@@ -443,6 +443,11 @@ def profile_path(service: ServicePath) -> list[dict[str, Any]]:
     for start in range(0, n, BATCH):
         service.step(start)
     profiler.disable()
+    return profile_rows(profiler, n, PROFILE_ROWS)
+
+
+def profile_rows(profiler: cProfile.Profile, n: int, most: int) -> list[dict[str, Any]]:
+    """The ``most`` functions with the most own time in ``profiler``, per report of ``n``."""
     stats = pstats.Stats(profiler, stream=io.StringIO())
     raw: dict[tuple[str, int, str], tuple[int, int, float, float, Any]] = stats.stats  # type: ignore[attr-defined]
     rows: list[dict[str, Any]] = []
@@ -459,7 +464,7 @@ def profile_path(service: ServicePath) -> list[dict[str, Any]]:
             }
         )
     rows.sort(key=lambda row: -float(row["tottime"]))
-    return rows[:PROFILE_ROWS]
+    return rows[:most]
 
 
 # ---- 3. processes ----------------------------------------------------------------------------

@@ -44,12 +44,10 @@ from __future__ import annotations
 import argparse
 import cProfile
 import gc
-import io
 import json
 import math
 import os
 import platform
-import pstats
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -63,7 +61,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from confluent_kafka import Message
 from cryptography.hazmat.primitives import hpke
 
-from benchmarks.aggregator import table
+from benchmarks.aggregator import profile_rows, table
 from benchmarks.mechanisms import sample_items
 from infra.kafka import KafkaSettings
 from producers.client import DeviceClient
@@ -482,23 +480,7 @@ def profile_path(path: AdmitPath, n: int) -> list[dict[str, Any]]:
         path.between()
     profiler.disable()
     gc.unfreeze()
-    stats = pstats.Stats(profiler, stream=io.StringIO())
-    raw: dict[tuple[str, int, str], tuple[int, int, float, float, Any]] = stats.stats  # type: ignore[attr-defined]
-    rows: list[dict[str, Any]] = []
-    for (filename, line, function), (_cc, calls, tottime, cumtime, _callers) in raw.items():
-        where = f"{Path(filename).parent.name}/{Path(filename).name}:{line}" if line else filename
-        rows.append(
-            {
-                "function": function,
-                "where": where,
-                "calls": calls,
-                "tottime": tottime,
-                "cumtime": cumtime,
-                "us_per_report": tottime / n * 1e6,
-            }
-        )
-    rows.sort(key=lambda row: -float(row["tottime"]))
-    return rows[:PROFILE_ROWS]
+    return profile_rows(profiler, n, PROFILE_ROWS)
 
 
 # ---- output ----------------------------------------------------------------------------------

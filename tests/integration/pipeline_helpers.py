@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,12 +61,18 @@ def make_workload(pipe: LocalPipeline, n: int, seed: int) -> Workload:
     return Workload(keys, values, population)
 
 
-def publish(pipe: LocalPipeline, keys: list[bytes | None], values: list[bytes]) -> None:
+def publish(
+    pipe: LocalPipeline,
+    keys: list[bytes | None],
+    values: list[bytes],
+    topic: str | None = None,
+) -> None:
+    """Publish with one key per value, to ``topic`` (default: the use case's reports topic)."""
     producer = Producer(pipe.kafka.producer_config({"enable.idempotence": True}))
     for key, value in zip(keys, values, strict=True):
         while True:
             try:
-                producer.produce(pipe.use_case.topics.reports, value=value, key=key)
+                producer.produce(topic or pipe.use_case.topics.reports, value=value, key=key)
                 break
             except BufferError:
                 producer.poll(0.05)
@@ -128,3 +135,13 @@ def aggregator_refusals(pipe: LocalPipeline, good: bytes) -> list[bytes]:
     )
     tampered = inner[:-1] + bytes([inner[-1] ^ 1])
     return [seal_outer(uc.name, foreign, shuffler), seal_outer(uc.name, tampered, shuffler)]
+
+
+def wait_dead(pipe: LocalPipeline, name: str, timeout: float) -> bool:
+    """Whether process ``name`` exits within ``timeout`` seconds (a crash point fired)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pipe.processes[name].poll() is not None:
+            return True
+        time.sleep(0.1)  # polling a process's exit, bounded by the deadline
+    return False

@@ -27,6 +27,7 @@ from tests.integration.pipeline_helpers import (
     make_workload,
     offline_sketch,
     publish,
+    wait_dead,
 )
 
 CRASH_POINTS = {
@@ -46,15 +47,6 @@ def _restart(pipe: LocalPipeline, name: str, crash_at: str | None = None) -> Non
         pipe.start_shuffler(env=env)
     else:
         pipe.start_aggregator(int(name.rsplit("-", 1)[1]), 2, env=env)
-
-
-def _wait_dead(pipe: LocalPipeline, name: str, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pipe.processes[name].poll() is not None:
-            return True
-        time.sleep(0.1)  # polling a process's exit, bounded by the deadline
-    return False
 
 
 @pytest.mark.slow
@@ -104,7 +96,7 @@ def test_kill_nine_at_random_moments_and_crash_points(
             pipe.kill(victim, signal.SIGKILL)
             kills["random"] += 1
             _restart(pipe, victim, crash_at=point)
-            if _wait_dead(pipe, victim, timeout=20):
+            if wait_dead(pipe, victim, timeout=20):
                 kills["crash point"] += 1
             else:
                 pipe.kill(victim, signal.SIGKILL)
@@ -118,7 +110,7 @@ def test_kill_nine_at_random_moments_and_crash_points(
             _restart(pipe, victim, crash_at=point)
             part = rest[i :: len(points)]
             publish(pipe, [work.keys[j] for j in part], [work.values[j] for j in part])
-            if _wait_dead(pipe, victim, timeout=30):
+            if wait_dead(pipe, victim, timeout=30):
                 kills["crash point"] += 1
             else:
                 pipe.kill(victim, signal.SIGKILL)

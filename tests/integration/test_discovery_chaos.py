@@ -28,7 +28,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from confluent_kafka import Producer
 
 from aggregator.query import discovered_items
 from discovery.runtime import discovery_store_directory
@@ -39,7 +38,7 @@ from infra.ledger_io import read_ledger
 from infra.pipeline import LocalPipeline
 from schemas.headers import WINDOW_HEADER, parse_window_header
 from schemas.ledger import DiscoveryRelease, WindowRecord
-from tests.integration.pipeline_helpers import make_pipeline
+from tests.integration.pipeline_helpers import make_pipeline, publish, wait_dead
 
 WINDOW = 200
 N = 3000  # a whole number of windows: the last one closes at n_min
@@ -59,27 +58,6 @@ def _start(pipe: LocalPipeline, name: str, crash_at: str | None = None) -> None:
     so that the logs show what each kill interrupted; ``crash_at``: a crash point
     (``infra/crash.py``) where the process kills itself with SIGKILL."""
     pipe.start(name, ["-v", name], env={"LDPIPE_CRASH_AT": crash_at} if crash_at else None)
-
-
-def _wait_dead(pipe: LocalPipeline, name: str, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pipe.processes[name].poll() is not None:
-            return True
-        time.sleep(0.1)  # polling a process's exit, bounded by the deadline
-    return False
-
-
-def _publish(pipe: LocalPipeline, topic: str, keys: list[bytes], values: list[bytes]) -> None:
-    producer = Producer(pipe.kafka.producer_config({"enable.idempotence": True}))
-    for key, value in zip(keys, values, strict=True):
-        while True:
-            try:
-                producer.produce(topic, value=value, key=key)
-                break
-            except BufferError:
-                producer.poll(0.05)
-    assert producer.flush(60) == 0
 
 
 def _overlap(a: WindowRecord, b: WindowRecord) -> bool:
@@ -158,9 +136,9 @@ def test_kill_nine_of_every_discovery_service_ends_in_exact_accounting(
     try:
         armed: str | None = None  # a service started with a crash point, not yet crashed
         for (start, stop), victim in zip(bursts, victims, strict=True):
-            _publish(pipe, topic, keys[start:stop], reports[start:stop])
+            publish(pipe, list(keys[start:stop]), reports[start:stop], topic)
             if armed is not None:  # the burst drives it to its crash point
-                if _wait_dead(pipe, armed, timeout=20):
+                if wait_dead(pipe, armed, timeout=20):
                     assert pipe.processes[armed].returncode == -signal.SIGKILL, armed
                     kills[f"{armed} (crash point)"] += 1
                 else:

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from confluent_kafka import Producer
 
 from aggregator.query import discovered_items, query_use_case
 from discovery.runtime import discovery_store_directory
@@ -21,22 +20,10 @@ from infra.ledger_io import read_ledger
 from infra.pipeline import LocalPipeline
 from producers.datasets import dictionary_population
 from schemas.ledger import DiscoveryRelease
-from tests.integration.pipeline_helpers import make_pipeline
+from tests.integration.pipeline_helpers import make_pipeline, publish
 
 N = 3000
 PLANTED = {"zyzzyvaquux": 500, "quokkabloom": 400}  # not emoji: outside the dictionary
-
-
-def _publish(pipe: LocalPipeline, topic: str, keys: list[bytes], values: list[bytes]) -> None:
-    producer = Producer(pipe.kafka.producer_config({"enable.idempotence": True}))
-    for key, value in zip(keys, values, strict=True):
-        while True:
-            try:
-                producer.produce(topic, value=value, key=key)
-                break
-            except BufferError:
-                producer.poll(0.05)
-    assert producer.flush(60) == 0
 
 
 def _device_items(pipe: LocalPipeline, seed: int) -> list[str]:
@@ -73,10 +60,9 @@ def test_planted_words_are_discovered_and_estimated(
     pipe.start_aggregator()
     pipe.start_discovery()
     try:
-        _publish(pipe, uc.topics.reports, keys, frequency.reports(items, rng))
-        _publish(
-            pipe, uc.discovery.topics.reports, keys, [r for r in encoded if isinstance(r, bytes)]
-        )
+        publish(pipe, list(keys), frequency.reports(items, rng))
+        discovery = [r for r in encoded if isinstance(r, bytes)]
+        publish(pipe, list(keys), discovery, uc.discovery.topics.reports)
         pipe.wait_until(discovered, 180, "the planted words in the discoveries store", poll=0.5)
         pipe.wait_until(lambda: pipe.aggregated() == N, 120, "the aggregator", poll=0.5)
     finally:

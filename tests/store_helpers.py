@@ -1,0 +1,39 @@
+"""Seed a use case's sketch store with sealed windows, as aggregators would have committed them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from aggregator.snapshot import mechanism_params
+from aggregator.store import SegmentData, SketchStore
+from schemas.config import UseCase
+from schemas.mechanisms import Sketch
+
+__all__ = ["seal_windows"]
+
+
+def seal_windows(
+    use_case: UseCase,
+    windows: Iterable[tuple[int, int, Sketch]],
+    *,
+    epoch: int | None = None,
+    writer: str = "agg-0",
+    offsets: Mapping[int, int] | None = None,
+    store: str | None = None,
+) -> SketchStore:
+    """Commit one segment per ``(window_start, window_end, sketch)`` of ``epoch`` (default:
+    the configured one), advancing the shuffled topic's partitions to ``offsets`` (from the
+    store's current offsets, so successive calls chain like one writer's commits)."""
+    target = SketchStore(store or use_case.store.uri, use_case.name)
+    epoch = use_case.epoch if epoch is None else epoch
+    mechanism = use_case.epoch_set().mechanisms[epoch]
+    segments = [
+        SegmentData(epoch, start, end, mechanism.name, mechanism_params(mechanism), sketch)
+        for start, end, sketch in windows
+    ]
+    topic = use_case.topics.shuffled
+    ends = dict(offsets or {})
+    bases = target.committed_offsets(topic, sorted(ends))
+    positions = {(topic, p): (bases[p], end) for p, end in ends.items()}
+    target.commit(segments, positions, writer=writer)
+    return target

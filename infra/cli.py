@@ -33,6 +33,7 @@ from infra import (
     sfp_discover_cmd,
     shuffler_cmd,
     simulate_cmd,
+    store_cmd,
 )
 from schemas.errors import LdpipeError
 
@@ -48,6 +49,7 @@ _COMMANDS = (
     query_cmd,
     adapt_cmd,
     replay_cmd,
+    store_cmd,
     simulate_cmd,
     discover_sim_cmd,
     discovery_shuffler_cmd,

@@ -33,7 +33,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -41,8 +41,12 @@ from typing import Any, Final
 import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.compute as pc  # type: ignore[import-untyped]
+import pyarrow.fs as pafs  # type: ignore[import-untyped]
+import pyarrow.parquet as pq  # type: ignore[import-untyped]
 from deltalake import CommitProperties, DeltaTable, Transaction, WriterProperties, write_deltalake
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
+from deltalake.fs import DeltaStorageHandler
+from deltalake.transaction import AddAction, RemoveAction
 
 from schemas.errors import LdpipeError
 from schemas.mechanisms import Sketch
@@ -174,6 +178,7 @@ class SketchStore:
         self.storage_options = options
         if "://" not in self.uri:
             Path(self.uri).mkdir(parents=True, exist_ok=True)
+        self._fs: Any = None
 
     # ---- the table ----------------------------------------------------------------------
     def table(self) -> DeltaTable | None:
@@ -204,6 +209,7 @@ class SketchStore:
         positions: Mapping[tuple[str, int], tuple[int | None, int]],
         *,
         writer: str,
+        crash_point: Callable[[str], None] | None = None,
     ) -> int:
         """Commit ``segments`` and advance every partition ``(topic, p)`` from its base to
         its end offset, atomically; returns the new table version.
@@ -211,38 +217,91 @@ class SketchStore:
         ``positions[(topic, p)] = (base, end)``: ``base`` is the committed offset this writer
         started from (None: the partition had none), ``end`` the next offset after what the
         segments hold. :class:`StaleCommitError` when any partition's committed offset is no
-        longer its base; nothing is written then.
+        longer its base; nothing is committed then.
+
+        Two steps: the segments' Parquet file is written first (``crash_point("written")``:
+        a file no version refers to, which readers never see and ``vacuum`` deletes), then one
+        Delta commit adds it with the partitions' new offsets.
         """
+        self._ensure_table()
         data = _segments_table(segments, positions, writer)
+        added = self._write_file(data, segments) if data.num_rows else []
+        if crash_point is not None:
+            crash_point("written")
         transactions = [Transaction(app_id(t, p), end) for (t, p), (_, end) in positions.items()]
+        properties = CommitProperties(
+            app_transactions=transactions,
+            custom_metadata={"ldpipe.writer": writer, "ldpipe.segments": str(len(segments))},
+            max_commit_retries=_COMMIT_ATTEMPTS,
+        )
         for attempt in range(_COMMIT_ATTEMPTS):
             table = self.table()
-            self._check_bases(table, positions, writer)
-            properties = CommitProperties(
-                app_transactions=transactions,
-                custom_metadata={"ldpipe.writer": writer, "ldpipe.segments": str(len(segments))},
-                max_commit_retries=_COMMIT_ATTEMPTS,
-            )
+            assert table is not None
             try:
-                write_deltalake(
-                    self.uri if table is None else table,
-                    data,
+                self._check_bases(table, positions, writer)
+            except StaleCommitError:
+                self._discard(added)
+                raise
+            try:
+                table.create_write_transaction(
+                    list[AddAction | RemoveAction](added),
                     mode="append",
-                    storage_options=self.storage_options or None,
-                    writer_properties=_writer_properties(segments),
+                    schema=SCHEMA,
                     commit_properties=properties,
                 )
             except CommitFailedError as exc:  # a concurrent commit set one of our app ids
                 log.info("commit of %s raced another (attempt %d): %s", writer, attempt + 1, exc)
                 continue
-            except Exception as exc:
-                if table is None and "already exists" in str(exc).lower():
-                    continue  # another writer created the table first
-                raise
             written = self.version()
             assert written is not None
             return written
         raise StoreError(f"could not commit to {self.uri} in {_COMMIT_ATTEMPTS} attempts")
+
+    def _ensure_table(self) -> None:
+        """Create the (empty) table on first use; a concurrent creator may win."""
+        for _ in range(3):
+            if self.table() is not None:
+                return
+            try:
+                write_deltalake(
+                    self.uri,
+                    SCHEMA.empty_table(),
+                    mode="append",
+                    storage_options=self.storage_options or None,
+                )
+                return
+            except Exception as exc:  # another writer created it first: use theirs
+                if self.table() is None:
+                    raise StoreError(f"cannot create the sketch store {self.uri}: {exc}") from exc
+                return
+
+    def _filesystem(self) -> Any:
+        """The table's storage as a pyarrow filesystem (delta-rs's object store underneath)."""
+        if self._fs is None:
+            handler = DeltaStorageHandler(self.uri, self.storage_options or None)
+            self._fs = pafs.PyFileSystem(handler)
+        return self._fs
+
+    def _write_file(self, data: Any, segments: Sequence[SegmentData]) -> list[AddAction]:
+        name = f"part-{uuid.uuid4().hex}.zstd.parquet"
+        fs = self._filesystem()
+        pq.write_table(
+            data,
+            name,
+            filesystem=fs,
+            compression="zstd",
+            row_group_size=_rows_per_group(segments),
+        )
+        size = fs.get_file_info(name).size
+        stats = json.dumps({"numRecords": data.num_rows})
+        return [AddAction(name, size, {}, int(time.time() * 1000), True, stats)]
+
+    def _discard(self, added: Sequence[AddAction]) -> None:
+        for action in added:
+            try:
+                self._filesystem().delete_file(action.path)
+            except OSError as exc:  # vacuum deletes it later
+                log.info("could not delete the uncommitted file %s: %s", action.path, exc)
 
     def _check_bases(
         self,
@@ -393,11 +452,13 @@ class SketchStore:
 
 
 # ---- encoding ----------------------------------------------------------------------------------
-def _writer_properties(segments: Sequence[SegmentData]) -> WriterProperties:
+def _rows_per_group(segments: Sequence[SegmentData]) -> int:
     widest = max((s.sketch.shape[1] for s in segments), default=1)
-    return WriterProperties(
-        compression="ZSTD", max_row_group_size=max(1, _ROW_GROUP_BYTES // (8 * widest))
-    )
+    return max(1, _ROW_GROUP_BYTES // (8 * widest))
+
+
+def _writer_properties(segments: Sequence[SegmentData]) -> WriterProperties:
+    return WriterProperties(compression="ZSTD", max_row_group_size=_rows_per_group(segments))
 
 
 def _segments_table(

@@ -126,6 +126,7 @@ class SegmentData:
     sketch: Sketch
     level: str = "window"
     sources: int = 1
+    segment: str | None = None  # its id; default a random UUID (hex)
 
     def __post_init__(self) -> None:
         if self.level not in LEVELS:
@@ -475,7 +476,7 @@ def _segments_table(
         separators=(",", ":"),
     )
     now = time.time()
-    ids = [uuid.uuid4().hex for _ in segments]
+    ids = [s.segment or uuid.uuid4().hex for s in segments]
     headers = {name: [] for name in SCHEMA.names}  # type: dict[str, list[Any]]
     for sid, s in zip(ids, segments, strict=True):
         k, m = s.sketch.shape

@@ -21,6 +21,10 @@ class AggregatorMetrics:
     windows_open: Gauge
     consumer_lag: Gauge
     broker_data_loss: Gauge
+    store_commit_seconds: Histogram
+    windows_sealed: Counter
+    stale_commits: Counter
+    partitions_owned: Gauge
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> AggregatorMetrics:
@@ -52,25 +56,25 @@ class AggregatorMetrics:
             ),
             snapshot_seconds=Histogram(
                 "ldpipe_aggregator_snapshot_seconds",
-                "Time to write one snapshot",
+                "Time to write one checkpoint (open windows and positions)",
                 label,
                 registry=registry,
             ),
             snapshot_bytes=Gauge(
                 "ldpipe_aggregator_snapshot_size_bytes",
-                "Size of the last snapshot file",
+                "Size of the last checkpoint file",
                 label,
                 registry=registry,
             ),
             snapshot_last_success=Gauge(
                 "ldpipe_aggregator_snapshot_last_success_timestamp_seconds",
-                "Unix time of the last snapshot written",
+                "Unix time of the last checkpoint written",
                 label,
                 registry=registry,
             ),
             windows_open=Gauge(
                 "ldpipe_aggregator_windows",
-                "Time-window sketches held in memory",
+                "Open time-window sketches held in memory",
                 label,
                 registry=registry,
             ),
@@ -84,6 +88,30 @@ class AggregatorMetrics:
                 "ldpipe_aggregator_broker_data_loss",
                 "1: the recovered position is outside the partition's log (the broker lost data)",
                 [*label, "partition"],
+                registry=registry,
+            ),
+            store_commit_seconds=Histogram(
+                "ldpipe_aggregator_store_commit_seconds",
+                "Time to commit sealed windows and offsets to the sketch store",
+                label,
+                registry=registry,
+            ),
+            windows_sealed=Counter(
+                "ldpipe_aggregator_windows_sealed",
+                "Window segments committed to the sketch store",
+                label,
+                registry=registry,
+            ),
+            stale_commits=Counter(
+                "ldpipe_aggregator_stale_commits",
+                "Commits the store refused because another writer committed a partition first",
+                label,
+                registry=registry,
+            ),
+            partitions_owned=Gauge(
+                "ldpipe_aggregator_partitions_owned",
+                "Partitions of the shuffled topic this aggregator consumes",
+                label,
                 registry=registry,
             ),
         )

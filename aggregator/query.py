@@ -1,8 +1,9 @@
-"""The query worker: latest snapshot of every writer -> merged sketches -> estimates.
+"""The query worker: the sketch store's segments -> merged sketches -> estimates.
 
-Sketches add: the latest snapshot of each aggregator process (disjoint partitions) is summed per
-parameter epoch over the time windows asked for. Each epoch's mechanism estimates the counts of
-its own n_e reports, unbiased. Epochs are then combined one of two ways:
+Sketches add: every segment of the store lying within the time range asked for is summed per
+parameter epoch (each report is in exactly one segment, ``aggregator/store.py``). Each epoch's
+mechanism estimates the counts of its own n_e reports, unbiased. Epochs then combine one of
+two ways:
 
 * ``ivw`` (default): inverse-variance weighting of the per-epoch *frequencies*
   ``f_e = C_e / n_e`` (weights ``n_e^2 / Var[C_e]``), scaled to all ``N = sum n_e`` reports —
@@ -16,7 +17,6 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from statistics import NormalDist
 from typing import Any, Literal
 
@@ -24,45 +24,28 @@ import numpy as np
 import numpy.typing as npt
 
 from aggregator.exceptions import QueryError
-from aggregator.snapshot import (
-    MergedSketch,
-    SnapshotScan,
-    WindowSketch,
-    merge_windows,
-    scan_snapshots,
-    writer_instance,
-)
+from aggregator.snapshot import MergedSketch, WindowSketch
+from aggregator.store import SketchStore
 from discovery.found import store_directory
 from discovery.store import DiscoveryStore
 from schemas.calibrate import FitMethod, NoiseModel, PriorFamily, fit_prior, posterior_mean
 from schemas.config import UseCase
-from schemas.errors import SnapshotError
 from schemas.mechanisms import Mechanism
 
 __all__ = [
     "ItemEstimate",
-    "MissingSnapshotsError",
     "QueryResult",
-    "describe_missing",
     "discovered_items",
     "load_merged",
+    "open_store",
     "query_use_case",
 ]
 
 _FOREVER = 2**62
 
 
-class MissingSnapshotsError(SnapshotError):
-    """A writer (or partition) the answer should include has no valid snapshot: summing the
-    rest would silently leave its reports out. ``missing`` says what (as ``QueryResult``)."""
-
-    def __init__(self, message: str, missing: dict[str, Any]) -> None:
-        super().__init__(message)
-        self.missing = missing
-
-
 def _no_missing() -> dict[str, Any]:
-    return {"writers": {}, "partitions": []}
+    return {"partitions": []}
 
 
 @dataclass(frozen=True)
@@ -94,9 +77,7 @@ class QueryResult:
     level: float
     items: list[ItemEstimate]
     calibration: dict[str, Any] | None = None  # the fitted prior, when calibrated
-    # what the answer leaves out (only ever non-empty with allow_missing): writers with no
-    # valid snapshot -> why each of their files was refused, and "topic:partition" that no
-    # valid snapshot covers
+    # "topic:partition" with no commit in the store yet (their reports are not in the answer)
     missing: dict[str, Any] = field(default_factory=_no_missing)
 
     def as_dict(self) -> dict[str, Any]:
@@ -114,119 +95,66 @@ def _rebuild(merged: MergedSketch) -> Mechanism:
     ).build_mechanism()
 
 
+def open_store(use_case: UseCase, uri: str | None = None) -> SketchStore:
+    """The use case's sketch store (or the one at ``uri``: a replay's)."""
+    return SketchStore(
+        uri or use_case.store.uri, use_case.name, storage_options=use_case.store.storage_options
+    )
+
+
 def load_merged(
-    directory: Path,
-    use_case: str,
+    store: SketchStore,
     start: int | None = None,
     end: int | None = None,
     *,
     topic: str | None = None,
     partitions: int | None = None,
-    allow_missing: bool = False,
 ) -> tuple[dict[int, MergedSketch], dict[str, Any]]:
-    """Per-epoch merged sketches of the windows within ``[start, end)``, and what they cover.
+    """Per-epoch sums of the store's segments lying within ``[start, end)``, and what they
+    cover: the writers, the newest commit's age, and with ``topic`` and ``partitions`` each
+    partition's committed offset (``coverage["missing"]["partitions"]``: those with none yet).
 
-    Every writer with a file in ``directory`` must have a valid snapshot, and with ``topic``
-    and ``partitions`` (the use case's shuffled topic and its partition count) every partition
-    ``0 .. partitions-1`` must be covered by one: listed in a valid snapshot, or owned by the
-    ``<x>-<i>of<N>`` writer of one that lists that topic (an aggregator lists a partition only
-    once it has read from it). Otherwise :class:`MissingSnapshotsError` (exit 1), unless
-    ``allow_missing``: then the rest is summed and ``coverage["missing"]`` says what is not.
+    Memory: one k x m accumulator per epoch and one Parquet row group, however many segments.
     """
-    scan = scan_snapshots(directory)
-    if not scan.writers:
+    table = store.table()
+    if table is None:
         raise QueryError(
-            f"no snapshots in {directory} yet; start the aggregator (ldpipe aggregator) and wait "
-            f"for its first snapshot"
+            f"the sketch store {store.uri} has no commits yet; start the aggregator (ldpipe "
+            f"aggregator) and wait for its first sealed window (docs/store.md)"
         )
-    missing = _find_missing(scan, topic, partitions)
-    if not scan.latest or (not allow_missing and _any_missing(missing)):
-        raise MissingSnapshotsError(
-            _missing_message(scan, missing, topic, partitions, some_valid=bool(scan.latest)),
-            missing,
+    low = -_FOREVER if start is None else start
+    high = _FOREVER if end is None else end
+    found = store.segments(start=low, end=high, table=table)
+    merged: dict[int, MergedSketch] = {}
+    for epoch in sorted({s.epoch for s in found}):
+        members = [s for s in found if s.epoch == epoch]
+        first = members[0]
+        merged[epoch] = MergedSketch(
+            store.use_case,
+            epoch,
+            first.mechanism,
+            first.params,
+            store.read_sum(members, table=table),
+            tuple(sorted({s.span for s in members})),
+            tuple(sorted({s.writer for s in members})),
         )
-    files = scan.latest
-    merged = merge_windows(
-        files.values(),
-        use_case,
-        -_FOREVER if start is None else start,
-        _FOREVER if end is None else end,
-    )
+    offsets: dict[str, int] = {}
+    uncommitted: list[str] = []
+    if topic is not None and partitions is not None:
+        for p, offset in store.committed_offsets(topic, range(partitions)).items():
+            if offset is None:
+                uncommitted.append(f"{topic}:{p}")
+            else:
+                offsets[f"{topic}:{p}"] = offset
+    newest = max((s.created_at for s in found), default=None)
     coverage = {
-        "writers": sorted(files),
-        "age": time.time() - min(f.created_at for f in files.values()),
-        "offsets": {
-            f"{topic}:{partition}": offset
-            for snap in files.values()
-            for (topic, partition), offset in sorted(snap.offsets.items())
-        },
-        "missing": missing,
+        "writers": sorted({s.writer for s in found}),
+        "age": 0.0 if newest is None else max(0.0, time.time() - newest),
+        "offsets": offsets,
+        "missing": {"partitions": uncommitted},
+        "segments": len(found),
     }
     return merged, coverage
-
-
-def _find_missing(scan: SnapshotScan, topic: str | None, partitions: int | None) -> dict[str, Any]:
-    """Writers with no valid snapshot, and the partitions of ``topic`` no valid one covers."""
-    writers = {
-        writer: [reason for _path, reason in files] for writer, files in scan.missing.items()
-    }
-    uncovered: list[str] = []
-    if topic is not None and partitions is not None:
-        covered: set[int] = set()
-        for writer, snap in scan.latest.items():
-            listed = {p for t, p in snap.offsets if t == topic}
-            covered |= listed
-            owner = writer_instance(writer)
-            if owner is not None and listed:  # an instance of this topic's aggregators
-                covered |= {p for p in range(partitions) if p % owner[1] == owner[0]}
-        uncovered = [f"{topic}:{p}" for p in range(partitions) if p not in covered]
-    return {"writers": writers, "partitions": uncovered}
-
-
-def _any_missing(missing: dict[str, Any]) -> bool:
-    return bool(missing["writers"] or missing["partitions"])
-
-
-def describe_missing(missing: dict[str, Any]) -> str:
-    """One line: ``writer 'a' (no valid snapshot), partitions t:1, t:3`` (empty if nothing)."""
-    parts = [f"writer {writer!r} (no valid snapshot)" for writer in missing["writers"]]
-    if missing["partitions"]:
-        parts.append(f"partitions {', '.join(missing['partitions'])} (in no valid snapshot)")
-    return ", ".join(parts)
-
-
-def _missing_message(
-    scan: SnapshotScan,
-    missing: dict[str, Any],
-    topic: str | None,
-    partitions: int | None,
-    *,
-    some_valid: bool,
-) -> str:
-    """One line naming every missing writer (with why each file was refused) and partition."""
-    problems = []
-    for writer, files in scan.missing.items():
-        refused = "; ".join(
-            " ".join(reason.replace(str(path), path.name).split()) for path, reason in files
-        )
-        problems.append(f"writer {writer!r} has no valid snapshot (refused: {refused})")
-    if missing["partitions"]:
-        numbers = ", ".join(key.rsplit(":", 1)[1] for key in missing["partitions"])
-        problems.append(
-            f"partitions {numbers} of {topic} (topics.partitions = {partitions}) are in no "
-            f"valid snapshot"
-        )
-    where = f"in {scan.directory}"
-    if not some_valid:
-        return (
-            f"no valid snapshot {where}: {'; '.join(problems)}; let the aggregators write new "
-            f"snapshots (a stopped one rebuilds from Kafka on restart; move copied files out)"
-        )
-    return (
-        f"{'; '.join(problems)} {where}: the answer would silently leave their reports out; let "
-        f"their aggregators write new snapshots (a stopped one rebuilds from Kafka on restart; "
-        f"move copied files out), or pass --allow-missing to answer without them"
-    )
 
 
 def query_use_case(
@@ -237,18 +165,17 @@ def query_use_case(
     start: int | None = None,
     end: int | None = None,
     level: float = 0.95,
-    directory: Path | None = None,
+    store: str | None = None,
     combine: Literal["ivw", "sum"] = "ivw",
     calibrate: PriorFamily | None = None,
     calibrate_fit: FitMethod = "mv",
     discovered: bool = True,
-    allow_missing: bool = False,
 ) -> QueryResult:
     """Estimates with standard errors and ``level`` intervals, for ``items`` or the top N.
 
-    Every writer in the snapshot directory and every partition of the shuffled topic must have
-    a valid snapshot (:func:`load_merged`), else :class:`MissingSnapshotsError`; with
-    ``allow_missing`` the answer leaves them out and ``QueryResult.missing`` names them.
+    The sealed windows of the use case's sketch store (or the store at ``store``: a replay's)
+    lying within ``[start, end)`` are summed (:func:`load_merged`); ``QueryResult.missing``
+    names the partitions with no commit yet.
 
     Without ``items`` the candidates are the dictionary followed by the items discovered so
     far (``discovered``, GCMS §6.2 joint use: :func:`discovered_items`). ``calibrate`` (a prior
@@ -287,13 +214,11 @@ def query_use_case(
     if calibrate is not None:
         candidates = _with_dictionary(use_case, candidates)
     merged, coverage = load_merged(
-        directory or use_case.snapshot.directory,
-        use_case.name,
+        open_store(use_case, store),
         start,
         end,
         topic=use_case.topics.shuffled,
         partitions=use_case.topics.partitions,
-        allow_missing=allow_missing,
     )
     if combine not in ("ivw", "sum"):
         raise QueryError(f"combine must be 'ivw' or 'sum', got {combine!r}")

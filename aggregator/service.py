@@ -1,30 +1,46 @@
-"""The aggregator: shuffled reports -> per-window sketches -> Arrow snapshots with offsets.
+"""The aggregator: shuffled reports -> open window sketches -> sealed segments in the store.
 
-Exactly-once without trusting Kafka's committed offsets:
+Exactly-once rests on the sketch store (``aggregator/store.py``), not on Kafka's offsets:
 
-1. on start, load this writer's latest valid snapshot (windows + the next offset of every
-   partition it covers) and seek there (the beginning when there is none);
-2. consume a batch; open envelopes, validate payloads, send every bad report to the dead-letter
-   topic with its reason, accumulate the rest into the sketch of their time window;
-3. every ``interval_seconds`` (and on shutdown): flush the dead-letter producer, then write a
-   snapshot of all windows together with the consumer's positions (temp -> fsync -> rename ->
-   fsync dir). Only then commit the same offsets to Kafka, for lag monitoring alone.
+1. the aggregator joins the use case's consumer group (cooperative-sticky assignment), or, for
+   a replay, takes every partition itself. For each partition it is given it reads the store's
+   committed offset (the version of the partition's application id) and seeks there; its own
+   checkpoint of open windows is used instead when it holds exactly those partitions from
+   exactly those store offsets (a restart without a rebalance in between);
+2. it consumes a batch, opens envelopes, validates payloads, sends every bad report to the
+   dead-letter topic with its reason, and accumulates the rest into the open sketch of their
+   time window, noting where in each partition each window's records lie;
+3. when a window is due (every active partition is past its end plus ``grace_seconds``, or all
+   are idle) it is sealed: flushed dead letters first, then one atomic store commit adds the
+   window's segment and advances every owned partition's offset as far as no open window's
+   record lies before it (``aggregator/sealing.py``). The store refuses the commit if another
+   writer committed one of those partitions meanwhile (a zombie after a rebalance): this
+   aggregator then drops what it holds and resumes from the store;
+4. every ``interval_seconds`` it writes a checkpoint of its open windows (Arrow IPC, the
+   snapshot format, under its member name) so that a restart need not re-read them; its cost
+   depends on the open windows only, never on history;
+5. on a revocation (a rebalance, or a clean stop) it seals everything it holds, so the new
+   owner resumes at the store's offsets; a partition *lost* without revocation (the member was
+   presumed dead) is dropped with everything consumed since the last commit.
 
-A crash between 2 and 3 loses nothing: the next start re-reads from the snapshot's offsets and
-rebuilds the same sketch. Sketches add, so partitions are split statically across processes
-(instance i of N owns partitions p with p mod N == i); each process's snapshot covers exactly its
-partitions, and the query worker sums the latest snapshot of every writer.
+A crash anywhere loses nothing and counts nothing twice: whatever the store has not committed is
+read again, by this member or the partition's next owner.
 """
 
 from __future__ import annotations
 
+import fcntl
 import logging
+import os
+import re
+import socket
 import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 from confluent_kafka import (
@@ -40,6 +56,7 @@ from prometheus_client import CollectorRegistry
 from aggregator.dedupe import SeenReports
 from aggregator.exceptions import AggregatorError
 from aggregator.metrics import AggregatorMetrics
+from aggregator.sealing import OpenSpans, WindowKey, due_windows
 from aggregator.snapshot import (
     SnapshotFile,
     WindowSketch,
@@ -49,6 +66,7 @@ from aggregator.snapshot import (
     prune,
     write_snapshot,
 )
+from aggregator.store import SegmentData, SketchStore, StaleCommitError
 from aggregator.windows import DecodedBatch, WindowedSketches, decode_epochs
 from infra.epochs_io import read_epochs
 from infra.kafka import (
@@ -84,18 +102,24 @@ __all__ = ["Aggregator", "AggregatorOptions", "DataLoss", "find_data_loss", "log
 log = logging.getLogger(__name__)
 
 
+def default_member(use_case: str) -> str:
+    """``<use case>-<host>``: stable across restarts, so a restart finds its checkpoint."""
+    host = "".join(c if c.isalnum() or c in "._-" else "-" for c in socket.gethostname())
+    return f"{use_case}-{host or 'host'}"[:120]
+
+
 @dataclass(frozen=True)
 class AggregatorOptions:
     """How one aggregator process runs; the defaults are the live aggregation's."""
 
-    instance: int = 0
-    instances: int = 1
-    snapshot_dir: Path | None = None  # default: the use case's snapshot directory
-    writer: str | None = None  # default: "<use case>-<instance>of<instances>"
+    member: str | None = None  # names its checkpoints; default "<use case>-<host>"
+    partitions: Sequence[int] | None = None  # take these (all: ()); None: join the group
+    store_uri: str | None = None  # default: the use case's store.uri
+    checkpoint_dir: Path | None = None  # default: the use case's snapshot directory
     window_seconds: int | None = None  # default: the use case's window length
     topic: str | None = None  # default: the use case's shuffled topic
-    group_id: str | None = None  # for lag monitoring only
-    start_offsets: Mapping[int, int] | None = None  # partition -> offset when no snapshot
+    group_id: str | None = None  # default: ldpipe-aggregator-<use case>
+    start_offsets: Mapping[int, int] | None = None  # partition -> offset when the store has none
     batch_size: int = 5000
     dead_letters: bool = True
     dedupe_horizon: int | None = None  # default: the use case's snapshot.dedupe_horizon
@@ -103,11 +127,15 @@ class AggregatorOptions:
     after_data_loss: bool = False
 
     def __post_init__(self) -> None:
-        if not 0 <= self.instance < self.instances:
+        if self.member is not None and _MEMBER_RE.fullmatch(self.member) is None:
             raise ValueError(
-                f"instance must be in [0, instances), got {self.instance} of {self.instances}"
+                f"member name {self.member!r}: use letters, digits, '.', '_' and '-' (at most "
+                f"120, starting with a letter or digit), not ending in -<i>of<N> (which "
+                f"checkpoint files reserve for static splits); e.g. emoji-host1"
             )
 
+
+_MEMBER_RE = re.compile(r"(?![A-Za-z0-9._-]*-[0-9]+of[0-9]+$)[A-Za-z0-9][A-Za-z0-9._-]{0,119}")
 
 #: partition -> (low watermark, true end) of those partitions of the shuffled topic
 LogBounds = Callable[[Sequence[int]], Mapping[int, tuple[int, int]]]
@@ -198,7 +226,7 @@ def log_bounds(
 
 
 class Aggregator:
-    """One aggregator process of one use case."""
+    """One aggregator process of one use case (a member of its consumer group, or a replay)."""
 
     def __init__(
         self,
@@ -223,8 +251,13 @@ class Aggregator:
         self.options = options or AggregatorOptions()
         opts = self.options
         self.topic = opts.topic or use_case.topics.shuffled
-        self.directory = opts.snapshot_dir or use_case.snapshot.directory
-        self.writer = opts.writer or f"{use_case.name}-{opts.instance}of{opts.instances}"
+        self.directory = opts.checkpoint_dir or use_case.snapshot.directory
+        self.writer = opts.member or default_member(use_case.name)
+        self.store = SketchStore(
+            opts.store_uri or use_case.store.uri,
+            use_case.name,
+            storage_options=use_case.store.storage_options,
+        )
         self.crash_point = crash_point or (lambda _point: None)
         self.clock = clock
         self.metrics = AggregatorMetrics.create(registry or CollectorRegistry())
@@ -234,10 +267,15 @@ class Aggregator:
         self.windows = WindowedSketches(
             self.epochs.mechanisms, window, use_case.snapshot.keep_windows
         )
+        self.spans = OpenSpans()
         self._epochs_loaded = 0.0
         # a use case with nested envelopes counts only inner layers that passed a shuffler
         self._envelope_version = NESTED_VERSION if use_case.shuffle.nested else ENVELOPE_VERSION
-        self.offsets: dict[int, int] = {}
+        self.owned: set[int] = set()
+        self.offsets: dict[int, int] = {}  # partition -> position (next offset to read)
+        self.bases: dict[int, int | None] = {}  # partition -> the store's committed offset
+        self.latest: dict[int, int] = {}  # partition -> newest record time seen (unix s)
+        self.last_record: dict[int, float] = {}  # partition -> monotonic time of its last record
         self.horizon = (
             use_case.snapshot.dedupe_horizon
             if self.options.dedupe_horizon is None
@@ -245,6 +283,8 @@ class Aggregator:
         )
         self.seen = SeenReports(self.horizon)
         self.duplicates = 0
+        self.sealed = 0  # segments committed by this process
+        self.stale_commits = 0
         self._undelivered: list[str] = []  # dead letters the broker refused (delivery reports)
         self.sequence = 0
         self.dirty = False
@@ -253,75 +293,193 @@ class Aggregator:
         self._last_lag = 0.0
         self._bounds = bounds or (lambda parts: log_bounds(self.kafka, self.topic, parts))
         self.live_check_seconds = LIVE_CHECK_SECONDS
-        self._recovered_from = "no snapshot"  # names the snapshot file the offsets came from
+        self._sources: dict[int, str] = {}  # partition -> where its position came from
+        self._checkpoint_read = False
+        self._producer: Producer | None = None
+        self._failed = False
+        self._lock: IO[bytes] | None = None
 
-    # ---- recovery -----------------------------------------------------------------------
-    def recover(self) -> SnapshotFile | None:
-        """Load this writer's latest valid snapshot into memory (None: start from scratch).
-
-        Corrupt files are skipped (falling back to older ones); a file that is not this
-        writer's own (another writer's content under its name, or partitions this instance does
-        not own) stops the process instead: adopting it would count another writer's
-        partitions twice, and only an operator can tell which copy is right.
-        """
+    # ---- taking partitions --------------------------------------------------------------
+    def _lock_member(self) -> None:
+        """One process per member name and checkpoint directory: a second one refuses."""
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
+            lock = open(self.directory / f".{self.writer}.lock", "a+b")  # noqa: SIM115
         except OSError as exc:
             raise AggregatorError(
-                f"cannot create the snapshot directory {self.directory} ({exc.strerror}); "
+                f"cannot create the checkpoint directory {self.directory} ({exc.strerror}); "
                 f"set snapshot.directory to a writable place"
             ) from exc
-        # above every file of this writer, valid or not: a corrupt newest file keeps its name
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.close()
+            raise AggregatorError(
+                f"another aggregator runs as member {self.writer!r} with checkpoints in "
+                f"{self.directory}; give each aggregator its own --member name"
+            ) from None
+        lock.truncate(0)
+        lock.write(f"{os.getpid()}\n".encode())
+        lock.flush()
+        self._lock = lock
+        # above every checkpoint of this member, valid or not
         self.sequence = next_sequence(self.directory, self.writer) - 1
+
+    def take(self, parts: Sequence[int]) -> list[TopicPartition]:
+        """Own ``parts`` from now: their positions (checkpoint or store) as TopicPartitions."""
+        parts = sorted(set(parts) - self.owned)
+        if not parts:
+            return []
+        committed = self.store.committed_offsets(self.topic, parts)
+        restored = self._restore_checkpoint(parts, committed)
+        start = dict(self.options.start_offsets or {})
+        for p in parts:
+            self.owned.add(p)
+            self.last_record.setdefault(p, time.monotonic())
+            if p in restored:
+                continue
+            base = committed[p]
+            self.bases[p] = base
+            self.offsets.pop(p, None)
+            if base is not None:
+                self.offsets[p] = base
+            elif p in start:
+                self.offsets[p] = start[p]
+        self.check_positions(parts)
+        self.metrics.partitions_owned.labels(**self._labels).set(len(self.owned))
+        for p in parts:
+            self._sources.setdefault(p, "the store")
+        print(
+            f"ldpipe aggregator {self.writer}: takes {self.topic}[{','.join(map(str, parts))}] "
+            f"at {', '.join(f'{p}:{self.offsets.get(p, 0)}' for p in parts)} (from "
+            f"{', '.join(sorted({self._sources[p] for p in parts}))}); owns "
+            f"{len(self.owned)} partition(s)",
+            flush=True,
+        )
+        return [TopicPartition(self.topic, p, self.offsets.get(p, OFFSET_BEGINNING)) for p in parts]
+
+    def _restore_checkpoint(
+        self, parts: Sequence[int], committed: Mapping[int, int | None]
+    ) -> set[int]:
+        """Load this member's checkpoint once, if it holds exactly the store's offsets of
+        partitions all given now; returns the partitions it restored."""
+        if self._checkpoint_read:
+            return set()
+        self._checkpoint_read = True
         snap = latest_snapshot(self.directory, writer=self.writer, foreign="raise")
         if snap is None:
-            return None
-        self._check_owned(snap)
-        self.offsets = {p: o for (t, p), o in snap.offsets.items() if t == self.topic}
-        self._recovered_from = f"snapshot {snap.source or f'#{snap.sequence}'}"
-        self.seen = SeenReports(self.horizon, snap.seen.tolist())
+            return set()
+        state = snap.state
+        bases = {int(p): b for p, b in dict(state.get("bases", {})).items()}
+        listed = {p for (t, p) in snap.offsets if t == self.topic}
+        usable = (
+            bool(listed)
+            and listed <= set(parts)
+            and set(bases) == listed
+            and all(committed.get(p) == bases[p] for p in listed)
+        )
+        if not usable:
+            log.info(
+                "%s: checkpoint %s does not match the store's offsets or this assignment; "
+                "starting its partitions from the store",
+                self.writer,
+                snap.name,
+            )
+            return set()
         for window in snap.windows:
-            if window.use_case != self.use_case.name:
-                continue
             mechanism = self.epochs.mechanisms.get(window.epoch)
             if mechanism is None:
                 raise AggregatorError(
-                    f"snapshot {self.writer}#{snap.sequence} holds epoch {window.epoch}, which "
-                    f"neither the configuration nor {self.use_case.topics.params} defines"
+                    f"checkpoint {snap.name} holds epoch {window.epoch}, which neither the "
+                    f"configuration nor {self.use_case.topics.params} defines"
                 )
             if window.params != mechanism_params(mechanism):
                 raise AggregatorError(
-                    f"snapshot {self.writer}#{snap.sequence} was built with other parameters "
-                    f"for epoch {window.epoch} than the configuration now gives; changed "
-                    f"parameters need a new epoch (ldpipe adapt) or a new snapshot directory"
+                    f"checkpoint {snap.name} was built with other parameters for epoch "
+                    f"{window.epoch} than the configuration now gives; changed parameters "
+                    f"need a new epoch (ldpipe adapt)"
                 )
             key = (window.epoch, window.window_start, window.window_end)
             self.windows.sketches[key] = window.sketch.copy()
+        self.spans = OpenSpans.from_json(state.get("spans", []))
+        self.latest.update({int(p): int(t) for p, t in dict(state.get("latest", {})).items()})
+        for (_t, p), offset in snap.offsets.items():
+            self.offsets[p] = offset
+            self.bases[p] = bases[p]
+        self.seen = SeenReports(self.horizon, snap.seen.tolist())
+        for p in listed:
+            self._sources[p] = f"checkpoint {snap.name}"
         log.info(
-            "recovered %s #%d: %d windows, offsets %s",
+            "%s recovered checkpoint %s: %d open windows, positions %s",
             self.writer,
-            snap.sequence,
+            snap.name,
             len(self.windows.sketches),
-            self.offsets,
+            {p: self.offsets[p] for p in sorted(listed)},
         )
-        return snap
+        return listed
 
-    def _check_owned(self, snap: SnapshotFile) -> None:
-        """Refuse a snapshot listing a partition this instance does not own (p % N != i)."""
-        opts = self.options
-        foreign = sorted(
-            (topic, p)
-            for topic, p in snap.offsets
-            if topic != self.topic or p % opts.instances != opts.instance
+    def release(self, parts: Sequence[int]) -> None:
+        """Forget ``parts`` (after everything consumed from them was sealed, or dropped)."""
+        for p in parts:
+            self.owned.discard(p)
+            for table in (self.offsets, self.bases, self.latest, self.last_record, self._sources):
+                table.pop(p, None)
+        self.metrics.partitions_owned.labels(**self._labels).set(len(self.owned))
+
+    def drop_open(self, consumer: Consumer | None) -> None:
+        """Drop every open window and rewind every owned partition to the store's offset:
+        what was consumed since the last commit is read again (and counted once)."""
+        self.windows.sketches.clear()
+        self.spans.clear()
+        self.seen = SeenReports(self.horizon)  # the records read again must not look seen
+        committed = self.store.committed_offsets(self.topic, sorted(self.owned))
+        start = dict(self.options.start_offsets or {})
+        for p in sorted(self.owned):
+            base = committed[p]
+            self.bases[p] = base
+            offset = base if base is not None else start.get(p, OFFSET_BEGINNING)
+            if offset >= 0:
+                self.offsets[p] = offset
+            else:
+                self.offsets.pop(p, None)
+            if consumer is not None:
+                consumer.seek(TopicPartition(self.topic, p, offset))
+        self.dirty = True
+
+    # ---- consumer-group callbacks -------------------------------------------------------
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if self._failed:
+            return
+        consumer.incremental_assign(self.take([tp.partition for tp in partitions]))
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        revoked = [tp.partition for tp in partitions]
+        if not self._failed and self.owned:
+            self._track_positions(consumer)
+            self.seal(force=True, consumer=consumer)
+        self.release(revoked)
+        consumer.incremental_unassign(partitions)
+        print(
+            f"ldpipe aggregator {self.writer}: hands {self.topic}[{','.join(map(str, revoked))}] "
+            f"over (sealed); owns {len(self.owned)} partition(s)",
+            flush=True,
         )
-        if foreign:
-            listed = ", ".join(f"{topic}[{p}]" for topic, p in foreign)
-            raise AggregatorError(
-                f"snapshot {snap.source} of writer {self.writer!r} lists {listed}, which "
-                f"instance {opts.instance} of {opts.instances} does not own (it owns "
-                f"{self.topic}[p] with p % {opts.instances} == {opts.instance}): it holds "
-                f"another writer's partitions; move it out of {self.directory}"
-            )
+        if not self._failed and self.owned:
+            self.checkpoint(consumer)
+
+    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        lost = [tp.partition for tp in partitions]
+        log.warning(
+            "%s lost %s[%s] without a revocation (presumed dead by the group): dropping what "
+            "was consumed since the last commit",
+            self.writer,
+            self.topic,
+            ",".join(map(str, lost)),
+        )
+        self.release(lost)
+        if not self._failed:
+            self.drop_open(consumer)
+        consumer.incremental_unassign(partitions)
 
     def _reload_epochs(self) -> None:
         """Add the epochs published to the parameters topic (they never change once known)."""
@@ -368,10 +526,177 @@ class Aggregator:
         kept += [(int(where[i]), layer, reason) for i, layer, reason in rejections_again]
         return parts, sorted(kept)
 
-    def partitions(self, consumer: Consumer) -> list[int]:
-        found = require_topics(consumer, (self.topic,), AggregatorError)
-        opts = self.options
-        return [p for p in found[self.topic] if p % opts.instances == opts.instance]
+    def all_partitions(self, consumer: Consumer) -> list[int]:
+        return list(require_topics(consumer, (self.topic,), AggregatorError)[self.topic])
+
+    # ---- the loop -----------------------------------------------------------------------
+    def run(
+        self,
+        stop: threading.Event | None = None,
+        *,
+        until_end: bool = False,
+        idle_timeout: float | None = None,
+    ) -> int:
+        """Aggregate until ``stop`` (or, with ``until_end``, until every owned partition's end
+        as it was seen); a clean stop seals everything into the store. Returns the number of
+        reports aggregated by this run."""
+        stop = stop or threading.Event()
+        self._reload_epochs()
+        self._lock_member()
+        group = self.options.group_id or f"ldpipe-aggregator-{self.use_case.name}"
+        overrides: dict[str, object] = {
+            **EXACTLY_ONCE_CONSUMER,
+            # a position from the store that is not in the log must stop us, not silently
+            # rewind to the log start (Kafka answers OFFSET_OUT_OF_RANGE); the check in take()
+            # catches the brokers that answer nothing instead (Tansu)
+            "auto.offset.reset": "error",
+            "partition.assignment.strategy": "cooperative-sticky",
+        }
+        if until_end:
+            overrides["enable.partition.eof"] = True
+        consumer = Consumer(self.kafka.consumer_config(group, overrides))
+        producer = Producer(self.kafka.producer_config({"enable.idempotence": True}))
+        self._producer = producer
+        aggregated = 0
+        try:
+            everything = self.all_partitions(consumer)
+            if self.options.partitions is None:
+                consumer.subscribe(
+                    [self.topic],
+                    on_assign=self._on_assign,
+                    on_revoke=self._on_revoke,
+                    on_lost=self._on_lost,
+                )
+            else:
+                consumer.assign(self.take(list(self.options.partitions) or everything))
+            print(
+                f"ldpipe aggregator {self.writer}: {self.use_case.name} from {self.topic} "
+                f"into {self.store.uri}"
+                + (" (consumer group " + group + ")" if self.options.partitions is None else ""),
+                flush=True,
+            )
+            aggregated = self._loop(consumer, producer, stop, until_end, idle_timeout)
+            self._track_positions(consumer)
+            self.seal(force=True, consumer=consumer)
+        except BaseException:
+            self._failed = True  # no sealing on the way out: what is open is read again
+            raise
+        finally:
+            try:
+                consumer.close()
+            finally:
+                producer.flush(30)
+                if self._lock is not None:
+                    self._lock.close()
+        return aggregated
+
+    def _loop(
+        self,
+        consumer: Consumer,
+        producer: Producer,
+        stop: threading.Event,
+        until_end: bool,
+        idle_timeout: float | None,
+    ) -> int:
+        aggregated = 0
+        at_end: set[int] = set()  # partitions whose end (EOF event) we reached
+        last_checkpoint = time.monotonic()
+        last_activity = time.monotonic()
+        last_check = time.monotonic()
+        interval = self.use_case.snapshot.interval_seconds
+        while not stop.is_set():
+            messages = consumer.consume(num_messages=self.options.batch_size, timeout=0.2)
+            if messages:
+                last_activity = time.monotonic()
+                aggregated += self._process(messages, producer)
+                for m in messages:
+                    err = m.error()
+                    partition = m.partition() or 0
+                    if err is not None and err.code() == KafkaError._PARTITION_EOF:
+                        at_end.add(partition)
+                    elif err is None:
+                        at_end.discard(partition)
+            self._track_positions(consumer)
+            due = time.monotonic() - last_checkpoint >= interval
+            if due and (self.dirty or self.windows.sketches):
+                self.seal(consumer=consumer)
+                if self.dirty:
+                    self.checkpoint(consumer)
+                last_checkpoint = time.monotonic()
+            parts = sorted(self.owned)
+            self._update_lag(consumer, parts)
+            now = time.monotonic()
+            if now - max(last_check, last_activity) >= self.live_check_seconds:
+                last_check = now
+                self._check_live(consumer, parts)
+            # the end is the EOF event, not the high watermark, which some brokers
+            # (Tansu 0.6) under-report
+            if until_end and self.owned and at_end >= self.owned:
+                break
+            if idle_timeout is not None and time.monotonic() - last_activity > idle_timeout:
+                break
+        return aggregated
+
+    def _track_positions(self, consumer: Consumer) -> None:
+        """Positions, not last offset + 1: they step over transaction markers too."""
+        if not self.owned:
+            return
+        for tp in consumer.position([TopicPartition(self.topic, p) for p in sorted(self.owned)]):
+            if tp.offset >= 0 and tp.offset != self.offsets.get(tp.partition):
+                self.offsets[tp.partition] = tp.offset
+                self.dirty = True
+
+    def _process(self, messages: list[Message], producer: Producer) -> int:
+        started = time.perf_counter()
+        good = [m for m in messages if m.error() is None and (m.partition() or 0) in self.owned]
+        for m in messages:
+            err = m.error()
+            if err is not None and err.code() in _OUT_OF_RANGE:
+                raise self._out_of_range(m)
+            if err is not None and err.code() != KafkaError._PARTITION_EOF:
+                log.warning("consumer error: %s", err)
+        if not good:
+            return 0
+        self.dirty = True
+        labels = self._labels
+        self.metrics.reports_in.labels(**labels).inc(len(good))
+        self._note_progress(good)
+        fresh = self.seen.filter([m.value() for m in good])
+        if len(fresh) < len(good):
+            dropped = len(good) - len(fresh)
+            log.warning("dropped %d re-published duplicate reports", dropped)
+            kept = set(fresh)
+            for i, msg in enumerate(good):  # accounted for: aggregated + refused + duplicates
+                if i not in kept:  # = every record read
+                    self._dead_letter(producer, msg, "envelope", "duplicate")
+            good = [good[i] for i in fresh]
+        parts, rejections = self._decode([m.value() for m in good])
+        accepted = 0
+        for epoch, part in parts.items():
+            chosen = [good[i] for i in part.positions]
+            stamps = np.fromiter((m.timestamp()[1] for m in chosen), np.int64, len(chosen))
+            partitions = np.fromiter((m.partition() or 0 for m in chosen), np.int64, len(chosen))
+            offsets = np.fromiter((m.offset() or 0 for m in chosen), np.int64, len(chosen))
+            self.windows.add(epoch, part.reports, stamps)
+            starts = self.windows.window_of(stamps)
+            self.spans.record_batch(epoch, starts, self.windows.window_seconds, partitions, offsets)
+            accepted += len(part.positions)
+        for position, layer, reason in rejections:
+            self._dead_letter(producer, good[position], layer, reason)
+        self.metrics.reports_aggregated.labels(**labels).inc(accepted)
+        self.metrics.batch_seconds.labels(**labels).observe(time.perf_counter() - started)
+        self.crash_point("aggregator.after_accumulate")
+        return accepted
+
+    def _note_progress(self, messages: list[Message]) -> None:
+        """Each partition's newest record time, and when it last had one (for sealing)."""
+        now = time.monotonic()
+        for m in messages:
+            p = m.partition() or 0
+            seconds = (m.timestamp()[1] or 0) // 1000
+            if seconds > self.latest.get(p, -(2**62)):
+                self.latest[p] = seconds
+            self.last_record[p] = now
 
     # ---- broker data loss ---------------------------------------------------------------
     def check_positions(self, parts: Sequence[int]) -> list[DataLoss]:
@@ -409,7 +734,8 @@ class Aggregator:
         if live:
             where = f"writer {self.writer}'s position is {loss.offset}"
         else:
-            where = f"{self._recovered_from} of writer {self.writer} resumes at {loss.offset}"
+            source = self._sources.get(loss.partition, "the store")
+            where = f"{source} of writer {self.writer} resumes at {loss.offset}"
         return f"partition {loss.partition} of {self.topic} {now} but {where}"
 
     def _data_loss_message(self, lost: Sequence[DataLoss], *, live: bool = False) -> str:
@@ -478,127 +804,6 @@ class Aggregator:
             self._data_loss_message([DataLoss(partition, offset, low, end)], live=True)
         )
 
-    # ---- the loop -----------------------------------------------------------------------
-    def run(
-        self,
-        stop: threading.Event | None = None,
-        *,
-        until_end: bool = False,
-        idle_timeout: float | None = None,
-    ) -> int:
-        """Aggregate until ``stop`` (or, with ``until_end``, until the end offsets seen at start).
-
-        Returns the number of reports aggregated by this run.
-        """
-        stop = stop or threading.Event()
-        self._reload_epochs()
-        self.recover()
-        group = self.options.group_id or f"ldpipe-aggregator-{self.use_case.name}"
-        overrides: dict[str, object] = dict(EXACTLY_ONCE_CONSUMER)
-        if self.offsets:
-            # a position from a snapshot that is not in the log must stop us, not silently
-            # rewind to the log start (Kafka answers OFFSET_OUT_OF_RANGE); the start-up check
-            # below catches the brokers that answer nothing instead (Tansu)
-            overrides["auto.offset.reset"] = "error"
-        if until_end:
-            overrides["enable.partition.eof"] = True
-        consumer = Consumer(self.kafka.consumer_config(group, overrides))
-        producer = Producer(self.kafka.producer_config({"enable.idempotence": True}))
-        aggregated = 0
-        try:
-            parts = self.partitions(consumer)
-            self.check_positions(parts)
-            start = dict(self.options.start_offsets or {})
-            consumer.assign(
-                [
-                    TopicPartition(
-                        self.topic, p, self.offsets.get(p, start.get(p, OFFSET_BEGINNING))
-                    )
-                    for p in parts
-                ]
-            )
-            at_end: set[int] = set()  # partitions whose end (EOF event) we reached
-            last_snapshot = time.monotonic()
-            last_activity = time.monotonic()
-            last_check = time.monotonic()
-            while not stop.is_set():
-                messages = consumer.consume(num_messages=self.options.batch_size, timeout=0.2)
-                if messages:
-                    last_activity = time.monotonic()
-                    aggregated += self._process(messages, producer)
-                    for m in messages:
-                        err = m.error()
-                        partition = m.partition()
-                        if err is not None and err.code() == KafkaError._PARTITION_EOF:
-                            at_end.add(partition or 0)
-                        elif err is None:
-                            at_end.discard(partition or 0)
-                self._track_positions(consumer, parts)
-                due = time.monotonic() - last_snapshot >= self.use_case.snapshot.interval_seconds
-                if self.dirty and due:
-                    self.snapshot(producer, consumer)
-                    last_snapshot = time.monotonic()
-                self._update_lag(consumer, parts)
-                now = time.monotonic()
-                if now - max(last_check, last_activity) >= self.live_check_seconds:
-                    last_check = now
-                    self._check_live(consumer, parts)
-                # the end is the EOF event, not the high watermark, which some brokers
-                # (Tansu 0.6) under-report
-                if until_end and at_end >= set(parts):
-                    break
-                if idle_timeout is not None and time.monotonic() - last_activity > idle_timeout:
-                    break
-            if self.dirty:
-                self.snapshot(producer, consumer)
-        finally:
-            producer.flush(30)
-            consumer.close()
-        return aggregated
-
-    def _track_positions(self, consumer: Consumer, parts: list[int]) -> None:
-        """Positions, not last offset + 1: they step over transaction markers too."""
-        for tp in consumer.position([TopicPartition(self.topic, p) for p in parts]):
-            if tp.offset >= 0 and tp.offset != self.offsets.get(tp.partition):
-                self.offsets[tp.partition] = tp.offset
-                self.dirty = True
-
-    def _process(self, messages: list[Message], producer: Producer) -> int:
-        started = time.perf_counter()
-        good = [m for m in messages if m.error() is None]
-        for m in messages:
-            err = m.error()
-            if err is not None and err.code() in _OUT_OF_RANGE:
-                raise self._out_of_range(m)
-            if err is not None and err.code() != KafkaError._PARTITION_EOF:
-                log.warning("consumer error: %s", err)
-        if not good:
-            return 0
-        self.dirty = True
-        labels = self._labels
-        self.metrics.reports_in.labels(**labels).inc(len(good))
-        fresh = self.seen.filter([m.value() for m in good])
-        if len(fresh) < len(good):
-            dropped = len(good) - len(fresh)
-            log.warning("dropped %d re-published duplicate reports", dropped)
-            kept = set(fresh)
-            for i, msg in enumerate(good):  # accounted for: aggregated + refused + duplicates
-                if i not in kept:  # = every record read
-                    self._dead_letter(producer, msg, "envelope", "duplicate")
-            good = [good[i] for i in fresh]
-        parts, rejections = self._decode([m.value() for m in good])
-        accepted = 0
-        for epoch, part in parts.items():
-            stamps = np.fromiter((good[i].timestamp()[1] for i in part.positions), np.int64)
-            self.windows.add(epoch, part.reports, stamps)
-            accepted += len(part.positions)
-        for position, layer, reason in rejections:
-            self._dead_letter(producer, good[position], layer, reason)
-        self.metrics.reports_aggregated.labels(**labels).inc(accepted)
-        self.metrics.batch_seconds.labels(**labels).observe(time.perf_counter() - started)
-        self.crash_point("aggregator.after_accumulate")
-        return accepted
-
     def _value_limit(self) -> int:
         """The longest envelope of any known epoch: a longer value is no report."""
         name = len(self.use_case.name)
@@ -645,27 +850,117 @@ class Aggregator:
         if err is not None:
             self._undelivered.append(f"{msg.topic()}: {err.str()}")
 
-    # ---- snapshots ----------------------------------------------------------------------
-    def snapshot(self, producer: Producer, consumer: Consumer | None = None) -> Path:
-        """Write all windows with the current offsets; dead letters are flushed first."""
-        started = time.perf_counter()
-        remaining = producer.flush(30)
+    # ---- sealing and checkpoints ------------------------------------------------------------
+    def _flush_dead_letters(self) -> None:
+        """Every dead letter delivered before the offsets that produced it are committed."""
+        if self._producer is None:
+            return
+        remaining = self._producer.flush(30)
         if remaining:
             raise AggregatorError(
-                f"{remaining} dead-letter records were not delivered; not advancing the snapshot"
+                f"{remaining} dead-letter records were not delivered; not advancing the offsets"
             )
         if self._undelivered:
             raise AggregatorError(
                 f"the broker refused {len(self._undelivered)} dead letter(s) (first: "
-                f"{self._undelivered[0]}); not advancing the snapshot, so they are written "
+                f"{self._undelivered[0]}); not advancing the offsets, so they are written "
                 f"again after a restart: check the dead-letter topic's ACLs and limits"
             )
-        self.windows.trim()
+
+    def due(self) -> list[WindowKey]:
+        """The open windows to seal now (``aggregator/sealing.py``)."""
+        keys = list(self.windows.sketches)
+        if len(keys) > self.use_case.snapshot.keep_windows:
+            return keys  # too many open windows: seal them all rather than grow
+        now = time.monotonic()
+        idle = [
+            p
+            for p in self.owned
+            if now - self.last_record.get(p, now) >= self.use_case.store.idle_seconds
+        ]
+        return due_windows(keys, self.latest, idle, self.owned, self.use_case.store.grace_seconds)
+
+    def seal(self, *, force: bool = False, consumer: Consumer | None = None) -> int:
+        """Commit the due windows (``force``: all) and the offsets they let advance; returns
+        the number of segments committed. A refused commit drops everything open and
+        rewinds to the store (:meth:`drop_open`)."""
+        candidates = list(self.windows.sketches) if force else self.due()
+        known = {p: self.offsets[p] for p in sorted(self.owned) if p in self.offsets}
+        sealing, points = self.spans.plan(candidates, known)
+        positions = {
+            (self.topic, p): (self.bases.get(p), points[p])
+            for p in sorted(points)
+            if points[p] != self.bases.get(p)
+        }
+        if not sealing and not positions:
+            return 0
+        # unchanged partitions are committed too: the store then checks that nobody else
+        # committed them either (a zombie learns it is one at its next commit)
+        for p in sorted(points):
+            positions.setdefault((self.topic, p), (self.bases.get(p), points[p]))
+        self._flush_dead_letters()
+        started = time.perf_counter()
+        segments = []
+        for key in sealing:
+            epoch, start, end = key
+            mechanism = self.epochs.mechanisms[epoch]
+            sketch = self.windows.sketches[key]
+            segments.append(
+                SegmentData(epoch, start, end, mechanism.name, mechanism_params(mechanism), sketch)
+            )
+        self.crash_point("aggregator.before_commit")
+        try:
+            self.store.commit(
+                segments,
+                positions,
+                writer=self.writer,
+                crash_point=lambda point: self.crash_point(f"aggregator.segment_{point}"),
+            )
+        except StaleCommitError as exc:
+            self.stale_commits += 1
+            self.metrics.stale_commits.labels(**self._labels).inc()
+            log.warning("%s", exc)
+            self.drop_open(consumer)
+            return 0
+        self.crash_point("aggregator.after_commit")
+        self.dirty = True  # the checkpoint must say so
+        for (_t, p), (_base, end) in positions.items():
+            self.bases[p] = end
+        for key in sealing:
+            del self.windows.sketches[key]
+        self.spans.remove(sealing)
+        self.sealed += len(sealing)
+        labels = self._labels
+        self.metrics.windows_sealed.labels(**labels).inc(len(sealing))
+        self.metrics.store_commit_seconds.labels(**labels).observe(time.perf_counter() - started)
+        self.metrics.windows_open.labels(**labels).set(len(self.windows.sketches))
+        if consumer is not None and positions:  # for lag monitoring only
+            consumer.commit(
+                offsets=[TopicPartition(t, p, end) for (t, p), (_b, end) in positions.items()],
+                asynchronous=True,
+            )
+        log.info(
+            "%s sealed %d window(s) into %s; offsets %s",
+            self.writer,
+            len(sealing),
+            self.store.uri,
+            {p: end for (_t, p), (_b, end) in sorted(positions.items())},
+        )
+        return len(sealing)
+
+    def checkpoint(self, consumer: Consumer | None = None) -> Path | None:
+        """Write the open windows with the positions and store offsets they start from."""
+        if not self.owned:
+            return None
+        started = time.perf_counter()
+        self._flush_dead_letters()
         self.sequence += 1
         snap = SnapshotFile(
             writer=self.writer,
             sequence=self.sequence,
-            offsets={(self.topic, p): o for p, o in sorted(self.offsets.items())},
+            offsets={
+                (self.topic, p): o for p, o in sorted(self.offsets.items()) if p in self.owned
+            },
             created_at=self.clock(),
             seen=self.seen.to_array(),
             windows=tuple(
@@ -680,6 +975,14 @@ class Aggregator:
                 )
                 for (epoch, start, end), sketch in self.windows
             ),
+            state={
+                "bases": {
+                    str(p): self.bases.get(p) for p in sorted(self.owned) if p in self.offsets
+                },
+                "spans": self.spans.to_json(),
+                "latest": {str(p): t for p, t in sorted(self.latest.items())},
+                "run": uuid.uuid4().hex,
+            },
         )
         try:
             path = write_snapshot(
@@ -689,7 +992,7 @@ class Aggregator:
             )
         except PermissionError as exc:  # a full disk (other OSErrors) is not an operator's typo
             raise AggregatorError(
-                f"cannot write a snapshot into {self.directory} ({exc.strerror}); give the "
+                f"cannot write a checkpoint into {self.directory} ({exc.strerror}); give the "
                 f"aggregator's user write access to it, or set snapshot.directory elsewhere"
             ) from exc
         prune(self.directory, keep=self.use_case.snapshot.keep_files)
@@ -699,13 +1002,8 @@ class Aggregator:
         self.metrics.snapshot_bytes.labels(**labels).set(path.stat().st_size)
         self.metrics.snapshot_last_success.labels(**labels).set(time.time())
         self.metrics.windows_open.labels(**labels).set(len(self.windows.sketches))
-        if consumer is not None and self.offsets:
-            consumer.commit(
-                offsets=[TopicPartition(self.topic, p, o) for p, o in self.offsets.items()],
-                asynchronous=True,
-            )
-        log.info(
-            "snapshot %s (%d reports in %d windows)",
+        log.debug(
+            "checkpoint %s (%d reports in %d open windows)",
             path.name,
             self.windows.total_reports,
             len(self.windows.sketches),

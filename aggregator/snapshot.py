@@ -211,8 +211,13 @@ class SnapshotFile:
     seen: npt.NDArray[np.uint64] = field(
         default_factory=lambda: np.zeros(0, dtype=np.uint64), repr=False
     )
+    # the writer's own JSON state besides windows and offsets (an aggregator's checkpoint: the
+    # store offsets its windows start from, and where each window's records lie)
+    state: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
+        _require(isinstance(self.state, Mapping), f"state must be a dict, got {self.state!r}")
+        object.__setattr__(self, "state", _normalize_json(dict(self.state), "state"))
         _require(
             isinstance(self.writer, str) and _WRITER_RE.fullmatch(self.writer) is not None,
             f"writer must match {_WRITER} (it names files), got {self.writer!r}",
@@ -533,6 +538,7 @@ def _parse(buffer: Any, source: Path, *, verify: bool, decode_windows: bool) -> 
         header["created_at"],
         source=source,
         seen=seen,
+        state=header["state"],
     )
 
 
@@ -674,6 +680,8 @@ def _encode_metadata(snapshot: SnapshotFile, checksum: bytes) -> dict[bytes, byt
         "seen": str(len(snapshot.seen)).encode(),
         "checksum": checksum,
     }
+    if snapshot.state:
+        fields["state"] = _dumps(snapshot.state)
     return {(_KEY + key).encode(): value for key, value in fields.items()}
 
 
@@ -702,9 +710,12 @@ def _decode_metadata(metadata: dict[bytes, bytes], source: Path) -> dict[str, An
         _expect(key not in offsets, source, f"partition {key} listed twice")
         offsets[key] = entry["next_offset"]
     _expect(all(isinstance(w, dict) for w in windows), source, "bad windows entry")
+    state = json.loads(metadata.get((_KEY + "state").encode(), b"{}"))
+    _expect(isinstance(state, dict), source, "bad state")
     seen_raw = metadata.get((_KEY + "seen").encode(), b"0")
     _expect(seen_raw.isdigit(), source, f"bad seen count {seen_raw!r}")
     return {
+        "state": state,
         "seen": int(seen_raw),
         "writer": text("writer"),
         "sequence": sequence,

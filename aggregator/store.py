@@ -318,8 +318,6 @@ class SketchStore:
                     f"writer since this one started from {base}; refusing to commit up to {end} "
                     f"(it would count reports twice) — this writer resumes from the store"
                 )
-            if base is not None and end < base:
-                raise StoreError(f"{writer}: {topic}[{p}] would go back from {base} to {end}")
 
     def replace(
         self,

@@ -576,7 +576,7 @@ def end_to_end(
     try:
         pipe.start_shuffler()
         for instance in range(aggregators):
-            pipe.start_aggregator(instance, aggregators)
+            pipe.start_aggregator(instance)
         # one producer for warm-up and run: its connection and producer id exist when timing
         producer = Producer(pipe.kafka.producer_config({"enable.idempotence": True}))
         topic = pipe.use_case.topics.reports

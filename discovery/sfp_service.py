@@ -1,9 +1,9 @@
-"""SFP's server side on the pipeline: the puzzle (Apple Alg. 10) over the aggregators' snapshots.
+"""SFP's server side on the pipeline: the puzzle (Apple Alg. 10) over the sealed sketches.
 
 The word reports of an SFP use case are aggregated as the use case itself and the fragment
 reports as ``<name>.fragments`` (``discovery/sfp_wire.py``), by the ordinary aggregators. This
-module reads the newest snapshot of every writer of both (``aggregator.snapshot``), sums each
-time window across writers (``merge_windows``), splits the fragments sketch into Apple's
+module reads the segments of both from the sketch store (``aggregator/store.py``), sums each
+time window's segments, splits the fragments sketch into Apple's
 ``M_l``, runs :func:`discovery.sfp.discover` and records the words found in the use case's
 discoveries store (``discovery/store.py``, ``protocol = "sfp"``), where ``ldpipe query`` picks
 them up (GCMS §6.2 joint use: the word sketch is the use case's frequency sketch).
@@ -11,8 +11,8 @@ them up (GCMS §6.2 joint use: the word sketch is the use case's frequency sketc
 Reconstruction is post-processing of ε-LDP reports: it costs no privacy, and it may run as
 often as wanted. A window still filling is reconstructed again when it has more reports: the
 store's window id carries both report counts (``sfp:<start>-<end>:<words>:<fragments>``), so a
-rerun on the same snapshots is refused as already recorded (idempotent) and a rerun on newer
-ones adds a file. ``ldpipe query`` estimates every word found in any of them.
+rerun on the same segments is refused as already recorded (idempotent) and a rerun after late
+segments adds a file. ``ldpipe query`` estimates every word found in any of them.
 """
 
 from __future__ import annotations
@@ -23,13 +23,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from aggregator.snapshot import (
-    MergedSketch,
-    SnapshotFile,
-    latest_snapshots,
-    mechanism_params,
-    merge_windows,
-)
+from aggregator.snapshot import mechanism_params
+from aggregator.store import SegmentInfo, SketchStore
 from discovery.exceptions import DiscoveryExistsError, DiscoveryServiceError
 from discovery.server import Discovery
 from discovery.sfp import SfpDiscovery, SfpParams, discover
@@ -105,22 +100,25 @@ def _pair(config: PipelineConfig, use_case: UseCase) -> tuple[UseCase, UseCase]:
     )
 
 
-def _snapshots(use_case: UseCase, what: str) -> list[SnapshotFile]:
-    files = latest_snapshots(use_case.snapshot.directory)
-    if not files:
+@dataclass(frozen=True)
+class _Sealed:
+    """One use case's store and the headers of its segments of the configured epoch."""
+
+    store: SketchStore
+    segments: list[SegmentInfo]
+
+
+def _sealed(use_case: UseCase, what: str) -> _Sealed:
+    store = SketchStore(
+        use_case.store.uri, use_case.name, storage_options=use_case.store.storage_options
+    )
+    found = store.segments()
+    if not found:
         raise DiscoveryServiceError(
-            f"no {what} snapshots in {use_case.snapshot.directory} yet; run the aggregator of "
-            f"use case {use_case.name!r} (ldpipe aggregator --use-case {use_case.name})"
+            f"no sealed {what} windows in {store.uri} yet; run the aggregator of use case "
+            f"{use_case.name!r} (ldpipe aggregator --use-case {use_case.name})"
         )
-    return list(files.values())
-
-
-def _epoch_sketch(
-    files: list[SnapshotFile], use_case: UseCase, start: int, end: int, expected: dict[str, object]
-) -> tuple[Sketch | None, tuple[tuple[int, int], ...]]:
-    """The configured epoch's merged sketch of ``[start, end)`` (None if it has no window)."""
-    merged: dict[int, MergedSketch] = merge_windows(files, use_case.name, start, end)
-    others = sorted(set(merged) - {use_case.epoch})
+    others = sorted({s.epoch for s in found} - {use_case.epoch})
     if others:
         log.warning(
             "%s: ignoring windows of epochs %s; SFP runs on the configured epoch %d only",
@@ -128,16 +126,24 @@ def _epoch_sketch(
             others,
             use_case.epoch,
         )
-    part = merged.get(use_case.epoch)
-    if part is None:
-        return None, ()
-    if {"mechanism": part.mechanism, **part.params} != expected:
+    return _Sealed(store, [s for s in found if s.epoch == use_case.epoch])
+
+
+def _epoch_sketch(
+    sealed: _Sealed, use_case: UseCase, start: int, end: int, expected: dict[str, object]
+) -> Sketch | None:
+    """The sum of the configured epoch's segments within ``[start, end)`` (None if none)."""
+    members = [s for s in sealed.segments if s.window_start >= start and s.window_end <= end]
+    if not members:
+        return None
+    params = members[0].params
+    if {"mechanism": members[0].mechanism, **params} != expected:
         raise SfpSettingsMismatchError(
-            f"{use_case.name}: the snapshots hold a sketch with parameters {part.params}, the "
+            f"{use_case.name}: the store holds a sketch with parameters {params}, the "
             f"configuration says {expected}; reconstruct with the configuration they were made "
             f"under"
         )
-    return part.sketch, part.windows
+    return sealed.store.read_sum(members)
 
 
 def _identity(mechanism: SketchMechanism) -> dict[str, object]:
@@ -145,18 +151,8 @@ def _identity(mechanism: SketchMechanism) -> dict[str, object]:
     return {"mechanism": mechanism.name, **mechanism_params(mechanism)}
 
 
-def _windows(
-    files: list[SnapshotFile], use_case: UseCase, start: int, end: int
-) -> set[tuple[int, int]]:
-    return {
-        (w.window_start, w.window_end)
-        for snap in files
-        for w in snap.windows
-        if w.use_case == use_case.name
-        and w.epoch == use_case.epoch
-        and w.window_start >= start
-        and w.window_end <= end
-    }
+def _windows(sealed: _Sealed, start: int, end: int) -> set[tuple[int, int]]:
+    return {s.span for s in sealed.segments if s.window_start >= start and s.window_end <= end}
 
 
 def reconstruct(
@@ -179,21 +175,21 @@ def reconstruct(
     params: SfpParams = word_uc.sfp_params
     low = -_FOREVER if start is None else start
     high = _FOREVER if end is None else end
-    word_files = _snapshots(word_uc, "word")
-    frag_files = _snapshots(frag_uc, "fragment")
+    word_files = _sealed(word_uc, "word")
+    frag_files = _sealed(frag_uc, "fragment")
     if merge:
-        spans = sorted(_windows(word_files, word_uc, low, high))
+        spans = sorted(_windows(word_files, low, high))
         ranges = [(spans[0][0], spans[-1][1])] if spans else []
     else:
-        ranges = sorted(_windows(word_files, word_uc, low, high))
+        ranges = sorted(_windows(word_files, low, high))
     word_params = _identity(params.word_oracle())
     frag_params = _identity(fragment_wire_mechanism(params))
     cut = threshold if threshold is not None else (word_uc.sfp.threshold if word_uc.sfp else None)
     store = DiscoveryStore(sfp_store_directory(word_uc)) if record else None
     results = []
     for lo, hi in ranges:
-        word, _ = _epoch_sketch(word_files, word_uc, lo, hi, word_params)
-        fragments, _ = _epoch_sketch(frag_files, frag_uc, lo, hi, frag_params)
+        word = _epoch_sketch(word_files, word_uc, lo, hi, word_params)
+        fragments = _epoch_sketch(frag_files, frag_uc, lo, hi, frag_params)
         if word is None:
             continue
         if fragments is None:

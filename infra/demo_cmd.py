@@ -133,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
         )
         pipe.start_shuffler()
         for i in range(2):
-            pipe.start_aggregator(i, 2)
+            pipe.start_aggregator(i)
         say("services  shuffler + 2 aggregators started")
         if pipe.use_case.discovery is not None:
             pipe.start_discovery()

@@ -3,7 +3,7 @@
 ``LocalPipeline`` writes a configuration and a key pair into a work directory, creates the
 topics on a broker it is given, and starts the services as real ``ldpipe`` subprocesses (so
 tests can kill -9 them). It waits on conditions, never on fixed sleeps: the shuffler has
-committed all its input, and the aggregators' snapshots hold every report it published.
+committed all its input, and the aggregators have sealed every report it published into the store.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
 
-from aggregator.snapshot import latest_snapshots
+from aggregator.store import SketchStore
 from discovery.client import DiscoveryClient
 from discovery.runtime import discovery_config, save_tag_key
 from discovery.tags import TagKey
@@ -52,6 +52,10 @@ class PipelineSettings:
     max_wait_seconds: float = 2.0
     contribution_limit: int = 1
     snapshot_interval: float = 0.5
+    grace_seconds: int = 0  # the store's: windows seal once every partition has passed them
+    idle_seconds: float = 1.0  # ... or once every partition has been idle this long
+    store_uri: str | None = None  # default: <workdir>/store
+    storage_options: Mapping[str, str] = field(default_factory=dict)  # e.g. an S3 endpoint
     window_seconds: int = 3600
     discovery: bool = False  # add [use_case.discovery] with its own aux keys and a tag key
     discovery_epsilon: float = 2.0
@@ -132,6 +136,12 @@ class LocalPipeline:
             f"directory = {_toml_value(self.workdir / 'snapshots')}",
             f"interval_seconds = {_toml_value(float(s.snapshot_interval))}",
             f"window_seconds = {s.window_seconds}",
+            "[use_case.store]",
+            f"uri = {_toml_value(s.store_uri or str(self.workdir / 'store'))}",
+            f"grace_seconds = {s.grace_seconds}",
+            f"idle_seconds = {_toml_value(float(s.idle_seconds))}",
+            "[use_case.store.storage_options]",
+            *(f"{key} = {_toml_value(value)}" for key, value in s.storage_options.items()),
         ]
         if s.discovery:
             lines += self._discovery_lines()
@@ -229,18 +239,14 @@ class LocalPipeline:
 
     def start_aggregator(
         self,
-        instance: int = 0,
-        instances: int = 1,
+        member: int = 0,
         *,
         env: Mapping[str, str] | None = None,
         use_case: str | None = None,
     ) -> subprocess.Popen[bytes]:
-        name, args = self._of(f"aggregator-{instance}", use_case)
-        return self.start(
-            name,
-            ["aggregator", "--instance", str(instance), "--instances", str(instances), *args],
-            env=env,
-        )
+        """An aggregator (a member of the use case's consumer group) named ``agg<member>``."""
+        name, args = self._of(f"aggregator-{member}", use_case)
+        return self.start(name, ["aggregator", "--member", f"agg{member}", *args], env=env)
 
     def _of(self, name: str, use_case: str | None) -> tuple[str, list[str]]:
         """A process name and ``--use-case`` arguments for a service of ``use_case``."""
@@ -303,13 +309,13 @@ class LocalPipeline:
         finally:
             consumer.close()
 
-    def aggregated(self, use_case: str | None = None) -> int:
-        """Reports in the latest snapshot of every writer (sum of row totals)."""
+    def store(self, use_case: str | None = None) -> SketchStore:
         uc = self.use_case if use_case is None else self.config.use_case(use_case)
-        total = 0
-        for snap in latest_snapshots(uc.snapshot.directory).values():
-            total += sum(w.sketch.n for w in snap.windows if w.use_case == uc.name)
-        return total
+        return SketchStore(uc.store.uri, uc.name, storage_options=uc.store.storage_options)
+
+    def aggregated(self, use_case: str | None = None) -> int:
+        """Reports in the sealed segments of the use case's sketch store."""
+        return sum(s.n for s in self.store(use_case).segments())
 
     def wait_until(self, condition: Any, timeout: float, what: str, poll: float = 0.25) -> None:
         deadline = time.monotonic() + timeout

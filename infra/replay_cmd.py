@@ -1,11 +1,12 @@
-"""``ldpipe replay``: re-aggregate a use case's shuffled topic into a new snapshot directory.
+"""``ldpipe replay``: re-aggregate a use case's shuffled topic into a separate sketch store.
 
-A rerun is an aggregator with its own writer name, its own snapshot directory and no
-dead-letter output (the live aggregation already reported those), reading from the beginning,
-a time or given offsets until every partition has reached its end (its EOF event). The live
-aggregation, its consumer offsets and its snapshots are untouched. Reruns need the shuffled
-topic to still hold the data: give it a retention at least as long as the history you want to
-be able to recompute.
+A rerun is an aggregator that takes every partition itself (no consumer group), writes into a
+store of its own and no dead letters (the live aggregation already reported those), reading
+from the beginning, a time or given offsets until every partition has reached its end (its EOF
+event), then sealing everything. The live aggregation, its consumer offsets and its store are
+untouched; query the rerun with ``ldpipe query --store <the replay's store>``. Reruns need
+the shuffled topic to still hold the data: give it a retention at least as long as the history
+you want to be able to recompute.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 from confluent_kafka import Consumer, TopicPartition
 
 from aggregator.service import Aggregator, AggregatorOptions
-from aggregator.snapshot import list_snapshots
+from aggregator.store import SketchStore
 from infra.common import add_service_args, service_context, stop_on_signals
 from schemas.keys import KeyRing
 
@@ -29,10 +30,16 @@ __all__ = ["add_parser", "run"]
 
 def add_parser(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
-        "replay", help="rerun an aggregation from the shuffled topic into a new snapshot directory"
+        "replay", help="rerun an aggregation from the shuffled topic into a separate sketch store"
     )
     add_service_args(p)
-    p.add_argument("--out", required=True, help="new snapshot directory (must not be the live one)")
+    p.add_argument(
+        "--store", required=True, help="the rerun's sketch store URI (not the live store)"
+    )
+    p.add_argument(
+        "--checkpoints",
+        help="the rerun's checkpoint directory (default: <store>/.checkpoints for a local store)",
+    )
     start = p.add_mutually_exclusive_group()
     start.add_argument(
         "--from-time",
@@ -41,10 +48,8 @@ def add_parser(sub: Any) -> None:
     )
     start.add_argument("--from-offsets", help="partition:offset,... to start from")
     p.add_argument("--window-seconds", type=int, help="time-window length (default: the config's)")
-    p.add_argument("--instance", type=int, default=0)
-    p.add_argument("--instances", type=int, default=1)
     p.add_argument("--keys", nargs="*", help="private key files/directories (default: config)")
-    p.add_argument("--resume", action="store_true", help="continue a replay already in --out")
+    p.add_argument("--resume", action="store_true", help="continue a replay already in --store")
     p.add_argument("--json", action="store_true")
     p.set_defaults(run=run)
 
@@ -77,24 +82,30 @@ def _start_offsets(args: argparse.Namespace, ctx: Any) -> dict[int, int] | None:
 
 def run(args: argparse.Namespace) -> int:
     ctx = service_context(args)
-    out = Path(args.out).resolve()
-    if out == ctx.use_case.snapshot.directory.resolve():
+    uri = args.store if "://" in args.store else str(Path(args.store).resolve())
+    live = ctx.use_case.store.uri
+    if uri.rstrip("/") == (live if "://" in live else str(Path(live).resolve())).rstrip("/"):
+        raise ValueError(f"--store {uri} is the live sketch store; a replay writes to its own")
+    store = SketchStore(uri, ctx.use_case.name, storage_options=ctx.use_case.store.storage_options)
+    if store.version() is not None and not args.resume:
         raise ValueError(
-            f"--out {out} is the live snapshot directory; a replay writes to a new directory"
+            f"--store {uri} already holds a replay of {ctx.use_case.name}; give a new store, or "
+            f"--resume to continue it from its committed offsets (--from-* are then ignored)"
         )
-    if list_snapshots(out) and not args.resume:
-        raise ValueError(
-            f"--out {out} already holds snapshots; give a new directory, or --resume to continue "
-            f"that replay from its latest snapshot (--from-* are then ignored)"
-        )
+    if args.checkpoints:
+        checkpoints = Path(args.checkpoints)
+    elif "://" not in uri:
+        checkpoints = Path(uri) / ".checkpoints"
+    else:
+        raise ValueError(f"--store {uri} is an object store: give --checkpoints DIR (local)")
     sources = args.keys or [str(path) for path in ctx.use_case.private_keys]
     if not sources:
         raise ValueError("no private keys configured; pass --keys")
     options = AggregatorOptions(
-        instance=args.instance,
-        instances=args.instances,
-        snapshot_dir=out,
-        writer=f"replay-{args.instance}of{args.instances}",
+        member="replay",
+        partitions=(),
+        store_uri=uri,
+        checkpoint_dir=checkpoints,
         window_seconds=args.window_seconds,
         group_id=f"ldpipe-replay-{ctx.use_case.name}-{time.time_ns()}",
         start_offsets=_start_offsets(args, ctx),
@@ -105,12 +116,13 @@ def run(args: argparse.Namespace) -> int:
     )
     started = time.perf_counter()
     aggregated = aggregator.run(stop_on_signals(), until_end=True)
+    windows = sorted({s.span for s in store.segments()})
     summary = {
         "aggregated": aggregated,
         "rejected": aggregator.rejected,
         "offsets": {str(p): o for p, o in sorted(aggregator.offsets.items())},
-        "windows": sorted({(start, end) for _, start, end in aggregator.windows.sketches}),
-        "out": str(out),
+        "windows": windows,
+        "store": uri,
         "seconds": time.perf_counter() - started,
     }
     if args.json:
@@ -118,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
         print()
     else:
         print(
-            f"replayed {aggregated:,} reports ({aggregator.rejected} rejected) into {out} "
+            f"replayed {aggregated:,} reports ({aggregator.rejected} rejected) into {uri} "
             f"in {summary['seconds']:.1f} s; offsets {summary['offsets']}"
         )
     return 0

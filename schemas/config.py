@@ -139,6 +139,24 @@ class SnapshotConfig:
 
 
 @dataclass(frozen=True)
+class StoreConfig:
+    """The ``[use_case.store]`` table: where sealed windows go and how long they stay
+    (``docs/store.md``). ``uri`` is the store's root; the use case's table is ``<uri>/<name>``."""
+
+    uri: str
+    grace_seconds: int = 30  # a window seals once every active partition is this far past it
+    idle_seconds: float = 60.0  # a partition with no record this long holds no window back
+    retain_windows_days: int = 7  # windows older than this are rolled up into their UTC day
+    retain_days_days: int = 92  # days older than this are rolled up into their UTC month
+    retain_months: int = 0  # months older than this are deleted; 0: kept forever
+    storage_options: Mapping[str, str] = field(default_factory=dict)  # for delta-rs
+
+    @property
+    def is_local(self) -> bool:
+        return "://" not in self.uri
+
+
+@dataclass(frozen=True)
 class DiscoveryTopics:
     """The discovery topics of a use case (``docs/discovery.md``, "On the pipeline")."""
 
@@ -235,6 +253,7 @@ class UseCase:
     topics: Topics
     shuffle: ShuffleConfig
     snapshot: SnapshotConfig
+    store: StoreConfig
     discovery: DiscoverySettings | None = None  # None: discovery not enabled
     sfp: SfpSettings | None = None  # None: not an SFP use case
 
@@ -344,7 +363,7 @@ class PipelineConfig:
 _UC_KEYS = {
     "name", "mechanism", "epsilon", "epoch", "k", "m", "p", "s", "hash_seed",
     "target_frequency", "objective", "f_star", "dictionary", "private_keys", "public_key",
-    "topics", "shuffle", "snapshot", "discovery", "sfp",
+    "topics", "shuffle", "snapshot", "store", "discovery", "sfp",
 }  # fmt: skip
 _SFP_PARAMS = {  # [use_case.sfp] key -> type (SfpParams fields of the fragment oracle and puzzle)
     "epsilon_fragment": float, "fragment_mechanism": str, "fragment_k": int, "fragment_m": int,
@@ -500,6 +519,7 @@ def _use_case(raw: Mapping[str, Any], index: int, base: Path) -> tuple[UseCase, 
     for key in ("interval_seconds", "window_seconds", "keep_windows", "keep_files"):
         _positive(f"{nw}.{key}", getattr(snapshot, key))
     _positive(f"{nw}.dedupe_horizon", snapshot.dedupe_horizon, allow_zero=True)
+    store = _store(raw, where, base)
 
     dictionary = _get(where, raw, "dictionary", str, None)
     if dictionary is not None and dictionary != "builtin:emoji":
@@ -516,6 +536,7 @@ def _use_case(raw: Mapping[str, Any], index: int, base: Path) -> tuple[UseCase, 
         topics=topics,
         shuffle=shuffle,
         snapshot=snapshot,
+        store=store,
         discovery=_discovery(raw, where, name, base),
     )
     if mechanism != "oue" and "m" in options:  # refuse a huge sketch before building anything
@@ -613,11 +634,42 @@ def _sfp(
         topics=topics,
         shuffle=word.shuffle,
         snapshot=replace(word.snapshot, directory=word.snapshot.directory / "fragments"),
+        store=word.store,
         sfp=replace(settings, role="fragments"),
     )
     _check_cells(tw.removesuffix(".topics"), sfp.positions * sfp.fragment_k, sfp.fragment_m)
     fragments.mechanism  # noqa: B018 - validate now, naming the use case
     return replace(word, sfp=settings), fragments
+
+
+def _store(raw: Mapping[str, Any], where: str, base: Path) -> StoreConfig:
+    st_raw = _get(where, raw, "store", dict, {})
+    sw = f"{where}.store"
+    _check_keys(sw, st_raw, set(StoreConfig.__dataclass_fields__))
+    uri = _get(sw, st_raw, "uri", str, "store")
+    if "://" not in uri and not Path(uri).is_absolute():
+        uri = str(base / uri)
+    options = _get(sw, st_raw, "storage_options", dict, {})
+    bad = sorted(key for key, value in options.items() if not isinstance(value, str))
+    if bad:
+        raise ConfigError(
+            f"{sw}.storage_options.{bad[0]}: expected a string (delta-rs takes text options); "
+            f"quote it"
+        )
+    store = StoreConfig(
+        uri=uri,
+        grace_seconds=_get(sw, st_raw, "grace_seconds", int, 30),
+        idle_seconds=_get(sw, st_raw, "idle_seconds", float, 60.0),
+        retain_windows_days=_get(sw, st_raw, "retain_windows_days", int, 7),
+        retain_days_days=_get(sw, st_raw, "retain_days_days", int, 92),
+        retain_months=_get(sw, st_raw, "retain_months", int, 0),
+        storage_options=dict(options),
+    )
+    _positive(f"{sw}.grace_seconds", store.grace_seconds, allow_zero=True)
+    _positive(f"{sw}.idle_seconds", store.idle_seconds)
+    for key in ("retain_windows_days", "retain_days_days", "retain_months"):
+        _positive(f"{sw}.{key}", getattr(store, key), allow_zero=True)
+    return store
 
 
 def _sfp_mechanism_error(name: str, mechanism: str) -> ConfigError:

@@ -1,8 +1,10 @@
-"""Broker data loss: a recovered position outside the log stops the aggregator in one line, or,
-with ``--after-data-loss``, resumes only those partitions at the log start.
+"""Broker data loss: a position taken from the store (or the member's checkpoint) that lies
+outside the log stops the aggregator in one line, or, with ``--after-data-loss``, resumes only
+those partitions at the log start.
 
-Unit tests with a stub for the end-finding function; the real-broker check (a restarted memory
-broker) is ``tests/integration/test_data_loss.py``.
+Unit tests with a stub for the end-finding function and a sketch store in a temporary
+directory; the real-broker check (a restarted memory broker) is
+``tests/integration/test_data_loss.py``.
 """
 
 from __future__ import annotations
@@ -11,15 +13,17 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
-from confluent_kafka import KafkaError
+from confluent_kafka import OFFSET_BEGINNING, KafkaError
 from prometheus_client import CollectorRegistry
 
 from aggregator.exceptions import AggregatorError
 from aggregator.service import Aggregator, AggregatorOptions, DataLoss, find_data_loss
+from aggregator.store import SketchStore
 from infra.kafka import KafkaSettings
-from schemas.config import parse_config
+from schemas.config import UseCase, parse_config
 from schemas.keys import KeyPair, KeyRing
 from tests.fake_kafka import StubMessage, StubProducer
+from tests.store_helpers import seal_windows
 
 CONFIG = """
 [[use_case]]
@@ -28,8 +32,12 @@ mechanism = "cms"
 epsilon = 4.0
 k = 16
 m = 32
+
+[use_case.store]
+uri = "store"
 """
 TOPIC = "ldp.emoji.shuffled"
+MEMBER = "emoji-a"
 
 
 class Bounds:
@@ -45,6 +53,11 @@ class Bounds:
         return {p: self.bounds[p] for p in parts}
 
 
+def _use_case(tmp_path: Path) -> UseCase:
+    """The use case with its store in ``tmp_path/store`` (relative to the config's base)."""
+    return parse_config(CONFIG, base=tmp_path).use_case("emoji")
+
+
 def _aggregator(
     tmp_path: Path,
     bounds: Bounds,
@@ -52,10 +65,11 @@ def _aggregator(
     after: bool = False,
     registry: CollectorRegistry | None = None,
 ) -> Aggregator:
-    uc = parse_config(CONFIG).use_case("emoji")
-    options = AggregatorOptions(snapshot_dir=tmp_path, writer="emoji-0of1", after_data_loss=after)
+    options = AggregatorOptions(
+        member=MEMBER, checkpoint_dir=tmp_path / "ckpt", after_data_loss=after
+    )
     return Aggregator(
-        uc,
+        _use_case(tmp_path),
         KafkaSettings("127.0.0.1:1"),
         KeyRing([KeyPair.generate(1)]),
         options,
@@ -64,11 +78,13 @@ def _aggregator(
     )
 
 
-def _snapshot_at(tmp_path: Path, offsets: dict[int, int]) -> Path:
-    agg = _aggregator(tmp_path, Bounds({}))
-    agg.recover()
-    agg.offsets = dict(offsets)
-    return agg.snapshot(StubProducer())  # type: ignore[arg-type]
+def _committed_at(tmp_path: Path, offsets: dict[int, int]) -> SketchStore:
+    """The store as an aggregator's commit up to ``offsets`` leaves it."""
+    return seal_windows(_use_case(tmp_path), [], offsets=offsets, writer="emoji-b")
+
+
+def _files(tmp_path: Path) -> dict[str, bytes]:
+    return {str(p): p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()}
 
 
 def test_find_data_loss_flags_positions_outside_the_log_only() -> None:
@@ -81,21 +97,21 @@ def test_find_data_loss_flags_positions_outside_the_log_only() -> None:
     assert find_data_loss({0: 5000}, {0: (0, 5000)}) == []  # caught up is not data loss
 
 
-def test_a_position_beyond_the_log_end_stops_in_one_line_and_sets_the_metric(
+def test_a_store_position_beyond_the_log_end_stops_in_one_line_and_sets_the_metric(
     tmp_path: Path,
 ) -> None:
-    path = _snapshot_at(tmp_path, {0: 51_000, 1: 4000})
-    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    store = _committed_at(tmp_path, {0: 51_000, 1: 4000})
+    version = store.version()
+    before = _files(tmp_path)
     bounds = Bounds({0: (0, 5012), 1: (0, 5003)})
     registry = CollectorRegistry()
     agg = _aggregator(tmp_path, bounds, registry=registry)
-    agg.recover()
     with pytest.raises(AggregatorError) as info:
-        agg.check_positions([0, 1])
+        agg.take([0, 1])
     message = str(info.value)
     assert "\n" not in message
     assert message.startswith(
-        f"partition 0 of {TOPIC} ends at 5012 but snapshot {path} of writer emoji-0of1 "
+        f"partition 0 of {TOPIC} ends at 5012 but the store of writer {MEMBER} "
         f"resumes at 51000: the broker lost data"
     )
     assert "--after-data-loss" in message and "docs/operations.md#broker-data-loss" in message
@@ -111,40 +127,71 @@ def test_a_position_beyond_the_log_end_stops_in_one_line_and_sets_the_metric(
         is None
     )
     assert agg.offsets == {0: 51_000, 1: 4000}  # nothing changed
-    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+    assert store.version() == version
+    assert store.committed_offsets(TOPIC, [0, 1]) == {0: 51_000, 1: 4000}
+    assert _files(tmp_path) == before  # neither the store nor a checkpoint was written
+
+
+def test_a_checkpoint_position_beyond_the_log_end_names_the_checkpoint(tmp_path: Path) -> None:
+    _committed_at(tmp_path, {0: 100})
+    first = _aggregator(tmp_path, Bounds({0: (0, 60_000)}))
+    first.take([0])
+    first.offsets[0] = 51_000  # consumed up to there before the broker lost its log
+    path = first.checkpoint()
+    assert path is not None
+
+    bounds = Bounds({0: (0, 5012)})
+    agg = _aggregator(tmp_path, bounds)
+    with pytest.raises(AggregatorError) as info:
+        agg.take([0])
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(
+        f"partition 0 of {TOPIC} ends at 5012 but checkpoint {path.name} of writer {MEMBER} "
+        f"resumes at 51000: the broker lost data"
+    )
+    assert bounds.asked == [[0]]
 
 
 def test_a_position_before_the_log_start_is_named_as_deleted_records(tmp_path: Path) -> None:
-    _snapshot_at(tmp_path, {0: 10})
+    _committed_at(tmp_path, {0: 10})
     agg = _aggregator(tmp_path, Bounds({0: (300, 900)}))
-    agg.recover()
-    with pytest.raises(AggregatorError, match=r"partition 0 of \S+ starts at 300 .*retention"):
-        agg.check_positions([0])
+    with pytest.raises(
+        AggregatorError,
+        match=r"^partition 0 of \S+ starts at 300 but the store of writer emoji-a resumes at "
+        r"10: .*retention",
+    ):
+        agg.take([0])
 
 
 def test_after_data_loss_resumes_only_the_lost_partitions_at_the_log_start(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    _snapshot_at(tmp_path, {0: 51_000, 1: 4000, 2: 10})
+    _committed_at(tmp_path, {0: 51_000, 1: 4000, 2: 10})
     agg = _aggregator(tmp_path, Bounds({0: (0, 5012), 1: (0, 5003), 2: (300, 900)}), after=True)
-    agg.recover()
-    agg.dirty = False
+    assert not agg.dirty
     with caplog.at_level("WARNING", logger="aggregator.service"):
-        lost = agg.check_positions([0, 1, 2])
-    assert [loss.partition for loss in lost] == [0, 2]
+        assigned = agg.take([0, 1, 2])
+    assert [(tp.partition, tp.offset) for tp in assigned] == [(0, 0), (1, 4000), (2, 300)]
     assert agg.offsets == {0: 0, 1: 4000, 2: 300}
-    assert agg.dirty  # the next snapshot records the new positions
+    assert agg.dirty  # the next checkpoint records the new positions
     lines = [r.getMessage() for r in caplog.records if "--after-data-loss" in r.getMessage()]
     assert len(lines) == 2
     assert "partition 0 of" in lines[0] and "resuming at the log start 0" in lines[0]
+    assert "partition 2 of" in lines[1] and "resuming at the log start 300" in lines[1]
 
 
-def test_no_snapshot_no_probe(tmp_path: Path) -> None:
+def test_no_store_commit_no_probe(tmp_path: Path) -> None:
     bounds = Bounds({})
     agg = _aggregator(tmp_path, bounds)
-    assert agg.recover() is None
+    assigned = agg.take([0, 1])
+    assert [(tp.partition, tp.offset) for tp in assigned] == [
+        (0, OFFSET_BEGINNING),
+        (1, OFFSET_BEGINNING),
+    ]
+    assert agg.offsets == {} and agg.bases == {0: None, 1: None}
     assert agg.check_positions([0, 1]) == []
-    assert bounds.asked == []
+    assert bounds.asked == []  # nothing recovered: the log bounds are never asked for
 
 
 class _Watermarks:

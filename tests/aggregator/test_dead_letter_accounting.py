@@ -1,11 +1,14 @@
-"""The aggregator's dead letters: duplicates accounted for, refused deliveries stop a snapshot.
+"""The aggregator's dead letters: duplicates accounted for, refused deliveries keep the store
+commit (and the checkpoint) from advancing.
 
-Unit tests with a stub producer (the failure paths); the real-broker checks are in
-``tests/integration/test_dlq_cmd.py`` and the crash tests.
+Unit tests with a stub producer (the failure paths) and a sketch store in a temporary
+directory; the real-broker checks are in ``tests/integration/test_dlq_cmd.py`` and the crash
+tests.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -15,10 +18,11 @@ from aggregator.exceptions import AggregatorError
 from aggregator.service import Aggregator, AggregatorOptions
 from infra.dead_letters import DeadLetter, tally
 from infra.kafka import KafkaSettings
-from schemas.config import parse_config
+from schemas.config import UseCase, parse_config
 from schemas.headers import DIGEST_HEADER, REASON_HEADER, SIZE_HEADER
 from schemas.keys import KeyPair, KeyRing
 from tests.fake_kafka import StubMessage, StubProducer
+from tests.store_helpers import seal_windows
 
 CONFIG = """
 [[use_case]]
@@ -28,21 +32,39 @@ epsilon = 4.0
 k = 16
 m = 32
 """
+TOPIC = "ldp.emoji.shuffled"
+
+
+def _use_case(tmp_path: Path) -> UseCase:
+    return parse_config(CONFIG, base=tmp_path).use_case("emoji")  # store: tmp_path/store
+
+
+def _bounds(parts: Sequence[int]) -> dict[int, tuple[int, int]]:
+    return {p: (0, 1000) for p in parts}
 
 
 def _aggregator(tmp_path: Path) -> Aggregator:
-    uc = parse_config(CONFIG).use_case("emoji")
-    options = AggregatorOptions(snapshot_dir=tmp_path, writer="emoji-0of1")
-    return Aggregator(uc, KafkaSettings("127.0.0.1:1"), KeyRing([KeyPair.generate(1)]), options)
+    options = AggregatorOptions(member="emoji-a", checkpoint_dir=tmp_path / "ckpt")
+    return Aggregator(
+        _use_case(tmp_path),
+        KafkaSettings("127.0.0.1:1"),
+        KeyRing([KeyPair.generate(1)]),
+        options,
+        bounds=_bounds,
+    )
 
 
 def test_a_duplicate_is_dead_lettered_by_digest_and_not_counted_as_refused(tmp_path: Path) -> None:
     agg = _aggregator(tmp_path)
     producer = StubProducer()
     agg._dead_letter(
-        producer, StubMessage(b"x" * 100, 7, topic="ldp.emoji.shuffled"), "envelope", "duplicate"
-    )  # type: ignore[arg-type]
+        producer,  # type: ignore[arg-type]
+        StubMessage(b"x" * 100, 7, topic=TOPIC),  # type: ignore[arg-type]
+        "envelope",
+        "duplicate",
+    )
     (record,) = producer.records
+    assert record["topic"] == "ldp.emoji.dlq"
     headers = dict(record["headers"])
     assert record["value"] == b"" and headers[REASON_HEADER] == b"duplicate"
     assert headers[SIZE_HEADER] == b"100" and headers[DIGEST_HEADER].startswith(b"sha256:")
@@ -55,15 +77,35 @@ def test_a_duplicate_is_dead_lettered_by_digest_and_not_counted_as_refused(tmp_p
     assert (counted.count(), counted.duplicates, counted.distinct) == (1, 2, 3)
 
 
-def test_a_refused_dead_letter_keeps_the_snapshot_from_advancing(tmp_path: Path) -> None:
+def test_a_refused_dead_letter_keeps_the_store_commit_from_advancing(tmp_path: Path) -> None:
+    store = seal_windows(_use_case(tmp_path), [], offsets={0: 3})
+    version = store.version()
     agg = _aggregator(tmp_path)
+    agg.take([0])
+    assert agg.offsets == {0: 3} and agg.bases == {0: 3}
     producer = StubProducer()
+    agg._producer = producer  # type: ignore[assignment]  # what run() sets
     agg._dead_letter(
-        producer, StubMessage(b"junk", 3, topic="ldp.emoji.shuffled"), "envelope", "too_short"
-    )  # type: ignore[arg-type]
+        producer,  # type: ignore[arg-type]
+        StubMessage(b"junk", 3, topic=TOPIC),  # type: ignore[arg-type]
+        "envelope",
+        "too_short",
+    )
+    agg.offsets[0] = 4  # the junk record at offset 3 was read
     (record,) = producer.records
     refused = KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED, "not allowed")
     record["on_delivery"](refused, StubMessage(b"", 0))
+
+    with pytest.raises(AggregatorError, match="the broker refused 1 dead letter") as info:
+        agg.seal(force=True)
+    assert "\n" not in str(info.value) and "not advancing the offsets" in str(info.value)
+    assert store.committed_offsets(TOPIC, [0]) == {0: 3}  # read again after a restart
+    assert store.version() == version and agg.bases == {0: 3}
     with pytest.raises(AggregatorError, match="the broker refused 1 dead letter"):
-        agg.snapshot(producer)  # type: ignore[arg-type]
-    assert not list(tmp_path.iterdir())  # no snapshot written
+        agg.checkpoint()
+    assert not (tmp_path / "ckpt").exists() or not list((tmp_path / "ckpt").iterdir())
+
+    agg._undelivered.clear()  # the same seal once every dead letter is delivered
+    assert agg.seal(force=True) == 0  # no window to seal, but the offset advances
+    assert store.committed_offsets(TOPIC, [0]) == {0: 4}
+    assert agg.bases == {0: 4}

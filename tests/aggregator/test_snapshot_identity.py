@@ -1,19 +1,23 @@
 """Snapshot identity (``schemas/snapshot.md``, "Identity"): a file is refused unless the writer
 and sequence inside are the ones in its name and an ``<x>-<i>of<N>`` writer lists only the
-partitions instance i of N owns; recovery stops on a file that is not its own (audit D5), and
-every refusal names the file (a truncated one included)."""
+partitions instance i of N owns; every refusal names the file (a truncated one included).
+
+An aggregator's checkpoints are snapshot files under its member name: ``Aggregator.take()``
+stops on a file under that name holding another writer's content (audit D5), restores its own
+checkpoint when the store's offsets are still the ones it starts from, and otherwise starts
+from the store."""
 
 from __future__ import annotations
 
 import logging
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import aggregator.snapshot as snapshot_module
-from aggregator.exceptions import AggregatorError
 from aggregator.service import Aggregator, AggregatorOptions
 from aggregator.snapshot import (
     SnapshotFile,
@@ -34,6 +38,7 @@ from infra.kafka import KafkaSettings
 from schemas.config import UseCase, load_config
 from schemas.errors import SnapshotError
 from schemas.keys import KeyPair, KeyRing
+from tests.store_helpers import seal_windows
 
 TOPIC = "ldp.emoji.shuffled"
 A, B = "emoji-0of2", "emoji-1of2"  # instance 0 owns the even partitions, instance 1 the odd
@@ -90,9 +95,21 @@ def copy_as(source: Path, writer: str) -> Path:
     return target
 
 
-def aggregator(use_case: UseCase, directory: Path, **options: object) -> Aggregator:
-    opts = AggregatorOptions(snapshot_dir=directory, **options)  # type: ignore[arg-type]
-    return Aggregator(use_case, KafkaSettings("127.0.0.1:9"), KeyRing([KeyPair.generate()]), opts)
+def log_bounds(parts: Sequence[int]) -> dict[int, tuple[int, int]]:
+    """A log holding every position the tests use (no data loss, no broker)."""
+    return {p: (0, 1_000_000) for p in parts}
+
+
+def aggregator(use_case: UseCase, directory: Path, member: str) -> Aggregator:
+    """A member with its checkpoints in ``directory``; its store is the use case's."""
+    opts = AggregatorOptions(member=member, checkpoint_dir=directory)
+    return Aggregator(
+        use_case,
+        KafkaSettings("127.0.0.1:9"),
+        KeyRing([KeyPair.generate()]),
+        opts,
+        bounds=log_bounds,
+    )
 
 
 # ---- reading ---------------------------------------------------------------------------------
@@ -206,53 +223,108 @@ def test_a_writer_whose_every_file_is_refused_is_reported_missing(
     assert sorted(latest_snapshots(tmp_path)) == [A]  # the old API still just leaves it out
 
 
-# ---- recovery --------------------------------------------------------------------------------
-def test_recovery_stops_on_another_writers_snapshot_under_its_name(
-    tmp_path: Path, use_case: UseCase, rng: np.random.Generator
+# ---- taking partitions: the member's checkpoint ----------------------------------------------
+@pytest.mark.parametrize(("own", "other"), [("emoji-host1", "emoji-host2"), ("emoji-a", B)])
+def test_take_stops_on_another_writers_checkpoint_under_its_name(
+    tmp_path: Path, use_case: UseCase, rng: np.random.Generator, own: str, other: str
 ) -> None:
-    """D5: B's newest file copied under A's name; A must not adopt B's partitions."""
-    write(tmp_path, A, 1, (0, 2), (window(use_case, rng),))
-    copy = copy_as(write(tmp_path, B, 4, (1, 3), (window(use_case, rng),)), A)
-    agg = aggregator(use_case, tmp_path, instance=0, instances=2)
+    """D5: another member's newest file copied under this member's name; it must not adopt
+    the other's partitions, windows or positions."""
+    directory = tmp_path / "checkpoints"
+    write(directory, own, 1, (0, 2), (window(use_case, rng),))
+    copy = copy_as(write(directory, other, 4, (1, 3), (window(use_case, rng),)), own)
+    agg = aggregator(use_case, directory, own)
 
     with pytest.raises(SnapshotIdentityError) as info:
-        agg.recover()
-    assert str(copy) in str(info.value) and f"move it out of {tmp_path}" in str(info.value)
-    assert "\n" not in str(info.value)
-    assert agg.offsets == {} and agg.windows.sketches == {}  # nothing of B's adopted
-
-
-def test_recovery_stops_on_partitions_this_instance_does_not_own(
-    tmp_path: Path, use_case: UseCase
-) -> None:
-    """A writer name without "<i>of<N>" is checked against the process's own instance."""
-    path = write(tmp_path, "custom", 1, (0, 1, 2))
-    agg = aggregator(use_case, tmp_path, instance=0, instances=2, writer="custom")
-    with pytest.raises(AggregatorError) as info:
-        agg.recover()
-    assert str(info.value) == (
-        f"snapshot {path} of writer 'custom' lists {TOPIC}[1], which instance 0 of 2 does not "
-        f"own (it owns {TOPIC}[p] with p % 2 == 0): it holds another writer's partitions; move "
-        f"it out of {tmp_path}"
+        agg.take([0, 1, 2, 3])
+    message = str(info.value)
+    assert message == (
+        f"snapshot {copy} says writer {other!r} but is named for {own!r}: it was copied or "
+        f"renamed; move it out of {directory}"
     )
-    assert agg.offsets == {}
-    other_topic = tmp_path / "other"
-    write(other_topic, "custom", 1, (0,), topic="ldp.words.shuffled")
-    with pytest.raises(AggregatorError, match=r"ldp\.words\.shuffled\[0\], which instance 0"):
-        aggregator(use_case, other_topic, instance=0, instances=2, writer="custom").recover()
+    assert isinstance(info.value, SnapshotError)  # one line, exit 1 from the command line
+    assert agg.owned == set() and agg.offsets == {} and agg.windows.sketches == {}
 
 
-def test_recovery_of_its_own_files_is_unchanged(
+def _checkpoint_with_an_open_window(
+    use_case: UseCase, directory: Path, rng: np.random.Generator
+) -> tuple[Path, WindowSketch]:
+    """Member emoji-a takes p0 and p2 at the store's 100 and 50, reads p0's 100..110 into
+    one open window, and checkpoints (then a newer checkpoint is truncated by a crash)."""
+    agg = aggregator(use_case, directory, "emoji-a")
+    agg.take([0, 2])
+    open_window = window(use_case, rng)
+    key = (use_case.epoch, 3600, 7200)
+    agg.windows.sketches[key] = open_window.sketch.copy()
+    agg.spans.record(key, 0, 100, 110)
+    agg.offsets[0] = 111
+    agg.latest[0] = 3700
+    agg.seen.filter([b"report 110"])
+    path = agg.checkpoint()
+    assert path is not None and path.name == snapshot_name("emoji-a", 1)
+    newer = agg.checkpoint()
+    assert newer is not None
+    newer.write_bytes(newer.read_bytes()[:-7])  # a corrupt newest file is skipped
+    return path, open_window
+
+
+def test_take_restores_its_own_checkpoint_when_the_store_offsets_match(
     tmp_path: Path, use_case: UseCase, rng: np.random.Generator
 ) -> None:
-    write(tmp_path, A, 1, (0, 2), (window(use_case, rng),))
-    write(tmp_path, B, 1, (1, 3), (window(use_case, rng),))
-    newest = write(tmp_path, A, 2, (0, 2), (window(use_case, rng),))
-    newest.write_bytes(newest.read_bytes()[:-7])  # a corrupt newest file is still skipped
+    directory = tmp_path / "checkpoints"
+    store = seal_windows(use_case, [], offsets={0: 100, 2: 50})
+    path, open_window = _checkpoint_with_an_open_window(use_case, directory, rng)
+    write(directory, "emoji-b", 1, (1, 3), (window(use_case, rng),))  # another member's
 
-    agg = aggregator(use_case, tmp_path, instance=0, instances=2)
-    recovered = agg.recover()
+    agg = aggregator(use_case, directory, "emoji-a")
+    assigned = agg.take([0, 2])
 
-    assert recovered is not None and (recovered.writer, recovered.sequence) == (A, 1)
-    assert agg.offsets == {0: 100, 2: 102} and agg.sequence == 2
-    assert len(agg.windows.sketches) == 1
+    key = (use_case.epoch, 3600, 7200)
+    assert [(tp.partition, tp.offset) for tp in assigned] == [(0, 111), (2, 50)]
+    assert agg.offsets == {0: 111, 2: 50} and agg.bases == {0: 100, 2: 50}
+    assert list(agg.windows.sketches) == [key]
+    np.testing.assert_array_equal(agg.windows.sketches[key].counts, open_window.sketch.counts)
+    assert agg.spans.spans == {key: {0: [100, 110]}} and agg.latest == {0: 3700}
+    assert agg.seen.filter([b"report 110", b"report 111"]) == [1]  # its dedupe set came back
+    assert agg._sources == {0: f"checkpoint {path.name}", 2: f"checkpoint {path.name}"}
+    # sealing the restored window commits from the checkpoint's bases: nothing read twice
+    assert agg.seal(force=True) == 1
+    assert store.committed_offsets(TOPIC, [0, 2]) == {0: 111, 2: 50}
+    (segment,) = store.segments()
+    assert segment.writer == "emoji-a" and segment.span == (3600, 7200)
+    assert segment.n == open_window.sketch.n
+    assert segment.covers == ((TOPIC, 0, 100, 111), (TOPIC, 2, 50, 50))
+
+
+@pytest.mark.parametrize("why", ["the store advanced", "other partitions"])
+def test_take_ignores_its_checkpoint_unless_it_starts_from_the_store_offsets(
+    tmp_path: Path, use_case: UseCase, rng: np.random.Generator, why: str
+) -> None:
+    directory = tmp_path / "checkpoints"
+    store = seal_windows(use_case, [], offsets={0: 100, 2: 50})
+    _checkpoint_with_an_open_window(use_case, directory, rng)
+    agg = aggregator(use_case, directory, "emoji-a")
+    if why == "the store advanced":  # another member committed p0 since the checkpoint
+        seal_windows(use_case, [], offsets={0: 120}, writer="emoji-b")
+        assigned = agg.take([0, 2])
+        assert [(tp.partition, tp.offset) for tp in assigned] == [(0, 120), (2, 50)]
+        expected = {0: 120, 2: 50}
+    else:  # given p0 only: the checkpoint also holds p2, which another member may count
+        assigned = agg.take([0])
+        assert [(tp.partition, tp.offset) for tp in assigned] == [(0, 100)]
+        assert agg.offsets == {0: 100}
+        agg.take([2])  # the checkpoint is read once per process: not at a later assignment
+        expected = {0: 100, 2: 50}
+    assert agg.offsets == expected and agg.bases == expected
+    assert agg.windows.sketches == {} and agg.spans.spans == {} and agg.latest == {}
+    assert len(agg.seen) == 0
+    assert set(agg._sources.values()) == {"the store"}
+    assert store.committed_offsets(TOPIC, [0, 2]) == expected
+
+
+@pytest.mark.parametrize("name", ["emoji-0of2", "-emoji", "emoji/1", "x" * 121, ""])
+def test_a_member_name_that_checkpoints_could_not_carry_is_refused(name: str) -> None:
+    """<x>-<i>of<N> names are the snapshot format's static-split claims (a member given other
+    partitions could never checkpoint), and a name must be usable in a file name."""
+    with pytest.raises(ValueError, match="member name"):
+        AggregatorOptions(member=name)

@@ -32,6 +32,10 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "infra" / "example.toml"
         ),
         (["query", "--config", str(EXAMPLE.parent)], "is a directory; --config takes the TOML"),
         (["keys", "generate", "--out", "/proc/nope"], "cannot create the key directory /proc/nope"),
+        (
+            ["replay", "--config", str(EXAMPLE)],  # a replay writes into a store of its own
+            "the following arguments are required: --store",
+        ),
     ],
 )
 def test_one_line_and_exit_2(
@@ -47,17 +51,79 @@ def test_one_line_and_exit_2(
     assert len([line for line in err.splitlines() if "error:" in line]) == 1
 
 
+def test_a_query_of_a_store_with_no_commits_is_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = tmp_path / "rerun"
+    code = main(["query", "--config", str(EXAMPLE), "--store", str(store), "--top", "3"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.strip() == (
+        f"ldpipe query: error: the sketch store {store}/emoji has no commits yet; start the "
+        f"aggregator (ldpipe aggregator) and wait for its first sealed window (docs/store.md)"
+    )
+
+
 def test_a_public_key_given_as_a_private_one_says_so(tmp_path: Path) -> None:
     _, public = save_key_pair(KeyPair.generate(key_id=1), tmp_path)
     with pytest.raises(KeyFileError, match=r"it is a public key file: pass the \*\.private"):
         KeyRing.load(public)
 
 
-def test_an_unusable_snapshot_directory_is_one_line(tmp_path: Path) -> None:
+USE_CASE = "[[use_case]]\nname='emoji'\nmechanism='cms'\nepsilon=4.0\nk=16\nm=32\n"
+
+
+def _aggregator(tmp_path: Path, checkpoints: Path, member: str = "emoji-a") -> Aggregator:
+    uc = parse_config(USE_CASE, base=tmp_path).use_case("emoji")
+    options = AggregatorOptions(member=member, checkpoint_dir=checkpoints)
+    return Aggregator(uc, KafkaSettings("127.0.0.1:1"), KeyRing([]), options)
+
+
+def test_an_unusable_checkpoint_directory_is_one_line(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
-    uc = parse_config("[[use_case]]\nname='emoji'\nmechanism='cms'\nepsilon=4.0\nk=16\nm=32\n")
-    options = AggregatorOptions(snapshot_dir=blocker / "snapshots")
-    agg = Aggregator(uc.use_case("emoji"), KafkaSettings("127.0.0.1:1"), KeyRing([]), options)
-    with pytest.raises(AggregatorError, match="cannot create the snapshot directory"):
-        agg.recover()
+    agg = _aggregator(tmp_path, blocker / "checkpoints")
+    with pytest.raises(AggregatorError) as info:
+        agg._lock_member()  # the first thing run() does with the directory
+    assert str(info.value) == (
+        f"cannot create the checkpoint directory {blocker / 'checkpoints'} (Not a directory); "
+        f"set snapshot.directory to a writable place"
+    )
+
+
+def test_an_unwritable_checkpoint_directory_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    agg = _aggregator(tmp_path, tmp_path / "checkpoints")
+    agg.take([0])  # the store has no commits: nothing to check against the log
+
+    def refuse(directory: Path, *_args: object, **_kwargs: object) -> Path:
+        raise PermissionError(13, "Permission denied", str(directory))
+
+    # as an unprivileged user would get in a directory it may not write (tests may run as root)
+    monkeypatch.setattr("aggregator.service.write_snapshot", refuse)
+    with pytest.raises(AggregatorError) as info:
+        agg.checkpoint()
+    assert str(info.value) == (
+        f"cannot write a checkpoint into {tmp_path / 'checkpoints'} (Permission denied); give "
+        f"the aggregator's user write access to it, or set snapshot.directory elsewhere"
+    )
+
+
+def test_a_second_aggregator_with_the_same_member_name_is_one_line(tmp_path: Path) -> None:
+    first = _aggregator(tmp_path, tmp_path / "checkpoints")
+    first._lock_member()
+    try:
+        with pytest.raises(AggregatorError) as info:
+            _aggregator(tmp_path, tmp_path / "checkpoints")._lock_member()
+        assert str(info.value) == (
+            f"another aggregator runs as member 'emoji-a' with checkpoints in "
+            f"{tmp_path / 'checkpoints'}; give each aggregator its own --member name"
+        )
+        other = _aggregator(tmp_path, tmp_path / "checkpoints", member="emoji-b")
+        other._lock_member()  # another name in the same directory is another member
+        assert other._lock is not None
+        other._lock.close()
+    finally:
+        assert first._lock is not None
+        first._lock.close()

@@ -26,7 +26,7 @@ COMMANDS = [
     ["aggregator"],
     ["dlq"],
     ["privacy", "report"],
-    ["replay", "--out", "rerun"],
+    ["replay", "--store", "rerun"],
     ["adapt", "--target-range", "0.005,0.05"],
 ]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 from confluent_kafka import Producer
 
-from aggregator.snapshot import latest_snapshots, merge_windows
+from aggregator.query import load_merged, open_store
 from aggregator.windows import decode_batch
 from infra.pipeline import LocalPipeline, PipelineSettings
 from producers.datasets import Population, dictionary_population
@@ -22,6 +22,7 @@ from schemas.envelope import (
     parse_header,
     seal,
 )
+from schemas.config import UseCase
 from schemas.keys import KeyPair, KeyRing
 from schemas.mechanisms import Sketch
 from schemas.outer import open_outer_many, seal_outer
@@ -107,10 +108,9 @@ def offline_sketch(pipe: LocalPipeline, values: list[bytes]) -> tuple[Sketch, in
     return sketch, unopened + len(decoded.rejections)
 
 
-def live_sketch(directory: Path, use_case: str) -> Sketch:
-    """All windows of all writers' latest snapshots, summed (windows partition the reports)."""
-    files = latest_snapshots(directory)
-    merged = merge_windows(files.values(), use_case, -(2**62), 2**62)
+def live_sketch(use_case: UseCase, store: str | None = None) -> Sketch:
+    """Every segment of the use case's sketch store, summed (each report is in one)."""
+    merged, _ = load_merged(open_store(use_case, store))
     assert len(merged) == 1, merged
     return next(iter(merged.values())).sketch
 

@@ -40,7 +40,7 @@ def _run(tmp: Path, broker: KafkaSettings, adaptive: bool) -> tuple[LocalPipelin
         mechanism_options={"k": 256, "m": 256},
     )  # fmt: skip
     pipe.start_shuffler()
-    pipe.start_aggregator(0, 1)
+    pipe.start_aggregator(0)
     try:
         truth = _phase(pipe, 1, seed=1)
         pipe.wait_until(lambda: pipe.aggregated() >= N_PHASE, 120, "phase 1")

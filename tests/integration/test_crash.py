@@ -1,9 +1,13 @@
 """Crash tests: kill -9 the shuffler and aggregators, at random and at exact crash points.
 
-After every kill the service is restarted; at the end the merged live sketch must equal the
+After every kill the service is restarted; at the end the sketch store's sum must equal the
 sketch computed offline from the same envelopes, bit for bit: nothing lost, nothing counted
 twice. Crash points (``LDPIPE_CRASH_AT``, see ``infra/crash.py``) kill a process right before
-and right after the shuffler's transaction commit and the aggregator's snapshot rename.
+and right after the shuffler's transaction commit; before the aggregator's store commit,
+between its segment file's write and its commit, and after it; and around its checkpoint's
+rename. Every kill of an aggregator is also a rebalance of the consumer group: the other
+member takes its partitions over after the session timeout and the restarted one joins again.
+The scale test grows and shrinks the group (1 -> 3 -> 2 members) while reports flow.
 """
 
 from __future__ import annotations
@@ -33,11 +37,17 @@ from tests.integration.pipeline_helpers import (
 CRASH_POINTS = {
     "shuffler": ["shuffler.before_commit", "shuffler.after_commit"],
     "aggregator-0": [
-        "aggregator.before_rename",
-        "aggregator.after_rename",
+        "aggregator.before_commit",
+        "aggregator.segment_written",
+        "aggregator.after_commit",
         "aggregator.after_accumulate",
     ],
-    "aggregator-1": ["aggregator.before_rename", "aggregator.after_rename"],
+    "aggregator-1": [
+        "aggregator.segment_written",
+        "aggregator.after_commit",
+        "aggregator.before_rename",
+        "aggregator.after_rename",
+    ],
 }
 
 
@@ -46,7 +56,7 @@ def _restart(pipe: LocalPipeline, name: str, crash_at: str | None = None) -> Non
     if name == "shuffler":
         pipe.start_shuffler(env=env)
     else:
-        pipe.start_aggregator(int(name.rsplit("-", 1)[1]), 2, env=env)
+        pipe.start_aggregator(int(name.rsplit("-", 1)[1]), env=env)
 
 
 @pytest.mark.slow
@@ -74,8 +84,8 @@ def test_kill_nine_at_random_moments_and_crash_points(
 
     per_burst = len(poison(0))
     pipe.start_shuffler()
-    pipe.start_aggregator(0, 2)
-    pipe.start_aggregator(1, 2)
+    pipe.start_aggregator(0)
+    pipe.start_aggregator(1)
     kills = {"random": 0, "crash point": 0}
     try:
         bursts = 8
@@ -136,4 +146,60 @@ def test_kill_nine_at_random_moments_and_crash_points(
     # report aggregated once: aggregated + refused = sent
     refused = count_dead_letters(pipe.kafka, pipe.use_case.topics.dlq)
     assert refused.count() == bursts * per_burst, refused.by_reason
-    assert_same_sketch(live_sketch(pipe.use_case.snapshot.directory, pipe.use_case.name), offline)
+    assert_same_sketch(live_sketch(pipe.use_case), offline)
+
+
+@pytest.mark.slow
+def test_scaling_aggregators_one_three_two_while_producing(
+    broker: KafkaSettings, tmp_path: Path
+) -> None:
+    """Members join and leave (cleanly, and one by kill -9) while reports flow; every
+    rebalance seals what the members hold and hands partitions on at the store's offsets."""
+    pipe = make_pipeline(
+        tmp_path,
+        broker.bootstrap_servers,
+        n_min=150,
+        max_reports=400,
+        max_wait_seconds=0.5,
+        snapshot_interval=0.3,
+        partitions=6,
+    )
+    work = make_workload(pipe, 6000, seed=11)
+    pipe.start_shuffler()
+    pipe.start_aggregator(0)
+    bursts = 6
+    size = len(work.values) // bursts
+
+    def burst(b: int) -> None:
+        lo, hi = b * size, len(work.values) if b == bursts - 1 else (b + 1) * size
+        publish(pipe, work.keys[lo:hi], work.values[lo:hi])  # type: ignore[arg-type]
+
+    try:
+        burst(0)
+        pipe.start_aggregator(1)  # 1 -> 3 members
+        pipe.start_aggregator(2)
+        for name in ("aggregator-1", "aggregator-2"):  # the group has three members
+            pipe.wait_until(lambda name=name: "takes" in pipe.log_tail(name), 60, name)
+        burst(1)
+        burst(2)
+        pipe.wait_until(  # the third member sealed windows of its own
+            lambda: any(s.writer == "agg2" for s in pipe.store().segments()), 60, "agg2"
+        )
+        pipe.kill("aggregator-2", signal.SIGTERM)  # 3 -> 2: a clean leave seals first
+        burst(3)
+        pipe.kill("aggregator-0", signal.SIGKILL)  # a crash: its partitions move on timeout
+        burst(4)
+        pipe.start_aggregator(0)
+        burst(5)
+        pipe.wait_until(lambda: pipe.shuffler_backlog() == 0, 180, "the shuffler")
+        pipe.wait_until(
+            lambda: pipe.aggregated() >= len(work.values), 180, "the aggregators", poll=0.5
+        )
+    finally:
+        pipe.stop_all()
+    offline, invalid = offline_sketch(pipe, work.values)
+    assert invalid == 0
+    assert pipe.aggregated() == len(work.values)
+    assert_same_sketch(live_sketch(pipe.use_case), offline)
+    writers = {s.writer for s in pipe.store().segments()}
+    assert writers == {"agg0", "agg1", "agg2"}, writers  # all three sealed windows

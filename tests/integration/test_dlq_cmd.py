@@ -33,7 +33,7 @@ def test_dlq_tallies_what_the_services_refused(
     values = [*work.values, *aggregator_refusals(pipe, work.values[0])]
     keys += [b"bad-0", b"bad-1"]
     pipe.start_shuffler()
-    pipe.start_aggregator(0, 1)
+    pipe.start_aggregator(0)
     try:
         publish(pipe, keys, values)
         pipe.wait_until(lambda: pipe.shuffler_backlog() == 0, 120, "the shuffler")

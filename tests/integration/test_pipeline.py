@@ -12,7 +12,7 @@ import pytest
 
 from aggregator.query import query_use_case
 from aggregator.service import Aggregator, AggregatorOptions
-from aggregator.snapshot import latest_snapshots
+from aggregator.store import SketchStore
 from infra.dead_letters import count_dead_letters
 from infra.kafka import KafkaSettings
 from schemas.envelope import EnvelopeHeader, seal
@@ -35,7 +35,7 @@ N = 6000
 def run_services(pipe, aggregators: int = 2) -> None:  # type: ignore[no-untyped-def]
     pipe.start_shuffler()
     for i in range(aggregators):
-        pipe.start_aggregator(i, aggregators)
+        pipe.start_aggregator(i)
 
 
 def wait_done(pipe, total: int, timeout: float = 120) -> None:  # type: ignore[no-untyped-def]
@@ -63,7 +63,7 @@ def test_end_to_end_counts_exactly_and_intervals_hold(
     assert count_dead_letters(pipe.kafka, pipe.use_case.topics.dlq).count() == 0
     offline, invalid = offline_sketch(pipe, work.values)
     assert invalid == 0
-    assert_same_sketch(live_sketch(pipe.use_case.snapshot.directory, pipe.use_case.name), offline)
+    assert_same_sketch(live_sketch(pipe.use_case), offline)
 
     # intervals: sum of z^2 over the 40 most frequent items ~ chi2_40 (mean 40, sd ~ 8.9)
     top = work.population.top(40)
@@ -150,7 +150,7 @@ def test_bad_input_lands_in_the_dead_letter_topic(broker: KafkaSettings, tmp_pat
     assert set(dead.rows) == set(bad)
     offline, invalid = offline_sketch(pipe, values)
     assert invalid == len(bad)
-    assert_same_sketch(live_sketch(uc.snapshot.directory, uc.name), offline)
+    assert_same_sketch(live_sketch(uc), offline)
 
 
 def test_contribution_limit_rejects_extra_reports(broker: KafkaSettings, tmp_path: Path) -> None:
@@ -178,28 +178,31 @@ def test_replay_rebuilds_the_live_sketch_bit_for_bit(broker: KafkaSettings, tmp_
         wait_done(pipe, 2400)
     finally:
         pipe.stop_all()
-    live_files = latest_snapshots(pipe.use_case.snapshot.directory)
+    live = pipe.store()
+    version = live.version()
     replay = Aggregator(
         pipe.use_case,
         pipe.kafka,
         KeyRing([pipe.key_pair]),
         AggregatorOptions(
-            snapshot_dir=tmp_path / "replay",
-            writer="replay-0of1",
+            member="replay",
+            partitions=(),
+            store_uri=str(tmp_path / "replay"),
+            checkpoint_dir=tmp_path / "replay-checkpoints",
             group_id="replay-test",
             dead_letters=False,
         ),
     )
     assert replay.run(until_end=True) == 2400
     assert_same_sketch(
-        live_sketch(tmp_path / "replay", pipe.use_case.name),
-        live_sketch(pipe.use_case.snapshot.directory, pipe.use_case.name),
+        live_sketch(pipe.use_case, str(tmp_path / "replay")),
+        live_sketch(pipe.use_case),
     )
-    # same offsets, and the live snapshots were not touched
-    replayed = latest_snapshots(tmp_path / "replay")["replay-0of1"]
-    live_offsets = {k: v for f in live_files.values() for k, v in f.offsets.items()}
-    assert replayed.offsets == live_offsets
-    assert latest_snapshots(pipe.use_case.snapshot.directory).keys() == live_files.keys()
+    # same committed offsets, and the live store was not touched
+    topic, parts = pipe.use_case.topics.shuffled, range(pipe.use_case.topics.partitions)
+    replayed = SketchStore(tmp_path / "replay", pipe.use_case.name)
+    assert replayed.committed_offsets(topic, parts) == live.committed_offsets(topic, parts)
+    assert live.version() == version
 
 
 @pytest.mark.parametrize("window_seconds", [1])
@@ -219,8 +222,10 @@ def test_replay_with_other_windows_keeps_the_total(
         pipe.kafka,
         KeyRing([pipe.key_pair]),
         AggregatorOptions(
-            snapshot_dir=tmp_path / "replay",
-            writer="replay-0of1",
+            member="replay",
+            partitions=(),
+            store_uri=str(tmp_path / "replay"),
+            checkpoint_dir=tmp_path / "replay-checkpoints",
             window_seconds=window_seconds,
             group_id="replay-w",
             dead_letters=False,
@@ -228,6 +233,6 @@ def test_replay_with_other_windows_keeps_the_total(
     )
     replay.run(until_end=True)
     assert_same_sketch(
-        live_sketch(tmp_path / "replay", pipe.use_case.name),
-        live_sketch(pipe.use_case.snapshot.directory, pipe.use_case.name),
+        live_sketch(pipe.use_case, str(tmp_path / "replay")),
+        live_sketch(pipe.use_case),
     )

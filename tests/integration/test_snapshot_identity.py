@@ -34,8 +34,8 @@ def test_an_aggregator_refuses_another_writers_snapshot_under_its_name(
     directory = uc.snapshot.directory
     a, b = f"{uc.name}-0of2", f"{uc.name}-1of2"
     pipe.start_shuffler()
-    pipe.start_aggregator(0, 2)
-    pipe.start_aggregator(1, 2)
+    pipe.start_aggregator(0)
+    pipe.start_aggregator(1)
     try:
         publish(pipe, work.keys[:N], work.values[:N])  # type: ignore[arg-type]
         wait_done(pipe, N)

@@ -1,12 +1,13 @@
-"""SFP reconstruction over aggregator snapshots (``discovery/sfp_service.py``), without a broker.
+"""SFP reconstruction over the sketch store (``discovery/sfp_service.py``), without a broker.
 
 The pipeline's work is done by hand: 20,000 devices randomize their word with
 ``discovery.sfp.randomize_words`` (Apple Alg. 9, §6.1 epsilons 2 and 6); the word reports are
 accumulated into the word use case's sketch and the stacked fragment reports
 (``stack_fragments``) into the fragments use case's, split across two writers covering
-disjoint partitions and two hourly windows, and written with ``write_snapshot``, as two
-aggregators of each half would. Five planted words are held by 2,000 devices each and
-"hello" by 1,500 (in three spellings), the rest by a long tail of random words.
+disjoint partitions and two hourly windows, and committed to the sketch store
+(``tests/store_helpers.py``), as two aggregators of each half would. Five planted words are
+held by 2,000 devices each and "hello" by 1,500 (in three spellings), the rest by a long tail
+of random words.
 
 The word sketch is k = 256 x m = 1,024 and the fragment sketch k' = 64 per position, so a
 window's candidate sweep (2^8 x 27^2 pairs x 64 hash values x 5 positions) takes well under a
@@ -17,6 +18,7 @@ some |Z| > 4 has probability ~3e-3 under the normal approximation; the seeds are
 from __future__ import annotations
 
 import math
+import shutil
 import string
 from collections import Counter
 from dataclasses import dataclass
@@ -28,7 +30,7 @@ import pytest
 
 from aggregator.exceptions import QueryError
 from aggregator.query import discovered_items, query_use_case
-from aggregator.snapshot import SnapshotFile, WindowSketch, write_snapshot
+from aggregator.store import SketchStore
 from discovery.exceptions import DiscoveryServiceError
 from discovery.sfp import SfpParams, SfpReports, decode_word, encode_word, randomize_words
 from discovery.sfp_service import SfpWindowResult, reconstruct, sfp_store_directory
@@ -36,6 +38,7 @@ from discovery.sfp_wire import stack_fragments
 from discovery.store import DiscoveryStore
 from schemas.config import PipelineConfig, UseCase, parse_config
 from schemas.mechanisms import Reports
+from tests.store_helpers import seal_windows
 
 N = 20_000
 PLANTED = {"bruh": 2_000, "tryna": 2_000, "despacito": 2_000, "moana": 2_000, "wyd": 2_000}
@@ -95,16 +98,20 @@ def devices() -> Devices:
     return Devices(tuple(words), window, np.arange(N, dtype=np.int64) % WRITERS, sent, params)
 
 
-def write_snapshots(
-    config: PipelineConfig, devices: Devices, *, sequence: int = 1, share: float = 1.0
+def seal_reports(
+    config: PipelineConfig, devices: Devices, *, share: tuple[float, float] = (0.0, 1.0)
 ) -> None:
-    """What the aggregators of both halves write: one snapshot per writer (partition), holding
-    its sketch of every window, over the first ``share`` of the devices (0.8: all of the first
-    window and 60% of the second, as if the aggregators were part-way through it)."""
+    """What the aggregators of both halves commit to the sketch store: each writer (partition)
+    seals its sketch of every window over the devices in ``share`` (a fraction range of them:
+    ``(0, 0.8)`` is all of the first window and 60% of the second, as if the aggregators were
+    part-way through it; ``(0.8, 1)`` then the rest, a second segment of the second window).
+    Successive calls chain each writer's offsets, as its successive commits would."""
     word = config.use_case("newwords")
     fragments = config.use_case("newwords.fragments")
     params = word.sfp_params
-    included = np.arange(N) < share * N
+    position = np.arange(N)
+    included = (position >= share[0] * N) & (position < share[1] * N)
+    consumed = position < share[1] * N
     halves: tuple[tuple[UseCase, Reports], ...] = (
         (word, devices.sent.words),
         (fragments, stack_fragments(devices.sent.positions, devices.sent.fragments, params)),
@@ -114,28 +121,19 @@ def write_snapshots(
             windows = []
             for index, (start, end) in enumerate(WINDOWS):
                 mask = included & (devices.writer == writer) & (devices.window == index)
+                if not mask.any():
+                    continue  # nothing new in this window: no segment
                 sketch = uc.mechanism.new_sketch()
                 uc.mechanism.accumulate(sketch, reports.take(mask))
-                windows.append(
-                    WindowSketch.from_mechanism(
-                        uc.name,
-                        uc.mechanism,
-                        sketch,
-                        epoch=uc.epoch,
-                        window_start=start,
-                        window_end=end,
-                    )
-                )
-            consumed = int((included & (devices.writer == writer)).sum())
-            offsets = {(uc.topics.shuffled, writer): consumed}
-            snapshot = SnapshotFile(f"agg-{writer}", sequence, offsets, tuple(windows))
-            write_snapshot(uc.snapshot.directory, snapshot)
+                windows.append((start, end, sketch))
+            offset = int((consumed & (devices.writer == writer)).sum())
+            seal_windows(uc, windows, offsets={writer: offset}, writer=f"agg-{writer}")
 
 
 def pipeline(base: Path, devices: Devices, text: str = CONFIG) -> PipelineConfig:
     (base / "words.txt").write_text("hello\nworld\n", encoding="utf-8")
     config = config_in(base, text)
-    write_snapshots(config, devices)
+    seal_reports(config, devices)
     return config
 
 
@@ -148,7 +146,7 @@ class Reconstructed:
 
 @pytest.fixture(scope="module")
 def reconstructed(tmp_path_factory: pytest.TempPathFactory, devices: Devices) -> Reconstructed:
-    """Snapshots of every device, reconstructed per window and then merged (both recorded)."""
+    """Segments of every device, reconstructed per window and then merged (both recorded)."""
     config = pipeline(tmp_path_factory.mktemp("sfp"), devices)
     word = config.use_case("newwords")
     return Reconstructed(config, reconstruct(config, word), reconstruct(config, word, merge=True))
@@ -159,7 +157,7 @@ def assert_unbiased(result: SfpWindowResult, truth: Counter[str]) -> None:
         assert abs(estimate - truth[word]) <= Z * std_error, (word, estimate, truth[word])
 
 
-# ---- the puzzle over snapshots -----------------------------------------------------------------
+# ---- the puzzle over the store ------------------------------------------------------------------
 
 
 def test_each_window_finds_the_planted_words(
@@ -234,25 +232,25 @@ def test_either_half_names_the_use_case(tmp_path: Path, devices: Devices) -> Non
     assert reconstruct(config, fragments, end=3599, record=False) == []  # no window inside
 
 
-def test_reruns_are_idempotent_and_newer_snapshots_add_a_file(
+def test_reruns_are_idempotent_and_late_segments_add_a_file(
     tmp_path: Path, devices: Devices
 ) -> None:
     (tmp_path / "words.txt").write_text("hello\n", encoding="utf-8")
     config = config_in(tmp_path)
     word = config.use_case("newwords")
     store = DiscoveryStore(sfp_store_directory(word))
-    write_snapshots(config, devices, sequence=1, share=0.8)  # the aggregators mid-window
+    seal_reports(config, devices, share=(0.0, 0.8))  # the aggregators mid-window
     (early,) = reconstruct(config, word, merge=True)
     assert early.word_reports == early.fragment_reports == int(0.8 * N)
     assert early.recorded is not None
     assert {w for w, _, _ in early.discovery.words} == FOUND
 
-    (again,) = reconstruct(config, word, merge=True)  # the same snapshots: nothing new
+    (again,) = reconstruct(config, word, merge=True)  # the same segments: nothing new
     assert again.recorded is None and again.window_id == early.window_id
     assert again.discovery.words == early.discovery.words  # post-processing is deterministic
     assert len(store.windows("newwords")) == 1
 
-    write_snapshots(config, devices, sequence=2)  # later snapshots, every report
+    seal_reports(config, devices, share=(0.8, 1.0))  # the rest: a second segment, summed
     (later,) = reconstruct(config, word, merge=True)
     assert later.window_id == f"sfp:0-7200:{N}:{N}" != early.window_id
     assert later.recorded is not None and later.recorded != early.recorded
@@ -261,6 +259,9 @@ def test_reruns_are_idempotent_and_newer_snapshots_add_a_file(
         later.window_id,
     ]
     assert set(discovered_items(word)) == FOUND  # each word once, whatever the files
+    # per writer: both windows sealed, then a second segment of the second window
+    spans = [s.span for s in SketchStore(word.store.uri, word.name).segments()]
+    assert spans == [WINDOWS[0]] * WRITERS + [WINDOWS[1]] * 2 * WRITERS
 
 
 def test_threshold_override_and_configured_threshold(tmp_path: Path, devices: Devices) -> None:
@@ -332,22 +333,22 @@ def test_query_refuses_the_fragments_use_case(reconstructed: Reconstructed) -> N
 # ---- refusals ----------------------------------------------------------------------------------
 
 
-def test_no_snapshots_names_the_aggregator_to_run(tmp_path: Path, devices: Devices) -> None:
+def test_no_sealed_windows_names_the_aggregator_to_run(tmp_path: Path, devices: Devices) -> None:
     (tmp_path / "words.txt").write_text("hello\n", encoding="utf-8")
     config = config_in(tmp_path)
     word = config.use_case("newwords")
     with pytest.raises(
         DiscoveryServiceError,
-        match=r"no word snapshots in .*snapshots/newwords yet; run the aggregator of use case "
+        match=r"no sealed word windows in .*store/newwords yet; run the aggregator of use case "
         r"'newwords' \(ldpipe aggregator --use-case newwords\)",
     ):
         reconstruct(config, word)
-    write_snapshots(config, devices)
-    for path in config.use_case("newwords.fragments").snapshot.directory.glob("*.arrow"):
-        path.unlink()
+    seal_reports(config, devices)
+    fragments = config.use_case("newwords.fragments")
+    shutil.rmtree(SketchStore(fragments.store.uri, fragments.name).uri)  # the word half only
     with pytest.raises(
         DiscoveryServiceError,
-        match=r"no fragment snapshots in .*snapshots/newwords/fragments yet; run the aggregator "
+        match=r"no sealed fragment windows in .*store/newwords.fragments yet; run the aggregator "
         r"of use case 'newwords.fragments' \(ldpipe aggregator --use-case newwords.fragments\)",
     ):
         reconstruct(config, word)
@@ -361,15 +362,15 @@ def test_no_snapshots_names_the_aggregator_to_run(tmp_path: Path, devices: Devic
         (("fragment_k = 64", "fragment_k = 64\nepsilon_fragment = 4.0"), "newwords.fragments"),
     ],
 )
-def test_snapshots_made_under_other_parameters_are_refused(
+def test_segments_made_under_other_parameters_are_refused(
     tmp_path: Path, devices: Devices, change: tuple[str, str], half: str
 ) -> None:
     made = pipeline(tmp_path, devices)
-    now = config_in(tmp_path, CONFIG.replace(*change))  # same directories, other settings
-    assert now.use_case(half).snapshot.directory == made.use_case(half).snapshot.directory
+    now = config_in(tmp_path, CONFIG.replace(*change))  # same store, other settings
+    assert now.use_case(half).store.uri == made.use_case(half).store.uri
     with pytest.raises(
         DiscoveryServiceError,
-        match=rf"^{half}: the snapshots hold a sketch with parameters .*, the configuration "
+        match=rf"^{half}: the store holds a sketch with parameters .*, the configuration "
         r"says .*; reconstruct with the configuration they were made under",
     ):
         reconstruct(now, now.use_case("newwords"))

@@ -1,4 +1,4 @@
-"""SFP on the command line (``infra.cli.main``): ``sfp-discover`` over hand-written snapshots, and
+"""SFP on the command line (``infra.cli.main``): ``sfp-discover`` over hand-sealed windows, and
 the refusals of ``produce``, ``adapt`` and ``query`` for SFP use cases; no broker.
 
 A tiny SFP use case keeps the puzzle fast: 16 puzzle pieces over the alphabet a-h (16 x 9^2
@@ -15,7 +15,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from aggregator.snapshot import SnapshotFile, WindowSketch, write_snapshot
 from discovery.sfp import randomize_words
 from discovery.sfp_service import sfp_store_directory
 from discovery.sfp_wire import stack_fragments
@@ -26,6 +25,7 @@ from schemas.config import PipelineConfig, UseCase, load_config
 from schemas.epochs import EpochSet
 from schemas.keys import KeyPair, write_public_key
 from schemas.mechanisms import Reports
+from tests.store_helpers import seal_windows
 
 N = 4_000
 PLANTED = {"badge": 800, "cafe": 700, "faded": 600}
@@ -50,8 +50,8 @@ def _config(directory: Path, extra: str = "") -> Path:
     return path
 
 
-def _write_snapshots(config: PipelineConfig) -> None:
-    """One aggregator per half: its snapshot of the window, as after consuming every report."""
+def _seal_window(config: PipelineConfig) -> None:
+    """One aggregator per half: the window it sealed into the store after every report."""
     rng = np.random.default_rng(5)
     letters = np.array(list("abcdefgh"))
     held = [word for word, count in PLANTED.items() for _ in range(count)]
@@ -69,17 +69,13 @@ def _write_snapshots(config: PipelineConfig) -> None:
     for uc, reports in halves:
         sketch = uc.mechanism.new_sketch()
         uc.mechanism.accumulate(sketch, reports)
-        window = WindowSketch.from_mechanism(
-            uc.name, uc.mechanism, sketch, epoch=uc.epoch, window_start=0, window_end=3600
-        )
-        snapshot = SnapshotFile("agg-0", 1, {(uc.topics.shuffled, 0): N}, (window,))
-        write_snapshot(uc.snapshot.directory, snapshot)
+        seal_windows(uc, [(*WINDOW, sketch)], offsets={0: N})
 
 
 @pytest.fixture
 def config_path(tmp_path: Path) -> Path:
     path = _config(tmp_path)
-    _write_snapshots(load_config(path))
+    _seal_window(load_config(path))
     return path
 
 
@@ -129,7 +125,7 @@ def test_sfp_discover_json(config_path: Path, capsys: pytest.CaptureFixture[str]
     (stored,) = DiscoveryStore(recorded.parent).iter_windows("newwords")
     assert stored.protocol == "sfp" and {d.item for d in stored.discoveries} == set(PLANTED)
 
-    # again: the same snapshots are recorded already; nothing new is written
+    # again: the same segments are recorded already; nothing new is written
     assert main(["sfp-discover", "--config", str(config_path), "--json"]) == 0
     (again,) = json.loads(capsys.readouterr().out)["windows"]
     assert again["recorded"] is None and again["window_id"] == window["window_id"]
@@ -203,13 +199,13 @@ def test_sfp_discover_bad_flags_exit_2(
     assert not sfp_store_directory(load_config(config_path).use_case("newwords")).exists()
 
 
-def test_sfp_discover_without_snapshots_names_the_aggregator(
+def test_sfp_discover_without_sealed_windows_names_the_aggregator(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = _config(tmp_path)
     assert main(["sfp-discover", "--config", str(path)]) == 1  # a run-time failure
     err = _error(capsys)
-    assert err.startswith("ldpipe sfp-discover: error: no word snapshots in ")
+    assert err.startswith("ldpipe sfp-discover: error: no sealed word windows in ")
     assert "(ldpipe aggregator --use-case newwords)" in err
 
 

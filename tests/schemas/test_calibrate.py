@@ -20,7 +20,6 @@ import json
 import math
 import re
 import textwrap
-import time
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,6 @@ import pytest
 from scipy import stats
 
 import schemas.calibrate as calibrate_module
-from aggregator.snapshot import SnapshotFile, WindowSketch, write_snapshot
 from infra.cli import main
 from producers.datasets import Population, dictionary_population, load_population
 from schemas.calibrate import (
@@ -47,7 +45,9 @@ from schemas.calibrate import (
     significance_threshold,
     zero_insignificant,
 )
+from schemas.config import load_config
 from schemas.mechanisms import Sketch, build_mechanism
+from tests.store_helpers import seal_windows
 
 
 def brute_force_posterior(
@@ -462,8 +462,8 @@ def write_use_case(tmp_path: Path, *, mechanism: str = "oue", dictionary: bool =
             epsilon = 4.0
             {extra}
 
-            [use_case.snapshot]
-            directory = "snaps"
+            [use_case.store]
+            uri = "sketches"
             """
         ),
         encoding="utf-8",
@@ -473,13 +473,7 @@ def write_use_case(tmp_path: Path, *, mechanism: str = "oue", dictionary: bool =
         pop = dictionary_population(words, 1.5, 20_000, seed=4)
         sketch = mech.new_sketch()
         mech.accumulate(sketch, mech.perturb(pop.device_items(), np.random.default_rng(4)))
-        window = WindowSketch.from_mechanism(
-            "words", mech, sketch, epoch=1, window_start=0, window_end=3600
-        )
-        offsets = {("ldp.words.shuffled", 0): pop.n}
-        write_snapshot(
-            tmp_path / "snaps", SnapshotFile("agg-0", 1, offsets, (window,), time.time())
-        )
+        seal_windows(load_config(config).use_case("words"), [(0, 3600, sketch)], offsets={0: pop.n})
     return config
 
 

@@ -9,11 +9,12 @@ import sys
 import time
 from typing import Any
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 
+from aggregator.http_api import serve
 from aggregator.metrics import QueryMetrics
-from aggregator.query import QueryResult, describe_missing, query_use_case
-from infra.argtypes import positive_int
+from aggregator.query import QueryResult, query_use_case
+from infra.argtypes import port, positive_int
 from infra.common import select_use_case, stop_on_signals
 from schemas.calibrate import FIT_METHODS, PRIOR_FAMILIES
 from schemas.config import load_config
@@ -26,7 +27,7 @@ __all__ = ["add_parser", "run"]
 
 def add_parser(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
-        "query", help="estimate item counts (with standard errors and intervals) from snapshots"
+        "query", help="estimate item counts (with standard errors and intervals) from the store"
     )
     p.add_argument("--config", required=True)
     p.add_argument("--use-case", help="use case name (default: the only one configured)")
@@ -38,12 +39,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--start", type=int, help="first window start (unix seconds, inclusive)")
     p.add_argument("--end", type=int, help="last window end (unix seconds, exclusive)")
     p.add_argument("--level", type=float, default=0.95, help="confidence level of the intervals")
-    p.add_argument("--snapshots", help="snapshot directory (default: the use case's)")
     p.add_argument(
-        "--allow-missing",
-        action="store_true",
-        help="answer even if a writer has no valid snapshot or a partition is in none; what is "
-        "left out is named on stderr (and in --json as `missing`)",
+        "--store",
+        help="sketch store URI (default: the use case's store.uri; a replay's: its --store)",
     )
     p.add_argument(
         "--combine",
@@ -64,8 +62,13 @@ def add_parser(sub: Any) -> None:
         help="how the prior is fitted: mean-variance (mv, default) or maximum likelihood (ml)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--serve", action="store_true", help="export the estimates as Prometheus gauges")
-    p.add_argument("--port", type=int, default=9108, help="--serve: metrics port")
+    p.add_argument(
+        "--serve",
+        action="store_true",
+        help="export the estimates as Prometheus gauges (/metrics) and answer the HTTP JSON API "
+        "(/v1/: estimates, top, windows; schemas/query-api.yaml) on the same port",
+    )
+    p.add_argument("--port", type=port, default=9108, help="--serve: the port (0: any free one)")
     p.add_argument("--addr", default="127.0.0.1", help="--serve: address to listen on")
     p.add_argument("--refresh", type=float, default=10.0, help="--serve: seconds between updates")
     p.set_defaults(run=run)
@@ -76,8 +79,6 @@ def _once(args: argparse.Namespace) -> QueryResult:
     use_case = select_use_case(config, args.use_case)
     items = [s for s in args.items.split(",") if s] if args.items else None
     top = args.top if args.top is not None else (None if items else 10)
-    from pathlib import Path
-
     return query_use_case(
         use_case,
         items=items,
@@ -85,20 +86,20 @@ def _once(args: argparse.Namespace) -> QueryResult:
         start=args.start,
         end=args.end,
         level=args.level,
-        directory=Path(args.snapshots) if args.snapshots else None,
+        store=args.store,
         combine=args.combine,
         calibrate=args.calibrate,
         calibrate_fit=args.calibrate_fit or "mv",
-        allow_missing=args.allow_missing,
     )
 
 
 def _warn_missing(result: QueryResult) -> None:
-    """With --allow-missing: one stderr line naming what the answer leaves out."""
-    left_out = describe_missing(result.missing)
+    """One stderr line naming the partitions the store has no commit of yet."""
+    left_out = result.missing.get("partitions", [])
     if left_out:
         print(
-            f"ldpipe query: warning: --allow-missing: the answer leaves out {left_out}",
+            f"ldpipe query: note: no window of {', '.join(left_out)} is sealed yet; their "
+            f"reports are not in this answer",
             file=sys.stderr,
         )
 
@@ -128,8 +129,28 @@ def _print(result: QueryResult) -> None:
 def _serve(args: argparse.Namespace) -> int:
     registry = CollectorRegistry()
     metrics = QueryMetrics.create(registry)
-    start_http_server(args.port, addr=args.addr, registry=registry)
-    print(f"serving on http://{args.addr}:{args.port}/metrics", file=sys.stderr)
+    try:  # the gauges on /metrics and the JSON API (docs/query.md, "HTTP JSON API")
+        server = serve(
+            lambda: load_config(args.config), registry, args.addr, args.port, store=args.store
+        )
+    except OSError as exc:
+        raise ValueError(
+            f"--port {args.port}: cannot listen on {args.addr}:{args.port} "
+            f"({exc.strerror or exc}); pick a free port, or another --addr"
+        ) from None
+    host = f"[{args.addr}]" if ":" in args.addr else args.addr
+    print(
+        f"serving http://{host}:{server.port}/metrics and /v1/ (estimates, top, windows)",
+        file=sys.stderr,
+    )
+    try:
+        return _refresh_gauges(args, metrics)
+    finally:
+        server.stop()
+
+
+def _refresh_gauges(args: argparse.Namespace, metrics: QueryMetrics) -> int:
+    """Re-run the query every ``--refresh`` seconds into the gauges, until SIGINT/SIGTERM."""
     stop = stop_on_signals()
     shown: set[tuple[str, str]] = set()
     while not stop.is_set():
@@ -149,9 +170,6 @@ def _serve(args: argparse.Namespace) -> int:
             metrics.estimate.remove(*key)
             metrics.std_error.remove(*key)
         shown = current
-        left_out = describe_missing(result.missing)
-        if left_out:
-            log.warning("--allow-missing: the estimates leave out %s", left_out)
         metrics.reports.labels(result.use_case).set(result.reports)
         metrics.snapshot_age.labels(result.use_case).set(result.snapshot_age_seconds)
         stop.wait(args.refresh)

@@ -1,7 +1,7 @@
 """Every service serves a real Prometheus endpoint, against the real embedded broker.
 
 One pipeline (module fixture) runs the shuffler and one aggregator as ``ldpipe`` subprocesses with
-``--metrics-port``, takes a few hundred reports, and is scraped over HTTP once the snapshots hold
+``--metrics-port``, takes a few hundred reports, and is scraped over HTTP once the store holds
 them; ``ldpipe query --serve`` is scraped too. Scrapes are parsed with prometheus_client's own
 text parser, so what is checked is what Prometheus would ingest. Waits are on conditions, with
 deadlines (``LocalPipeline.wait_until``, which also fails fast if a service dies).
@@ -105,10 +105,10 @@ def running(
     try:
         metrics = {name: ["--metrics-port", str(port)] for name, port in ports.items()}
         pipe.start("shuffler", ["shuffler", *metrics["shuffler"]])
-        aggregator = ["aggregator", "--instance", "0", "--instances", "1"]
+        aggregator = ["aggregator", "--member", "agg0"]
         pipe.start("aggregator-0", [*aggregator, *metrics["aggregator"]])
         publish(pipe, work.keys, work.values)  # type: ignore[arg-type]
-        pipe.wait_until(lambda: pipe.aggregated() == N, 120, "the snapshots", poll=0.5)
+        pipe.wait_until(lambda: pipe.aggregated() == N, 120, "the sealed windows", poll=0.5)
         yield RunningPipeline(pipe, ports, started)
     finally:
         pipe.stop_all()
@@ -138,7 +138,7 @@ def test_shuffler_exports_its_windows(running: RunningPipeline) -> None:
     assert "ldpipe_shuffler_reports_rejected_total" not in samples  # no contribution rejects
 
 
-def test_aggregator_exports_what_its_snapshots_hold(running: RunningPipeline) -> None:
+def test_aggregator_exports_its_checkpoints_and_store_commits(running: RunningPipeline) -> None:
     labels = running.labels
     samples = wait_for_scrape(
         running.pipe,
@@ -146,27 +146,35 @@ def test_aggregator_exports_what_its_snapshots_hold(running: RunningPipeline) ->
         lambda s: (
             (value(s, "ldpipe_aggregator_snapshot_size_bytes", **labels) or 0) > 0
             and value(s, "ldpipe_aggregator_reports_aggregated_total", **labels) == N
+            and (value(s, "ldpipe_aggregator_windows_sealed_total", **labels) or 0) >= 1
         ),
-        "the aggregator's snapshot metrics",
+        "the aggregator's checkpoint and store metrics",
     )
     assert value(samples, "ldpipe_aggregator_reports_in_total", **labels) == N
     assert value(samples, "ldpipe_aggregator_reports_aggregated_total", **labels) == N
     assert "ldpipe_aggregator_reports_rejected_total" not in samples
-    # the snapshot duration histogram: every write observed, all in the +Inf bucket
+    # the checkpoint duration histogram: every write observed, all in the +Inf bucket
     writes = value(samples, "ldpipe_aggregator_snapshot_seconds_count", **labels)
     assert writes is not None and writes >= 1
     every = value(samples, "ldpipe_aggregator_snapshot_seconds_bucket", le="+Inf", **labels)
     assert every == writes
     assert (value(samples, "ldpipe_aggregator_snapshot_seconds_sum", **labels) or 0) > 0
-    # the size gauge is the size of a snapshot file the aggregator wrote (they are immutable)
+    # the size gauge is the size of a checkpoint file the aggregator wrote (they are immutable)
     size = value(samples, "ldpipe_aggregator_snapshot_size_bytes", **labels)
     directory = running.pipe.use_case.snapshot.directory
     assert size is not None and size > 0
     assert size in {path.stat().st_size for path in directory.glob("*.arrow")}
     last = value(samples, "ldpipe_aggregator_snapshot_last_success_timestamp_seconds", **labels)
     assert last is not None and running.started <= last <= time.time()
-    assert value(samples, "ldpipe_aggregator_windows", **labels) == 1
     assert (value(samples, "ldpipe_aggregator_batch_seconds_count", **labels) or 0) >= 1
+    # the one window was sealed into the store (all partitions idle): none open, one sealed
+    assert value(samples, "ldpipe_aggregator_windows", **labels) == 0
+    sealed = value(samples, "ldpipe_aggregator_windows_sealed_total", **labels)
+    assert sealed == len(running.pipe.store().segments()) == 1
+    commits = value(samples, "ldpipe_aggregator_store_commit_seconds_count", **labels)
+    assert commits is not None and commits >= 1
+    assert value(samples, "ldpipe_aggregator_partitions_owned", **labels) == 2
+    assert not value(samples, "ldpipe_aggregator_stale_commits_total", **labels)
 
 
 def test_query_serve_exports_the_top_estimates(running: RunningPipeline) -> None:

@@ -3,7 +3,7 @@
 It starts the embedded broker, generates a key pair in a temporary directory, creates the
 topics, starts a shuffler and two aggregators as real processes, has simulated devices report
 their favourite emoji (Zipf over the emoji names in Unicode's main blocks) plus a few malformed
-reports, waits until the snapshots hold every published report, queries the top items and prints
+reports, waits until the sketch store holds every published report, queries the top items and prints
 each estimate with its 95% interval beside the true count. It stops everything it started.
 
 Discovery (GCMS §6.2) runs beside it: a few devices hold planted words that are not emoji names
@@ -187,7 +187,7 @@ def _drive(
         done = pipe.aggregated() + count_dead_letters(pipe.kafka, uc.topics.dlq).count()
         return bool(done >= total)
 
-    pipe.wait_until(covered, 120, "the aggregators' snapshots", poll=0.5)
+    pipe.wait_until(covered, 120, "the aggregators' sealed windows", poll=0.5)
     dead = count_dead_letters(pipe.kafka, uc.topics.dlq)
     # the top emoji: the dictionary only (the discovered words have their own section)
     query = query_use_case(uc, top=args.top, discovered=False)
@@ -257,7 +257,7 @@ def _drive(
         + ", ".join(f"{r} ({n})" for (_, r), n in sorted(dead.by_reason.items()))
     )
     print(
-        f"snapshots {uc.snapshot.directory} ({len(query.writers)} writers)"
+        f"store     {uc.store.uri} ({len(query.writers)} writers)"
         + ("" if args.keep else " — temporary, removed on exit; --keep DIR keeps them")
     )
     print("metrics   start services with --metrics-port; `ldpipe query --serve` exports estimates")

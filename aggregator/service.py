@@ -53,7 +53,7 @@ from confluent_kafka import (
 )
 from prometheus_client import CollectorRegistry
 
-from aggregator.dedupe import SeenReports
+from aggregator.dedupe import SeenReports, envelope_digest
 from aggregator.exceptions import AggregatorError
 from aggregator.metrics import AggregatorMetrics
 from aggregator.sealing import OpenSpans, WindowKey, due_windows
@@ -77,6 +77,7 @@ from infra.kafka import (
     kafka_error,
     message_position,
     produce,
+    read_range,
     require_topics,
 )
 from schemas.config import UseCase
@@ -139,6 +140,8 @@ _MEMBER_RE = re.compile(r"(?![A-Za-z0-9._-]*-[0-9]+of[0-9]+$)[A-Za-z0-9][A-Za-z0
 
 #: partition -> (low watermark, true end) of those partitions of the shuffled topic
 LogBounds = Callable[[Sequence[int]], Mapping[int, tuple[int, int]]]
+#: {partition: (begin, end)} -> {partition: envelope digests of its records in [begin, end)}
+LogHistory = Callable[[Mapping[int, tuple[int, int]]], Mapping[int, list[int]]]
 
 #: seconds between checks, while idle, that no position lies beyond its log's end (Tansu
 #: answers a fetch past the end with nothing, not OFFSET_OUT_OF_RANGE)
@@ -225,6 +228,26 @@ def log_bounds(
     return out
 
 
+def log_digests(
+    kafka: KafkaSettings,
+    topic: str,
+    ranges: Mapping[int, tuple[int, int]],
+    *,
+    timeout: float = 60.0,
+) -> dict[int, list[int]]:
+    """The envelope digests (``aggregator/dedupe.py``) of each partition's records with
+    ``begin <= offset < end``, oldest first, as the aggregator reads them (committed only, so
+    on Kafka no aborted record; Tansu 0.6 delivers those too, to both alike)."""
+    group = f"ldpipe-aggregator-dedupe-{uuid.uuid4().hex}"
+    return {
+        p: [
+            envelope_digest(m.value() or b"")
+            for m in read_range(kafka, topic, p, begin, end, group, timeout=timeout)
+        ]
+        for p, (begin, end) in sorted(ranges.items())
+    }
+
+
 class Aggregator:
     """One aggregator process of one use case (a member of its consumer group, or a replay)."""
 
@@ -239,6 +262,7 @@ class Aggregator:
         crash_point: Callable[[str], None] | None = None,
         clock: Callable[[], float] = time.time,
         bounds: LogBounds | None = None,
+        history: LogHistory | None = None,
     ) -> None:
         self.use_case = use_case
         self.kafka = kafka
@@ -281,7 +305,8 @@ class Aggregator:
             if self.options.dedupe_horizon is None
             else self.options.dedupe_horizon
         )
-        self.seen = SeenReports(self.horizon)
+        self.seen: dict[int, SeenReports] = {}  # per partition (aggregator/dedupe.py)
+        self._partitions_total = 0  # of the shuffled topic, for the horizon per partition
         self.duplicates = 0
         self.sealed = 0  # segments committed by this process
         self.stale_commits = 0
@@ -292,6 +317,7 @@ class Aggregator:
         self._labels = {"use_case": use_case.name}
         self._last_lag = 0.0
         self._bounds = bounds or (lambda parts: log_bounds(self.kafka, self.topic, parts))
+        self._history = history or (lambda ranges: log_digests(self.kafka, self.topic, ranges))
         self.live_check_seconds = LIVE_CHECK_SECONDS
         self._sources: dict[int, str] = {}  # partition -> where its position came from
         self._checkpoint_read = False
@@ -406,7 +432,6 @@ class Aggregator:
         for (_t, p), offset in snap.offsets.items():
             self.offsets[p] = offset
             self.bases[p] = bases[p]
-        self.seen = SeenReports(self.horizon, snap.seen.tolist())
         for p in listed:
             self._sources[p] = f"checkpoint {snap.name}"
         log.info(
@@ -424,6 +449,7 @@ class Aggregator:
             self.owned.discard(p)
             for table in (self.offsets, self.bases, self.latest, self.last_record, self._sources):
                 table.pop(p, None)
+            self.seen.pop(p, None)
         self.metrics.partitions_owned.labels(**self._labels).set(len(self.owned))
 
     def drop_open(self, consumer: Consumer | None) -> None:
@@ -431,7 +457,6 @@ class Aggregator:
         what was consumed since the last commit is read again (and counted once)."""
         self.windows.sketches.clear()
         self.spans.clear()
-        self.seen = SeenReports(self.horizon)  # the records read again must not look seen
         committed = self.store.committed_offsets(self.topic, sorted(self.owned))
         start = dict(self.options.start_offsets or {})
         for p in sorted(self.owned):
@@ -444,13 +469,70 @@ class Aggregator:
                 self.offsets.pop(p, None)
             if consumer is not None:
                 consumer.seek(TopicPartition(self.topic, p, offset))
+        if consumer is not None:  # the records read again must not look seen: rebuild
+            self.remember(sorted(self.owned))
         self.dirty = True
+
+    # ---- dropping re-published copies ---------------------------------------------------
+    @property
+    def horizon_per_partition(self) -> int:
+        """``dedupe_horizon`` shared by the topic's partitions (at least 1,000 each)."""
+        if self.horizon == 0:
+            return 0
+        return max(1_000, self.horizon // max(1, self._partitions_total))
+
+    def _seen(self, partition: int) -> SeenReports:
+        seen = self.seen.get(partition)
+        if seen is None:
+            seen = self.seen[partition] = SeenReports(self.horizon_per_partition)
+        return seen
+
+    def _fresh(self, messages: Sequence[Message]) -> list[int]:
+        """Positions of ``messages`` whose envelope its partition has not seen recently."""
+        by_partition: dict[int, list[int]] = {}
+        for i, m in enumerate(messages):
+            by_partition.setdefault(m.partition() or 0, []).append(i)
+        fresh: list[int] = []
+        for p, where in by_partition.items():
+            kept = self._seen(p).filter([messages[i].value() for i in where])
+            fresh.extend(where[j] for j in kept)
+        return sorted(fresh)
+
+    def remember(self, parts: Sequence[int]) -> None:
+        """Rebuild each partition's dedupe set from the log: the envelopes of the
+        ``horizon_per_partition`` offsets before its position. The set is then the same
+        whoever owned the partition before (a copy re-published after a crash or a rebalance
+        is dropped by its next owner too), and needs no state of its own."""
+        horizon = self.horizon_per_partition
+        ranges = {
+            p: (max(0, self.offsets[p] - horizon), self.offsets[p])
+            for p in parts
+            if horizon and self.offsets.get(p, 0) > 0
+        }
+        for p in parts:
+            self.seen[p] = SeenReports(horizon)
+        if not ranges:
+            return
+        started = time.perf_counter()
+        found = self._history(ranges)
+        for p, digests in found.items():
+            self.seen[p] = SeenReports(horizon, digests)
+        log.info(
+            "%s: dedupe sets of %s[%s] rebuilt from %d records in %.2f s",
+            self.writer,
+            self.topic,
+            ",".join(map(str, sorted(ranges))),
+            sum(len(d) for d in found.values()),
+            time.perf_counter() - started,
+        )
 
     # ---- consumer-group callbacks -------------------------------------------------------
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         if self._failed:
             return
-        consumer.incremental_assign(self.take([tp.partition for tp in partitions]))
+        taken = self.take([tp.partition for tp in partitions])
+        self.remember([tp.partition for tp in taken])
+        consumer.incremental_assign(taken)
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         revoked = [tp.partition for tp in partitions]
@@ -560,6 +642,7 @@ class Aggregator:
         aggregated = 0
         try:
             everything = self.all_partitions(consumer)
+            self._partitions_total = len(everything)
             if self.options.partitions is None:
                 consumer.subscribe(
                     [self.topic],
@@ -568,7 +651,9 @@ class Aggregator:
                     on_lost=self._on_lost,
                 )
             else:
-                consumer.assign(self.take(list(self.options.partitions) or everything))
+                taken = self.take(list(self.options.partitions) or everything)
+                self.remember([tp.partition for tp in taken])
+                consumer.assign(taken)
             print(
                 f"ldpipe aggregator {self.writer}: {self.use_case.name} from {self.topic} "
                 f"into {self.store.uri}"
@@ -660,8 +745,8 @@ class Aggregator:
         self.dirty = True
         labels = self._labels
         self.metrics.reports_in.labels(**labels).inc(len(good))
-        self._note_progress(good)
-        fresh = self.seen.filter([m.value() for m in good])
+        progress = list(good)  # noted once the batch is done: a slow batch is not idleness
+        fresh = self._fresh(good)
         if len(fresh) < len(good):
             dropped = len(good) - len(fresh)
             log.warning("dropped %d re-published duplicate reports", dropped)
@@ -683,6 +768,7 @@ class Aggregator:
             accepted += len(part.positions)
         for position, layer, reason in rejections:
             self._dead_letter(producer, good[position], layer, reason)
+        self._note_progress(progress)
         self.metrics.reports_aggregated.labels(**labels).inc(accepted)
         self.metrics.batch_seconds.labels(**labels).observe(time.perf_counter() - started)
         self.crash_point("aggregator.after_accumulate")
@@ -867,24 +953,33 @@ class Aggregator:
                 f"again after a restart: check the dead-letter topic's ACLs and limits"
             )
 
-    def due(self) -> list[WindowKey]:
+    def due(self, consumer: Consumer | None = None) -> list[WindowKey]:
         """The open windows to seal now (``aggregator/sealing.py``)."""
         keys = list(self.windows.sketches)
         if len(keys) > self.use_case.snapshot.keep_windows:
             return keys  # too many open windows: seal them all rather than grow
-        now = time.monotonic()
-        idle = [
-            p
-            for p in self.owned
-            if now - self.last_record.get(p, now) >= self.use_case.store.idle_seconds
-        ]
+        idle = [p for p in self.owned if self._idle(p, consumer)]
         return due_windows(keys, self.latest, idle, self.owned, self.use_case.store.grace_seconds)
+
+    def _idle(self, partition: int, consumer: Consumer | None) -> bool:
+        """No record for ``idle_seconds``, and (with a consumer) nothing left to read: a
+        partition whose records wait behind a slow batch is late, not idle."""
+        quiet = time.monotonic() - self.last_record.get(partition, time.monotonic())
+        if quiet < self.use_case.store.idle_seconds:
+            return False
+        if consumer is None:
+            return True
+        _low, high = consumer.get_watermark_offsets(
+            TopicPartition(self.topic, partition), cached=True
+        ) or (0, -1)
+        position = self.offsets.get(partition)
+        return high < 0 or (position is not None and position >= high)
 
     def seal(self, *, force: bool = False, consumer: Consumer | None = None) -> int:
         """Commit the due windows (``force``: all) and the offsets they let advance; returns
         the number of segments committed. A refused commit drops everything open and
         rewinds to the store (:meth:`drop_open`)."""
-        candidates = list(self.windows.sketches) if force else self.due()
+        candidates = list(self.windows.sketches) if force else self.due(consumer)
         known = {p: self.offsets[p] for p in sorted(self.owned) if p in self.offsets}
         sealing, points = self.spans.plan(candidates, known)
         positions = {
@@ -962,7 +1057,6 @@ class Aggregator:
                 (self.topic, p): o for p, o in sorted(self.offsets.items()) if p in self.owned
             },
             created_at=self.clock(),
-            seen=self.seen.to_array(),
             windows=tuple(
                 WindowSketch(
                     use_case=self.use_case.name,

@@ -415,7 +415,13 @@ class SketchStore:
             & pc.field("segment").isin(ids)
         )
         dataset = table.to_pyarrow_dataset()
-        for batch in dataset.to_batches(filter=condition, columns=["row", "counts", "row_total"]):
+        batches = dataset.to_batches(
+            filter=condition,
+            columns=["row", "counts", "row_total"],
+            batch_readahead=1,  # one row group at a time: memory ~ the accumulator
+            fragment_readahead=1,
+        )
+        for batch in batches:
             if not batch.num_rows:
                 continue
             rows = batch.column(0).to_numpy()

@@ -96,5 +96,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
+def entry() -> None:
+    """The ``ldpipe`` command: :func:`main`, then exit without tearing the interpreter down
+    when the sketch store was used. delta-rs's runtime threads and Arrow's thread pools can
+    race in their destructors at interpreter exit (``terminate called without an active
+    exception``, delta-io/delta-rs#2184), turning a finished command into a SIGABRT; every
+    output is flushed first, and nothing of ours runs at exit."""
+    code = main()
+    if "deltalake" in sys.modules:
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (BrokenPipeError, ValueError):  # a reader left, or the stream is closed
+                pass
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

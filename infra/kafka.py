@@ -47,6 +47,7 @@ __all__ = [
     "message_position",
     "parse_extra",
     "produce",
+    "read_range",
     "read_tail",
     "read_to_end",
     "require_topics",
@@ -476,6 +477,32 @@ def read_tail(
     finally:
         meta.close()
     return out
+
+
+def read_range(
+    settings: KafkaSettings,
+    topic: str,
+    partition: int,
+    begin: int,
+    end: int,
+    group_id: str,
+    *,
+    timeout: float = 30.0,
+) -> list[Message]:
+    """Committed records of one partition with ``max(begin, log start) <= offset < end``,
+    in order, read with a consumer of its own that commits nothing."""
+    consumer = Consumer(settings.consumer_config(group_id, _READER))
+    try:
+        low, _high = consumer.get_watermark_offsets(
+            TopicPartition(topic, partition), timeout=timeout
+        )
+        start = max(begin, low)
+        if start >= end:
+            return []
+        records = _read_range(consumer, topic, partition, start, end, time.monotonic() + timeout)
+    finally:
+        consumer.close()
+    return [m for m in records if (m.offset() or 0) < end]
 
 
 def _read_range(

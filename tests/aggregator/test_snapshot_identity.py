@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import aggregator.snapshot as snapshot_module
+from aggregator.dedupe import envelope_digest
 from aggregator.service import Aggregator, AggregatorOptions
 from aggregator.snapshot import (
     SnapshotFile,
@@ -38,6 +39,7 @@ from infra.kafka import KafkaSettings
 from schemas.config import UseCase, load_config
 from schemas.errors import SnapshotError
 from schemas.keys import KeyPair, KeyRing
+from tests.fake_kafka import StubMessage
 from tests.store_helpers import seal_windows
 
 TOPIC = "ldp.emoji.shuffled"
@@ -259,7 +261,6 @@ def _checkpoint_with_an_open_window(
     agg.spans.record(key, 0, 100, 110)
     agg.offsets[0] = 111
     agg.latest[0] = 3700
-    agg.seen.filter([b"report 110"])
     path = agg.checkpoint()
     assert path is not None and path.name == snapshot_name("emoji-a", 1)
     newer = agg.checkpoint()
@@ -285,7 +286,19 @@ def test_take_restores_its_own_checkpoint_when_the_store_offsets_match(
     assert list(agg.windows.sketches) == [key]
     np.testing.assert_array_equal(agg.windows.sketches[key].counts, open_window.sketch.counts)
     assert agg.spans.spans == {key: {0: [100, 110]}} and agg.latest == {0: 3700}
-    assert agg.seen.filter([b"report 110", b"report 111"]) == [1]  # its dedupe set came back
+    # its dedupe sets come from the log before its positions, not from the checkpoint
+    asked: list[dict[int, tuple[int, int]]] = []
+    agg._history = lambda ranges: (
+        asked.append(dict(ranges))
+        or {  # type: ignore[assignment]
+            p: [envelope_digest(b"report 110")] for p in ranges
+        }
+    )
+    agg.remember([0, 2])
+    horizon = agg.horizon_per_partition
+    assert asked == [{0: (max(0, 111 - horizon), 111), 2: (max(0, 50 - horizon), 50)}]
+    assert agg._fresh([StubMessage(b"report 110", 111)]) == []
+    assert agg._fresh([StubMessage(b"report 111", 112)]) == [0]
     assert agg._sources == {0: f"checkpoint {path.name}", 2: f"checkpoint {path.name}"}
     # sealing the restored window commits from the checkpoint's bases: nothing read twice
     assert agg.seal(force=True) == 1
@@ -317,7 +330,7 @@ def test_take_ignores_its_checkpoint_unless_it_starts_from_the_store_offsets(
         expected = {0: 100, 2: 50}
     assert agg.offsets == expected and agg.bases == expected
     assert agg.windows.sketches == {} and agg.spans.spans == {} and agg.latest == {}
-    assert len(agg.seen) == 0
+    assert agg.seen == {}
     assert set(agg._sources.values()) == {"the store"}
     assert store.committed_offsets(TOPIC, [0, 2]) == expected
 

@@ -45,9 +45,7 @@ def decode_epochs(
     with ``version`` (2 for a use case with nested envelopes) envelopes of the other layering
     are ``single_layer`` or ``unexpected_nested``.
     """
-    opened = open_many(
-        values, keyring, use_case=use_case, epochs=codecs.keys(), version=version
-    )
+    opened = open_many(values, keyring, use_case=use_case, epochs=codecs.keys(), version=version)
     rejections: list[tuple[int, str, str]] = []
     grouped: dict[int, tuple[list[int], list[bytes]]] = {}
     for i, result in enumerate(opened):

@@ -219,7 +219,7 @@ class Shuffler:
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         log.info("shuffler %s assigned %s", self.instance, [p.partition for p in partitions])
-        self._restore_ledger()
+        self._restore_ledger(consumer, partitions)
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # uncommitted reports go back to whoever owns the partitions next
@@ -229,14 +229,16 @@ class Shuffler:
         self._first_offsets.clear()
         self.ledger.discard()
 
-    def _restore_ledger(self) -> None:
-        """Read the shuffler-state topic to its end (read_committed); rebuild the counts."""
+    def _restore_ledger(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Rebuild the counts of the assigned partitions: their committed offsets first, then
+        the shuffler-state topic to its end (read_committed; ``shuffler/contributions.py``)."""
         topic = self.use_case.topics.shuffler_state
         try:
+            committed = self._committed_offsets(consumer, partitions)
             messages = read_to_end(
                 self.kafka, topic, f"ldpipe-shuffler-state-reader-{self.instance}"
             )
-        except PipelineKafkaError as exc:
+        except (PipelineKafkaError, KafkaException) as exc:
             raise ShufflerError(
                 f"contribution counts would be incomplete, so the shuffler stops: {exc}"
             ) from exc
@@ -245,8 +247,23 @@ class Shuffler:
             for msg in messages
             if (key := msg.key()) is not None
         ]
-        applied = self.ledger.restore(records, self.clock())
-        log.info("restored contribution counts from %d state records", applied)
+        applied = self.ledger.restore(records, self.clock(), committed)
+        log.info(
+            "restored contribution counts of partitions %s from %d state records (%d tokens)",
+            sorted(committed),
+            applied,
+            self.ledger.tokens,
+        )
+
+    @staticmethod
+    def _committed_offsets(consumer: Consumer, partitions: list[TopicPartition]) -> dict[int, int]:
+        """The group's committed offset of each partition (-1 where none)."""
+        offsets: dict[int, int] = {}
+        for tp in consumer.committed(partitions, timeout=10) if partitions else ():
+            if tp.error is not None:
+                raise KafkaException(tp.error)
+            offsets[tp.partition] = tp.offset if tp.offset >= 0 else -1
+        return offsets
 
     # ---- the loop -----------------------------------------------------------------------
     def run(

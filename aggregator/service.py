@@ -426,7 +426,7 @@ class Aggregator:
                     f"need a new epoch (ldpipe adapt)"
                 )
             key = (window.epoch, window.window_start, window.window_end)
-            self.windows.sketches[key] = window.sketch.copy()
+            self.windows.restore(key, window.sketch)
         self.spans = OpenSpans.from_json(state.get("spans", []))
         self.latest.update({int(p): int(t) for p, t in dict(state.get("latest", {})).items()})
         for (_t, p), offset in snap.offsets.items():
@@ -455,7 +455,7 @@ class Aggregator:
     def drop_open(self, consumer: Consumer | None) -> None:
         """Drop every open window and rewind every owned partition to the store's offset:
         what was consumed since the last commit is read again (and counted once)."""
-        self.windows.sketches.clear()
+        self.windows.clear()
         self.spans.clear()
         committed = self.store.committed_offsets(self.topic, sorted(self.owned))
         start = dict(self.options.start_offsets or {})
@@ -694,6 +694,7 @@ class Aggregator:
             if messages:
                 last_activity = time.monotonic()
                 aggregated += self._process(messages, producer)
+                self.metrics.windows_open.labels(**self._labels).set(len(self.windows.sketches))
                 for m in messages:
                     err = m.error()
                     partition = m.partition() or 0
@@ -1022,7 +1023,7 @@ class Aggregator:
         for (_t, p), (_base, end) in positions.items():
             self.bases[p] = end
         for key in sealing:
-            del self.windows.sketches[key]
+            self.windows.remove(key)
         self.spans.remove(sealing)
         self.sealed += len(sealing)
         labels = self._labels

@@ -133,8 +133,9 @@ class WindowSketch:
         _require_int("window_end", self.window_end, self.window_start + 1)
         counts, totals = self.sketch.counts, self.sketch.row_totals
         _require(
-            counts.dtype == np.int64 and counts.ndim == 2 and min(counts.shape) >= 1,
-            f"sketch counts must be a non-empty int64 matrix, got {counts.dtype}{counts.shape}",
+            counts.dtype in (np.int64, np.int32) and counts.ndim == 2 and min(counts.shape) >= 1,
+            f"sketch counts must be a non-empty int64 (or int32) matrix, got "
+            f"{counts.dtype}{counts.shape}",
         )
         k, m = self.sketch.shape
         _require(

@@ -136,8 +136,9 @@ class Settings:
 
     @property
     def sketch_bytes(self) -> int:
-        """One window in memory: k x m int64 counters and k int64 row totals."""
-        return self.k * M * 8 + self.k * 8
+        """One open window in memory: k x m int32 counters (a window of fewer than 2^31
+        reports, ``aggregator/windows.py``) and k int64 row totals."""
+        return self.k * M * 4 + self.k * 8
 
     @property
     def end(self) -> int:

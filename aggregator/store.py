@@ -33,7 +33,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -408,25 +408,11 @@ class SketchStore:
             raise StoreError(f"no sketch store at {self.uri}")
         counts = np.zeros((first.k, first.m), dtype=np.int64)
         totals = np.zeros(first.k, dtype=np.int64)
-        ids = pa.array([s.segment for s in segments], type=pa.string())
-        condition = (
-            (pc.field("epoch") == first.epoch)
-            & (pc.field("row") >= 0)
-            & pc.field("segment").isin(ids)
-        )
-        dataset = table.to_pyarrow_dataset()
-        batches = dataset.to_batches(
-            filter=condition,
-            columns=["row", "counts", "row_total"],
-            batch_readahead=1,  # one row group at a time: memory ~ the accumulator
-            fragment_readahead=1,
-        )
-        for batch in batches:
-            if not batch.num_rows:
-                continue
-            rows = batch.column(0).to_numpy()
-            values = batch.column(1).values.to_numpy().reshape(len(rows), first.m)
-            row_totals = batch.column(2).to_numpy()
+        wanted = pa.array(sorted({s.segment for s in segments}), type=pa.string())
+        for batch in self._rows(table, wanted):
+            rows = batch.column(1).to_numpy()
+            values = batch.column(2).flatten().to_numpy().reshape(len(rows), first.m)
+            row_totals = batch.column(3).to_numpy()
             if len(np.unique(rows)) == len(rows):
                 counts[rows] += values
                 totals[rows] += row_totals
@@ -441,6 +427,35 @@ class SketchStore:
                 f"corrupt — ldpipe store verify"
             )
         return Sketch(counts, totals)
+
+    def _rows(self, table: DeltaTable, wanted: Any) -> Iterator[Any]:
+        """The sketch rows of the ``wanted`` segments, a few hundred at a time.
+
+        File by file with Parquet's own batch reader: the dataset scanner decodes whole files
+        ahead (about a sketch's worth of buffers at Apple's shapes); this holds one small batch.
+        A file with no row of them is skipped (its ``segment`` column read alone).
+        """
+        for path in pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist():
+            with self._open(path) as source:
+                parquet = pq.ParquetFile(source, pre_buffer=False)
+                named = parquet.read(columns=["segment"]).column("segment")
+                if not pc.any(pc.is_in(named, value_set=wanted)).as_py():
+                    continue
+                columns = ["segment", "row", "counts", "row_total"]
+                for batch in parquet.iter_batches(batch_size=256, columns=columns):
+                    keep = pc.and_(
+                        pc.is_in(batch.column(0), value_set=wanted),
+                        pc.greater_equal(batch.column(1), 0),
+                    )
+                    chosen = batch.filter(keep)
+                    if chosen.num_rows:
+                        yield chosen
+
+    def _open(self, path: str) -> Any:
+        """A readable file of the table: natively when local, else through delta-rs."""
+        if "://" not in self.uri:
+            return pa.OSFile(str(Path(self.uri) / path), "rb")
+        return self._filesystem().open_input_file(path)
 
     def vacuum(self, retention_hours: int = 168) -> list[str]:
         """Delete the files no version newer than ``retention_hours`` refers to."""

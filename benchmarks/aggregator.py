@@ -306,9 +306,10 @@ class ServicePath:
         self.messages = [StubMessage(value, i) for i, value in enumerate(envelopes)]
         self.producer = cast(Producer, StubProducer())
         self.aggregator._epochs_loaded = time.monotonic()  # as run() leaves it at start
+        self.aggregator.owned = {0}  # the stub messages' partition, as take() leaves it
 
     def begin(self) -> None:
-        self.aggregator.seen = SeenReports(self.aggregator.horizon)
+        self.aggregator.seen = {}  # per partition, made empty on first use
 
     def step(self, start: int) -> PassTimes:
         batch = cast(list[Message], self.messages[start : start + BATCH])
@@ -572,7 +573,12 @@ def end_to_end(
     pipe.create_topics()
     rng = np.random.default_rng(seed)
     warm = settings.n_min
-    envelopes, seal_seconds = seal_envelopes(pipe.use_case, pipe.key_pair, warm + n, rng)
+    # what devices send to this pipeline: nested envelopes (inner to the analyzer, outer to
+    # the shuffler), as LocalPipeline configures by default
+    items = sample_items(pipe.use_case.dictionary_items or emoji_dictionary(), warm + n, rng)
+    started = time.perf_counter()
+    envelopes = pipe.device_client().reports(items, rng)
+    seal_seconds = time.perf_counter() - started
     try:
         pipe.start_shuffler()
         for instance in range(aggregators):

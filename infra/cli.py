@@ -7,6 +7,7 @@ this file only wires them and turns validation errors into one clear line and ex
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import signal
@@ -106,10 +107,8 @@ def entry() -> None:
     if "deltalake" in sys.modules:
         logging.shutdown()
         for stream in (sys.stdout, sys.stderr):
-            try:
+            with contextlib.suppress(BrokenPipeError, ValueError):  # a reader left, or closed
                 stream.flush()
-            except (BrokenPipeError, ValueError):  # a reader left, or the stream is closed
-                pass
         os._exit(code)
     sys.exit(code)
 

@@ -14,6 +14,7 @@ from aggregator.query import load_merged, open_store
 from aggregator.windows import decode_batch
 from infra.pipeline import LocalPipeline, PipelineSettings
 from producers.datasets import Population, dictionary_population
+from schemas.config import UseCase
 from schemas.envelope import (
     ENC_LENGTH,
     TAG_LENGTH,
@@ -22,7 +23,6 @@ from schemas.envelope import (
     parse_header,
     seal,
 )
-from schemas.config import UseCase
 from schemas.keys import KeyPair, KeyRing
 from schemas.mechanisms import Sketch
 from schemas.outer import open_outer_many, seal_outer

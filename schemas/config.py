@@ -133,7 +133,7 @@ class SnapshotConfig:
     directory: Path
     interval_seconds: float = 5.0
     window_seconds: int = 3600
-    keep_windows: int = 24  # each window costs k * m * 8 bytes of memory and of every snapshot
+    keep_windows: int = 24  # the most open windows in memory (k * m * 4 bytes each); more: seal
     keep_files: int = 5
     dedupe_horizon: int = 1_000_000  # envelopes remembered to drop re-published copies; 0: off
 

@@ -537,7 +537,9 @@ class Aggregator:
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         revoked = [tp.partition for tp in partitions]
         if not self._failed and self.owned:
-            self._track_positions(consumer)
+            # not consumer.position(): this runs inside consume(), whose batch may already hold
+            # records it has not returned yet; the position counts them, our windows do not.
+            # The positions tracked after the last batch processed are exactly what we hold.
             self.seal(force=True, consumer=consumer)
         self.release(revoked)
         consumer.incremental_unassign(partitions)

@@ -135,7 +135,16 @@ def test_kill_nine_at_random_moments_and_crash_points(
                 pipe.aggregated() + count_dead_letters(pipe.kafka, dlq).count() >= total
             )
 
-        pipe.wait_until(covered, 180, "the aggregators", poll=0.5)
+        try:
+            pipe.wait_until(covered, 180, "the aggregators", poll=0.5)
+        except TimeoutError as exc:  # say where the reports are
+            dead = count_dead_letters(pipe.kafka, dlq)
+            topic = pipe.use_case.topics.shuffled
+            raise AssertionError(
+                f"{exc}: the store holds {pipe.aggregated()} of {len(work.values)} reports, "
+                f"offsets {pipe.store().committed_offsets(topic, range(2))}; dead letters "
+                f"{dead.by_reason}; kills {kills}"
+            ) from exc
     finally:
         pipe.stop_all()
     assert kills["random"] + kills["crash point"] >= 20, kills

@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from importlib import metadata
 
 from infra import (
     adapt_cmd,
@@ -64,12 +65,23 @@ _COMMANDS = (
 )
 
 
+def installed_version() -> str:
+    """The installed distribution's version (``pyproject.toml``), or ``unknown``."""
+    try:
+        return metadata.version("ldpipe")
+    except metadata.PackageNotFoundError:  # run from a tree that was never installed
+        return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ldpipe",
         description="Private telemetry with local differential privacy sketches.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
+    parser.add_argument(
+        "--version", action="version", version=f"ldpipe {installed_version()}", help="print it"
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in _COMMANDS:
         command.add_parser(sub)

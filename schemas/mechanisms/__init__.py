@@ -1,6 +1,7 @@
 """LDP frequency oracles: randomize, accumulate, estimate, variance and epsilon.
 
-This package imports only numpy and scipy: no Kafka, Arrow or Prometheus. It is the part of
+This package imports only numpy and scipy (and numba, at the first estimate or CMS accumulate:
+``kernels.py``): no Kafka, Arrow or Prometheus. It is the part of
 ldpipe other people will read and reuse.
 
 >>> import numpy as np

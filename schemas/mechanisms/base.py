@@ -13,7 +13,6 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from functools import cached_property
 from statistics import NormalDist
 from typing import Any, ClassVar
 
@@ -21,6 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from schemas.hashing import HashFamily, field_elements, item_keys
+from schemas.mechanisms.columns import CellCache, column_sums
 from schemas.mechanisms.variance import ContributionModel
 
 __all__ = [
@@ -40,7 +40,6 @@ IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
 
 _BINCOUNT_MIN_FILL = 16  # bincount of rows once a batch has at least k/16 reports
-_GATHER_CHUNK_CELLS = 1 << 17  # cells hashed per gather step: the (keys, k) blocks stay in cache
 
 
 def require(condition: bool, message: str) -> None:
@@ -334,6 +333,7 @@ class Mechanism(ABC):
     """
 
     name: ClassVar[str]
+    hadamard: ClassVar[bool] = False  # estimates read ``counts @ H_m`` (HCMS), not the counts
 
     epsilon: float  # the budget asked for; parameters giving more are refused
     k: int  # rows of the sketch (hash functions)
@@ -511,28 +511,24 @@ class SketchMechanism(Mechanism, ABC):
         rows = rng.integers(0, self.k, size=keys.size, dtype=np.int64)
         return rows, self.family.hash_rows(rows, keys)
 
-    @cached_property
-    def _row_offsets(self) -> IntArray:
-        return np.arange(self.k, dtype=np.int64) * self.m
-
     def column_totals(self, sketch: Sketch, codes: npt.ArrayLike) -> FloatArray:
-        return self._gather(self.transformed_counts(sketch), codes)
+        totals: FloatArray = self.column_totals_many([sketch], codes)[0]
+        return totals
+
+    def column_totals_many(
+        self, sketches: Sequence[Sketch], codes: npt.ArrayLike, *, cache: CellCache | None = None
+    ) -> FloatArray:
+        """``(len(sketches), n)``: ``C(d)`` of every code in every sketch, each column hashed
+        once for all of them (windows or epochs under this hash family: ``columns.py``)."""
+        for sketch in sketches:
+            self.check_sketch(sketch)
+        matrices = [sketch.counts for sketch in sketches]
+        sums = column_sums(self.family, matrices, codes, hadamard=self.hadamard, cache=cache)
+        return sums.astype(np.float64)
 
     def transformed_counts(self, sketch: Sketch) -> IntArray:
         """The matrix estimates read from; mechanisms with a server transform override."""
         return sketch.counts
-
-    def _gather(
-        self, matrix: IntArray, codes: npt.ArrayLike, chunk: int = _GATHER_CHUNK_CELLS
-    ) -> FloatArray:
-        keys = field_elements(codes).reshape(-1)
-        flat = matrix.reshape(-1)
-        out = np.empty(keys.size, dtype=np.float64)
-        step = max(1, chunk // self.k)
-        for start in range(0, keys.size, step):
-            cells = self.family.hash_all(keys[start : start + step]) + self._row_offsets
-            out[start : start + step] = flat[cells].sum(axis=1)
-        return out
 
     def _check_batch(self, sketch: Sketch, reports: Reports, width: int) -> None:
         """Check sketch and reports (width, rows in ``[0, k)``) before anything is written."""

@@ -12,8 +12,7 @@ Report values: ``int64[n, 2]`` = (l, sign) with sign in {-1, +1}.
 
 from __future__ import annotations
 
-import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -28,72 +27,10 @@ from schemas.mechanisms.base import (
     check_range,
     require,
 )
+from schemas.mechanisms.hadamard import hadamard_entries, walsh_hadamard_rows
 from schemas.mechanisms.variance import ContributionModel
 
 __all__ = ["HadamardCountMeanSketch", "hadamard_entries", "walsh_hadamard_rows"]
-
-_TRANSFORM_BLOCK_CELLS = 1 << 17  # rows transformed together: 1 MiB of int64, in L2
-
-
-def hadamard_entries(rows: npt.ArrayLike, cols: npt.ArrayLike) -> IntArray:
-    """Sylvester Hadamard entries ``(-1)^popcount(row & col)`` elementwise."""
-    both = np.bitwise_and(np.asarray(rows, dtype=np.uint64), np.asarray(cols, dtype=np.uint64))
-    parity = np.bitwise_count(both) & np.uint8(1)
-    return 1 - 2 * parity.astype(np.int64)
-
-
-def walsh_hadamard_rows(matrix: IntArray) -> IntArray:
-    """Fast Walsh-Hadamard transform of every row: ``matrix @ H_m`` in ``O(k m log m)``.
-
-    Rows are transformed a cache-sized block at a time, so the log2(m) butterfly passes run
-    on data in cache instead of streaming the whole matrix from memory log2(m) times.
-    """
-    out = np.array(matrix, dtype=np.int64, copy=True)
-    k, m = out.shape
-    step = max(1, _TRANSFORM_BLOCK_CELLS // max(m, 1))
-    top = np.empty(min(k, step) * m // 2, dtype=np.int64)
-    for start in range(0, k, step):
-        block = out[start : start + step]
-        rows = block.shape[0]
-        half = 1
-        while half < m:
-            view = block.reshape(rows, m // (2 * half), 2, half)
-            saved = top[: rows * m // 2].reshape(rows, m // (2 * half), half)
-            np.copyto(saved, view[:, :, 0, :])
-            view[:, :, 0, :] += view[:, :, 1, :]
-            np.subtract(saved, view[:, :, 1, :], out=view[:, :, 1, :])
-            half *= 2
-    return out
-
-
-class _LastTransform:
-    """The transform of the last sketch asked for, at its version: a cache of one entry.
-
-    It holds a weak reference, so it never keeps a sketch alive, and forgets the matrix when
-    that sketch is collected. Pickling or copying a mechanism starts an empty cache.
-    """
-
-    __slots__ = ("entry",)
-
-    def __init__(self) -> None:
-        self.entry: tuple[weakref.ref[Sketch], int, IntArray] | None = None
-
-    def __reduce__(self) -> tuple[type[_LastTransform], tuple[()]]:
-        return (_LastTransform, ())
-
-    def get(self, sketch: Sketch) -> IntArray | None:
-        entry = self.entry
-        if entry is not None and entry[0]() is sketch and entry[1] == sketch.version:
-            return entry[2]
-        return None
-
-    def put(self, sketch: Sketch, version: int, matrix: IntArray) -> None:
-        self.entry = (weakref.ref(sketch, self._forget), version, matrix)
-
-    def _forget(self, ref: weakref.ref[Sketch]) -> None:
-        entry = self.entry
-        if entry is not None and entry[0] is ref:
-            self.entry = None
 
 
 @dataclass(frozen=True)
@@ -101,7 +38,7 @@ class HadamardCountMeanSketch(SketchMechanism):
     """HCMS with ``epsilon``, ``k`` functions into ``[m]``, m a power of two."""
 
     name: ClassVar[str] = "hcms"
-    _transform_cache: _LastTransform = field(init=False, repr=False, compare=False)
+    hadamard: ClassVar[bool] = True  # estimates read ``counts @ H_m`` (Alg. 7)
 
     def __post_init__(self) -> None:
         require(
@@ -110,7 +47,6 @@ class HadamardCountMeanSketch(SketchMechanism):
             f"use m={1 << max(1, int(self.m - 1).bit_length())}",
         )
         super().__post_init__()
-        object.__setattr__(self, "_transform_cache", _LastTransform())
 
     @property
     def p(self) -> float:
@@ -154,19 +90,12 @@ class HadamardCountMeanSketch(SketchMechanism):
             self._add_rows(sketch, reports.rows)
 
     def transformed_counts(self, sketch: Sketch) -> IntArray:
-        """``counts @ H_m`` row by row (Alg. 7), cached until the sketch next changes.
+        """``counts @ H_m`` row by row (Alg. 7): a new k x m matrix.
 
-        The cache holds one read-only matrix (the last sketch queried, at its ``version``),
-        so repeated estimates between accumulates skip the O(k m log m) transform.
+        Estimates do not call this: they transform a cache-sized block of rows at a time and
+        gather from it (``columns.column_sums``), so no second matrix is ever held.
         """
-        cached = self._transform_cache.get(sketch)
-        if cached is not None:
-            return cached
-        version = sketch.version  # read first: a change during the transform invalidates it
-        matrix = walsh_hadamard_rows(sketch.counts)
-        matrix.setflags(write=False)
-        self._transform_cache.put(sketch, version, matrix)
-        return matrix
+        return walsh_hadamard_rows(sketch.counts)
 
     def output_probability(self, reports: Reports, cells: npt.ArrayLike) -> FloatArray:
         truth = hadamard_entries(reports.values[:, 0], cells)

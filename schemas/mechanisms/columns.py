@@ -1,0 +1,277 @@
+"""Column sums ``C(d) = sum_j M[j, h_j(d)]`` of many items in one or several sketches.
+
+Every sketch estimate (Apple Alg. 4, 7; GCMS eq. 4; Pan §3.3) is an affine function of these
+sums, so this is the query's inner loop: k hash evaluations and k reads per item.
+
+:func:`column_sums` sweeps the sketch a block of rows at a time (a few hundred KiB, so the rows
+stay in cache) and, for each item, hashes its column in each row and adds the cell, the hash
+and the read fused in one compiled loop (``kernels.py``), on one thread per core, each with its
+own accumulator and block buffer that it reuses. Several matrices over one hash family (windows,
+epochs, SFP's per-position sketches) are read in the same pass, so each column is hashed once.
+HCMS's ``counts @ H_m`` is transformed block by block into that buffer: no second k x m matrix.
+
+:func:`column_sums_reference` is the plain numpy definition (``hash_all`` then a gather) that
+tests compare bit for bit; ``LDPIPE_KERNEL=numpy`` selects it everywhere. Sums are integers,
+so the order of the additions never changes a bit of any estimate.
+
+A :class:`CellCache` keeps the hash columns of fixed dictionaries (they are the same at every
+refresh of a dashboard) within a byte budget; with a cache hit, a query only gathers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from schemas.hashing import MERSENNE_61, HashFamily, _mulmod, field_elements
+from schemas.mechanisms.hadamard import walsh_hadamard_rows
+
+__all__ = [
+    "KERNEL_ENV",
+    "CellCache",
+    "Kernel",
+    "column_sums",
+    "column_sums_reference",
+    "default_threads",
+    "kernel",
+]
+
+KERNEL_ENV = "LDPIPE_KERNEL"
+Kernel = Literal["numba", "numpy"]
+IntArray = npt.NDArray[np.int64]
+Matrix = npt.NDArray[np.signedinteger[Any]]
+
+_BLOCK_BYTES = 1 << 18  # sketch rows read per block (all matrices): 256 KiB, half of L2
+_GATHER_CHUNK_CELLS = 1 << 17  # reference: cells hashed per gather step (1 MiB temporaries)
+_THREAD_MIN_CELLS = 1 << 20  # below this many cells one thread does it all
+_LOW32 = np.uint64(0xFFFFFFFF)
+
+
+def kernel() -> Kernel:
+    """The estimate path in use: ``numba`` unless ``LDPIPE_KERNEL=numpy`` asks for the reference."""
+    chosen = os.environ.get(KERNEL_ENV, "numba").strip().lower() or "numba"
+    if chosen not in ("numba", "numpy"):
+        raise ValueError(
+            f"{KERNEL_ENV}={chosen!r} is not a kernel; set it to 'numba' (compiled, the default) "
+            f"or 'numpy' (the reference path)"
+        )
+    return "numpy" if chosen == "numpy" else "numba"
+
+
+def default_threads() -> int:
+    """Cores this process may run on (its CPU affinity), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def _check_matrices(family: HashFamily, matrices: Sequence[Matrix]) -> list[Matrix]:
+    if not matrices:
+        raise ValueError("column sums need at least one sketch matrix")
+    out = []
+    for matrix in matrices:
+        if matrix.shape != (family.k, family.m):
+            raise ValueError(
+                f"a sketch matrix of shape {matrix.shape} does not match the hash family's "
+                f"(k, m) = {(family.k, family.m)}; every matrix must be k x m"
+            )
+        if matrix.dtype.kind != "i":
+            raise TypeError(f"sketch matrices must hold integers, got {matrix.dtype}")
+        out.append(np.ascontiguousarray(matrix))
+    return out
+
+
+def column_sums_reference(
+    family: HashFamily, matrices: Sequence[Matrix], keys: npt.ArrayLike, *, hadamard: bool = False
+) -> IntArray:
+    """``(len(matrices), n)`` sums by the definition: every column hashed, then gathered.
+
+    ``hadamard`` reads ``matrix @ H_m`` (HCMS, Apple Alg. 7), the transform of the whole matrix.
+    """
+    keys_arr = field_elements(keys).reshape(-1)
+    out = np.empty((len(matrices), keys_arr.size), dtype=np.int64)
+    offsets = np.arange(family.k, dtype=np.int64) * family.m
+    step = max(1, _GATHER_CHUNK_CELLS // family.k)
+    for t, matrix in enumerate(_check_matrices(family, matrices)):
+        flat = (walsh_hadamard_rows(matrix) if hadamard else matrix).reshape(-1)
+        for start in range(0, keys_arr.size, step):
+            cells = family.hash_all(keys_arr[start : start + step]) + offsets
+            out[t, start : start + step] = flat[cells].sum(axis=1, dtype=np.int64)
+    return out
+
+
+def key_parts(keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
+    """``(4, n)``: the 32-bit halves of each key x and of ``x^2 mod P``, what the kernels read."""
+    square = _mulmod(keys, keys)
+    return np.stack(
+        [keys & _LOW32, keys >> np.uint64(32), square & _LOW32, square >> np.uint64(32)]
+    )
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """How one call sweeps the sketch: rows per block and the row range of each thread."""
+
+    block: int
+    ranges: tuple[tuple[int, int], ...]
+
+    @classmethod
+    def make(cls, k: int, m: int, matrices: int, n: int, threads: int) -> _Plan:
+        block = max(1, _BLOCK_BYTES // (8 * m * matrices))
+        blocks = -(-k // block)
+        workers = max(1, min(threads, blocks, -(-(k * n * matrices) // _THREAD_MIN_CELLS)))
+        per = -(-blocks // workers) * block
+        ranges = tuple((lo, min(lo + per, k)) for lo in range(0, k, per))
+        return cls(block, ranges)
+
+
+def _run(plan: _Plan, work: Callable[[int, int], IntArray]) -> IntArray:
+    if len(plan.ranges) == 1:
+        return work(*plan.ranges[0])
+    with ThreadPoolExecutor(max_workers=len(plan.ranges), thread_name_prefix="ldpipe-gather") as ex:
+        parts = list(ex.map(lambda r: work(*r), plan.ranges))
+    total = parts[0]
+    for part in parts[1:]:
+        total += part
+    return total
+
+
+def column_sums(
+    family: HashFamily,
+    matrices: Sequence[Matrix],
+    keys: npt.ArrayLike,
+    *,
+    hadamard: bool = False,
+    cache: CellCache | None = None,
+    threads: int | None = None,
+) -> IntArray:
+    """``(len(matrices), n)`` int64: ``sum_j M_t[j, h_j(key_i)]`` for each matrix t and key i.
+
+    ``hadamard`` reads each matrix's ``M @ H_m`` (HCMS). ``cache`` keeps the keys' hash columns
+    when they fit its budget (:class:`CellCache`). ``threads`` defaults to the cores available.
+    Equal, bit for bit, to :func:`column_sums_reference` (the path ``LDPIPE_KERNEL=numpy`` takes).
+    """
+    keys_arr = field_elements(keys).reshape(-1)
+    if kernel() == "numpy" or family.prime != MERSENNE_61:
+        return column_sums_reference(family, matrices, keys_arr, hadamard=hadamard)
+    checked = _check_matrices(family, matrices)
+    from schemas.mechanisms import kernels  # numba loads on the first estimate, not at import
+
+    k, m, count = family.k, family.m, len(checked)
+    cells = cache.cells(family, keys_arr) if cache is not None else None
+    parts = key_parts(keys_arr) if cells is None else None
+    coeffs = family.coefficients
+    plan = _Plan.make(k, m, count, keys_arr.size, threads or default_threads())
+    view = count == 1 and not hadamard  # read rows in place; else copy (and transform) a block
+
+    def work(lo: int, hi: int) -> IntArray:
+        acc = np.zeros((count, keys_arr.size), dtype=np.int64)
+        buffer = None if view else np.empty(count * plan.block * m, dtype=np.int64)
+        for r0 in range(lo, hi, plan.block):
+            r1 = min(r0 + plan.block, hi)
+            if buffer is None:
+                stack = checked[0][None, r0:r1]
+            else:
+                stack = buffer[: count * (r1 - r0) * m].reshape(count, r1 - r0, m)
+                for t, matrix in enumerate(checked):
+                    stack[t] = matrix[r0:r1]
+                if hadamard:
+                    kernels.fwht_stack(stack)
+            if cells is None:
+                kernels.hash_gather(stack, coeffs[r0:r1], parts, m, acc)
+            else:
+                kernels.gather_cells(stack, cells[r0:r1], acc)
+        return acc
+
+    return _run(plan, work)
+
+
+class CellCache:
+    """Hash columns ``h_j(d)`` of fixed dictionaries, kept within ``budget_bytes``.
+
+    An entry is one dictionary's ``(k, n)`` columns (uint16 when m <= 65,536, else uint32) under
+    one hash family; it is keyed by the family's ``(seed, k, m, prime)`` and a digest of the
+    keys, so a retuned epoch or another dictionary never reads a stale column. A dictionary
+    whose columns exceed the budget is not cached (it is hashed at each query); the least
+    recently used entries make room for a new one. Thread-safe.
+    """
+
+    def __init__(self, budget_bytes: int) -> None:
+        if budget_bytes < 0:
+            raise ValueError(f"a cell cache budget must be >= 0 bytes, got {budget_bytes}")
+        self.budget_bytes = budget_bytes
+        self._entries: OrderedDict[tuple[Any, ...], npt.NDArray[np.unsignedinteger[Any]]] = (
+            OrderedDict()
+        )
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    @property
+    def nbytes(self) -> int:
+        with self._lock:
+            return sum(cells.nbytes for cells in self._entries.values())
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def cells(
+        self, family: HashFamily, keys: npt.NDArray[np.uint64]
+    ) -> npt.NDArray[np.unsignedinteger[Any]] | None:
+        """The ``(k, n)`` columns of ``keys`` (built on a miss), or None if over the budget."""
+        dtype = np.uint16 if family.m <= 1 << 16 else np.uint32
+        size = family.k * keys.size * np.dtype(dtype).itemsize
+        if size > self.budget_bytes or family.prime != MERSENNE_61:
+            return None
+        key = (family.seed, family.k, family.m, family.prime, keys.size, _digest(keys))
+        with self._lock:
+            found = self._entries.get(key)
+            if found is not None:
+                self._entries.move_to_end(key)
+                self.hits += 1
+                return found
+            self.misses += 1
+        built = _build_cells(family, keys, dtype)
+        with self._lock:
+            self._entries[key] = built
+            self._entries.move_to_end(key)
+            while sum(c.nbytes for c in self._entries.values()) > self.budget_bytes:
+                self._entries.popitem(last=False)
+        return built
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+
+def _digest(keys: npt.NDArray[np.uint64]) -> bytes:
+    return hashlib.blake2b(np.ascontiguousarray(keys).tobytes(), digest_size=16).digest()
+
+
+def _build_cells(
+    family: HashFamily, keys: npt.NDArray[np.uint64], dtype: type[np.unsignedinteger[Any]]
+) -> npt.NDArray[np.unsignedinteger[Any]]:
+    from schemas.mechanisms import kernels
+
+    out = np.empty((family.k, keys.size), dtype=dtype)
+    parts = key_parts(keys)
+    coeffs = family.coefficients
+    plan = _Plan.make(family.k, family.m, 1, keys.size, default_threads())
+
+    def work(lo: int, hi: int) -> IntArray:
+        kernels.hash_cells(coeffs[lo:hi], parts, family.m, out[lo:hi])
+        return np.zeros((1, 0), dtype=np.int64)
+
+    _run(plan, work)
+    out.setflags(write=False)
+    return out

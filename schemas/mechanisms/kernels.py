@@ -1,0 +1,166 @@
+"""Compiled server kernels (numba): hash-and-gather estimates, the Hadamard transform, CMS scatter.
+
+Each kernel has a plain numpy reference that tests compare bit for bit
+(``columns.column_sums_reference``, ``hcms.walsh_hadamard_rows``, ``cms.scatter_bits_reference``):
+every value here is an integer computed exactly, so the order of the work never changes a bit.
+
+Why numba (docs/performance.md): the estimate of a 250,000-item dictionary at k = 65,536 is 16
+billion hash evaluations in GF(2^61 - 1), each two 61-bit products. numpy evaluates them as ~40
+whole-array passes of 64-bit temporaries (``hashing._mulmod``); a compiled loop keeps a product in
+registers and reads the sketch row it hashes into while that row is in cache. numba compiles
+the loops below from Python at first use (cached on disk, ``cache=True``), ships wheels for every
+platform numpy does, and needs no compiler on the user's machine. ``nogil=True`` lets the caller
+run one kernel per core on threads of its own (``columns.py``), which keeps the parallelism in
+one place and safe for servers that query from several threads.
+
+The field arithmetic: keys and coefficients are below ``P = 2^61 - 1``; a product is split in
+32-bit halves (no 128-bit integers in numba) and folded with ``2^61 = 1 (mod P)`` to a value
+below ``3 * 2^61 + 2^34``, unreduced. ``h_j(x) = c2 x^2 + c1 x + c0`` is then two such products
+plus ``c0`` (below ``2^64``), one fold and one conditional subtraction: the canonical residue, the
+same number ``hashing.HashFamily`` computes by Horner's rule, and so the same column.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numba
+import numpy as np
+
+__all__ = ["fwht_stack", "gather_cells", "hash_cells", "hash_gather", "scatter_packed"]
+
+_P = np.uint64((1 << 61) - 1)
+_LOW32 = np.uint64(0xFFFFFFFF)
+_LOW29 = np.uint64((1 << 29) - 1)
+_S3 = np.uint64(3)
+_S29 = np.uint64(29)
+_S32 = np.uint64(32)
+_S61 = np.uint64(61)
+_TILE = 2048  # items per tile: 80 KiB of key halves and sums
+
+_jit = numba.njit(cache=True, nogil=True, boundscheck=False)
+
+
+@numba.njit(inline="always")
+def _product(a_lo: Any, a_hi: Any, b_lo: Any, b_hi: Any) -> Any:
+    """``a * b`` folded mod P to below ``3 * 2^61 + 2^34`` (a, b below 2^61, given as halves)."""
+    lo = a_lo * b_lo
+    mid = a_lo * b_hi + a_hi * b_lo
+    hi = a_hi * b_hi
+    return (hi << _S3) + (mid >> _S29) + ((mid & _LOW29) << _S32) + (lo >> _S61) + (lo & _P)
+
+
+@numba.njit(inline="always")
+def _hash_row(coeff: Any, x_lo: Any, x_hi: Any, s_lo: Any, s_hi: Any, m: Any, out: Any) -> None:
+    """``out[i] = (c2 x_i^2 + c1 x_i + c0 mod P) mod m`` for the keys x (s: ``x^2 mod P``).
+
+    Two products, ``c0`` (the sum stays below 2^64), one fold and one conditional subtraction
+    (``min(v, v - P)``: when ``v < P`` the unsigned difference wraps above v) give the canonical
+    residue, branch-free, so the compiler vectorizes the loop; ``mod m`` is a mask when m is a
+    power of two.
+    """
+    c0 = coeff[0]
+    c1_lo, c1_hi = coeff[1] & _LOW32, coeff[1] >> _S32
+    c2_lo, c2_hi = coeff[2] & _LOW32, coeff[2] >> _S32
+    mu = np.uint64(m)
+    if m & (m - 1) == 0:
+        mask = mu - np.uint64(1)
+        for i in range(x_lo.size):
+            v = _product(c1_lo, c1_hi, x_lo[i], x_hi[i]) + _product(c2_lo, c2_hi, s_lo[i], s_hi[i])
+            v += c0
+            v = (v & _P) + (v >> _S61)
+            out[i] = np.minimum(v, v - _P) & mask
+    else:
+        for i in range(x_lo.size):
+            v = _product(c1_lo, c1_hi, x_lo[i], x_hi[i]) + _product(c2_lo, c2_hi, s_lo[i], s_hi[i])
+            v += c0
+            v = (v & _P) + (v >> _S61)
+            out[i] = np.minimum(v, v - _P) % mu
+
+
+@_jit
+def hash_gather(stack: Any, coeffs: Any, parts: Any, m: Any, acc: Any) -> None:
+    """``acc[t, i] += sum_r stack[t, r, h_r(x_i)]`` for each matrix t of the stack.
+
+    ``stack`` is ``(T, R, m)``: R consecutive sketch rows of each of T matrices (a view, or a
+    transformed copy), small enough to stay in cache; ``coeffs`` their ``(R, 3)`` coefficients;
+    ``parts`` the ``(4, n)`` halves of every key and of its square mod P (``columns.key_parts``).
+    Items go a tile at a time; for each row, the tile's columns are hashed into a buffer in L1
+    (a vectorized loop), then read from that row of every matrix. Each column is hashed once
+    for all T matrices: several windows or epochs cost one hash.
+    """
+    matrices, rows, _width = stack.shape
+    n = parts.shape[1]
+    columns = np.empty(_TILE, dtype=np.uint64)
+    for i0 in range(0, n, _TILE):
+        i1 = min(n, i0 + _TILE)
+        x_lo, x_hi = parts[0, i0:i1], parts[1, i0:i1]
+        s_lo, s_hi = parts[2, i0:i1], parts[3, i0:i1]
+        for r in range(rows):
+            _hash_row(coeffs[r], x_lo, x_hi, s_lo, s_hi, m, columns)
+            for t in range(matrices):
+                row = stack[t, r]
+                total = acc[t, i0:i1]
+                for i in range(i1 - i0):
+                    total[i] += row[columns[i]]
+
+
+@_jit
+def hash_cells(coeffs: Any, parts: Any, m: Any, out: Any) -> None:
+    """``out[r, i] = h_r(x_i)``: a block of the hash columns, for a dictionary's cache."""
+    for r in range(coeffs.shape[0]):
+        _hash_row(coeffs[r], parts[0], parts[1], parts[2], parts[3], m, out[r])
+
+
+@_jit
+def gather_cells(stack: Any, cells: Any, acc: Any) -> None:
+    """``acc[t, i] += sum_r stack[t, r, cells[r, i]]``: the gather of cached hash columns."""
+    matrices, rows, _width = stack.shape
+    n = cells.shape[1]
+    for t in range(matrices):
+        for r in range(rows):
+            row = stack[t, r]
+            column = cells[r]
+            for i in range(n):
+                acc[t, i] += np.int64(row[column[i]])
+
+
+@_jit
+def fwht_stack(stack: Any) -> None:
+    """Walsh-Hadamard transform (Sylvester order, ``row @ H_m``) of every row, in place."""
+    matrices, rows, m = stack.shape
+    for t in range(matrices):
+        for r in range(rows):
+            row = stack[t, r]
+            half = 1
+            while half < m:
+                for start in range(0, m, 2 * half):
+                    for j in range(start, start + half):
+                        a = row[j]
+                        b = row[j + half]
+                        row[j] = a + b
+                        row[j + half] = a - b
+                half *= 2
+
+
+@_jit
+def scatter_packed(flat: Any, rows: Any, packed: Any, m: Any) -> None:
+    """``counts[rows[i], c] += 1`` for every set bit ``c < m`` of report i (packed little-endian).
+
+    Walks each report's set bits byte by byte (zero bytes skipped): the scatter of the set cells
+    without unpacking them, in the counters' own dtype (int32 windows or int64 sketches).
+    """
+    n, width = packed.shape
+    tail = np.uint8((1 << (m - 8 * (width - 1))) - 1)  # bits past m in the last byte are padding
+    for i in range(n):
+        base = rows[i] * m
+        for b in range(width):
+            byte = packed[i, b]
+            if b == width - 1:
+                byte &= tail
+            if byte == 0:
+                continue
+            cell = base + 8 * b
+            for bit in range(8):
+                if (byte >> bit) & 1:
+                    flat[cell + bit] += 1

@@ -51,6 +51,7 @@ from aggregator.store import SketchStore, StoreError, app_id
 from infra.common import select_use_case
 from schemas.config import PipelineConfig, UseCase
 from schemas.errors import LdpipeError
+from schemas.mechanisms.columns import CellCache
 
 __all__ = ["ENDPOINTS", "QueryApiServer", "public_uri", "serve"]
 
@@ -292,6 +293,7 @@ def _query(server: QueryApiServer, params: Params, *, top: bool) -> dict[str, An
                 level=level,
                 store=server.store,
                 combine="sum" if combine == "sum" else "ivw",
+                cache=server.cache,
             )
         except QueryError:
             # before the first commit every query fails (load_merged says so): 503, not 400;
@@ -433,6 +435,7 @@ class QueryApiServer(ThreadingHTTPServer):
         *,
         store: str | None = None,
         max_queries: int = 4,
+        cache: CellCache | None = None,
     ) -> None:
         host, port = address
         infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM)
@@ -441,6 +444,7 @@ class QueryApiServer(ThreadingHTTPServer):
         self._config = config
         self.registry = registry
         self.store = store
+        self.cache = cache  # hash columns of the dictionaries, shared with the refresh loop
         self.queries = threading.BoundedSemaphore(max_queries)
         self._thread: threading.Thread | None = None
 
@@ -479,11 +483,15 @@ def serve(
     *,
     store: str | None = None,
     max_queries: int = 4,
+    cache: CellCache | None = None,
 ) -> QueryApiServer:
     """Serve ``/metrics`` (``registry``) and the JSON API of ``config`` on ``host:port`` from a
     daemon thread; ``port`` 0 picks a free one (``server.port``). ``config`` may be a loader,
     called at every request; ``store`` reads another store root (a replay's) for every use
-    case. Stop it with ``server.stop()``. ``OSError`` when the address cannot be bound."""
-    server = QueryApiServer((host, port), config, registry, store=store, max_queries=max_queries)
+    case; ``cache`` keeps hash columns between queries. Stop it with ``server.stop()``.
+    ``OSError`` when the address cannot be bound."""
+    server = QueryApiServer(
+        (host, port), config, registry, store=store, max_queries=max_queries, cache=cache
+    )
     server.start()
     return server

@@ -17,6 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from functools import lru_cache
 from statistics import NormalDist
 from typing import Any, Literal
 
@@ -30,7 +31,9 @@ from discovery.found import store_directory
 from discovery.store import DiscoveryStore
 from schemas.calibrate import FitMethod, NoiseModel, PriorFamily, fit_prior, posterior_mean
 from schemas.config import UseCase
-from schemas.mechanisms import Mechanism
+from schemas.hashing import HashFamily, item_keys
+from schemas.mechanisms import Mechanism, SketchMechanism
+from schemas.mechanisms.columns import CellCache, column_sums
 
 __all__ = [
     "ItemEstimate",
@@ -39,6 +42,7 @@ __all__ = [
     "load_merged",
     "open_store",
     "query_use_case",
+    "top_order",
 ]
 
 _FOREVER = 2**62
@@ -170,6 +174,7 @@ def query_use_case(
     calibrate: PriorFamily | None = None,
     calibrate_fit: FitMethod = "mv",
     discovered: bool = True,
+    cache: CellCache | None = None,
 ) -> QueryResult:
     """Estimates with standard errors and ``level`` intervals, for ``items`` or the top N.
 
@@ -180,7 +185,8 @@ def query_use_case(
     Without ``items`` the candidates are the dictionary followed by the items discovered so
     far (``discovered``, GCMS §6.2 joint use: :func:`discovered_items`). ``calibrate`` (a prior
     family) adds each item's calibrated count: the prior is fitted to the estimates of the
-    whole dictionary, which is then required (see ``_calibrate``).
+    whole dictionary, which is then required (see ``_calibrate``). ``cache`` keeps the hash
+    columns of the candidates between calls (``query --serve``: :class:`CellCache`).
     """
     if not 0 < level < 1:
         raise QueryError(f"confidence level must be in (0, 1), got {level}")
@@ -222,15 +228,8 @@ def query_use_case(
     )
     if combine not in ("ivw", "sum"):
         raise QueryError(f"combine must be 'ivw' or 'sum', got {combine!r}")
-    per_epoch = []
-    windows: set[tuple[int, int]] = set()
-    keys = use_case.report_items(candidates)
-    for part in merged.values():
-        windows.update(part.windows)
-        if part.sketch.n == 0:
-            continue
-        est = _rebuild(part).estimate(part.sketch, keys)
-        per_epoch.append((part.sketch.n, est.estimates, est.std_errors**2))
+    windows = {span for part in merged.values() for span in part.windows}
+    per_epoch = _epoch_estimates(merged, use_case.report_items(candidates), cache)
     reports = sum(n for n, _, _ in per_epoch)
     if not per_epoch:
         estimate = np.zeros(len(candidates))
@@ -252,11 +251,10 @@ def query_use_case(
         candidates = candidates[:queried]
         estimate, variance = estimate[:queried], variance[:queried]
     std = np.sqrt(variance)
-    order = np.argsort(-estimate, kind="stable")
-    if top is not None:
-        order = order[:top]
-    elif items is not None:
+    if items is not None and top is None:
         order = np.arange(len(candidates))
+    else:
+        order = top_order(estimate, len(candidates) if top is None else top)
     z_level = NormalDist().inv_cdf(0.5 + level / 2)
     rows = [
         ItemEstimate(
@@ -268,7 +266,7 @@ def query_use_case(
             z=float(estimate[i] / std[i]) if std[i] > 0 else None,
             calibrated=None if calibrated is None else float(calibrated[i]),
         )
-        for i in order
+        for i in order.tolist()
     ]
     return QueryResult(
         use_case=use_case.name,
@@ -283,6 +281,67 @@ def query_use_case(
         calibration=calibration,
         missing=coverage["missing"],
     )
+
+
+def top_order(estimate: npt.NDArray[np.float64], n: int) -> npt.NDArray[np.intp]:
+    """Indices of the ``n`` largest estimates, largest first, ties in index order: exactly
+    ``np.argsort(-estimate, kind="stable")[:n]``, in O(d + n log n) instead of O(d log d).
+
+    The n-th largest value is found by a partition; every index above it is kept, and of those
+    equal to it the first ones in index order (what a stable sort would keep), then only the n
+    kept are sorted.
+    """
+    d = estimate.size
+    if n >= d:
+        return np.argsort(-estimate, kind="stable")
+    if n <= 0:
+        return np.zeros(0, dtype=np.intp)
+    negated = -estimate
+    threshold = np.partition(negated, n - 1)[n - 1]
+    above = np.flatnonzero(negated < threshold)
+    ties = np.flatnonzero(negated == threshold)[: n - above.size]
+    kept = np.sort(np.concatenate([above, ties]))  # index order, so the stable sort keeps it
+    return kept[np.argsort(negated[kept], kind="stable")]
+
+
+@lru_cache(maxsize=8)
+def _item_keys(items: tuple[str | bytes, ...]) -> npt.NDArray[np.uint64]:
+    """The 61-bit keys of a candidate list (one SHA-256 per item), kept for the next refresh."""
+    keys = item_keys(items)
+    keys.setflags(write=False)
+    return keys
+
+
+def _epoch_estimates(
+    merged: dict[int, MergedSketch], items: list[str | bytes], cache: CellCache | None
+) -> list[tuple[int, npt.NDArray[np.float64], npt.NDArray[np.float64]]]:
+    """``(n_e, estimates, variances)`` per epoch with reports.
+
+    Items are hashed to keys once for every epoch, and epochs whose sketches share a hash
+    family (and transform) have their column totals read in one pass (``column_sums``):
+    several epochs cost one hash of each column.
+    """
+    parts = [(part, _rebuild(part)) for part in merged.values() if part.sketch.n]
+    groups: dict[tuple[HashFamily, bool], list[int]] = {}
+    for index, (part, mech) in enumerate(parts):
+        if isinstance(mech, SketchMechanism):
+            mech.check_sketch(part.sketch)
+            groups.setdefault((mech.family, mech.hadamard), []).append(index)
+    totals: dict[int, npt.NDArray[np.float64]] = {}
+    keys = _item_keys(tuple(items)) if groups else np.zeros(0, dtype=np.uint64)
+    if groups:
+        for (family, hadamard), members in groups.items():
+            matrices = [parts[i][0].sketch.counts for i in members]
+            sums = column_sums(family, matrices, keys, hadamard=hadamard, cache=cache)
+            totals.update(zip(members, sums.astype(np.float64), strict=True))
+    out = []
+    for index, (part, mech) in enumerate(parts):
+        if index in totals:
+            est = mech.estimate_codes(part.sketch, keys, totals=totals[index])
+        else:
+            est = mech.estimate(part.sketch, items)
+        out.append((part.sketch.n, est.estimates, est.std_errors**2))
+    return out
 
 
 def discovered_items(use_case: UseCase) -> tuple[str, ...]:

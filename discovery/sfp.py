@@ -103,7 +103,6 @@ _PIECE_DOMAIN = b"ldpipe/sfp-piece/v1\x00"
 _SEPARATOR = b"|"
 _MAX_CANDIDATES = 1 << 22  # (piece, fragment) pairs estimated per position
 _APPLE_FRAGMENT_SHARE = 6.0 / 8.0  # Apple §6.1: eps' = 6 of a device's 8
-_FLOAT32_EXACT = float(1 << 24)  # every integer of smaller magnitude is a float32
 
 
 def _int_in(value: object, name: str, low: int, high: int, hint: str = "") -> int:
@@ -455,28 +454,12 @@ def _position_totals(
     """``C(d) = sum_j M_l[j, h_j(d)]`` of every key in every sketch: an ``(L, N)`` array.
 
     Equals ``oracle.column_totals(M_l, keys)`` for each l, but the L sketches share the family
-    H′ (Alg. 10 line 5), so each hash value is computed once and read from all L. The sweep goes
-    row by row: row j's values of all N keys are gathered from row j of each sketch, a few KiB
-    that stay in L1, where a key-by-key sweep reads all L sketches (80 MiB at Apple's k′ = 2,048
-    in int64) at random and waits on memory (``benchmarks/sfp.py``).
+    H′ (Alg. 10 line 5), so they are read in one pass of ``columns.column_sums``: row block by
+    row block, each hash value computed once and read from all L sketches while their rows are
+    in cache, where a key-by-key sweep reads all L sketches (80 MiB at Apple's k′ = 2,048 in
+    int64) at random and waits on memory (``benchmarks/sfp.py``).
     """
-    for sketch in sketches:
-        oracle.check_sketch(sketch)
-    tables = [_compact(np.asarray(oracle.transformed_counts(s))) for s in sketches]
-    out = np.zeros((len(sketches), keys.size), dtype=np.float64)
-    for row in range(oracle.k):
-        cells = oracle.family.hash_row(row, keys)
-        for total, table in zip(out, tables, strict=True):
-            total += table[row][cells]
-    return out
-
-
-def _compact(cells: npt.NDArray[Any]) -> npt.NDArray[Any]:
-    """The cells as float32 when that is exact (integers below 2^24 in magnitude), else float64:
-    half the bytes to read, and the same sums (accumulated in float64)."""
-    integral = cells.dtype.kind in "iu" or bool(np.all(cells == np.rint(cells)))
-    small = cells.size == 0 or float(np.max(np.abs(cells))) < _FLOAT32_EXACT
-    return cells.astype(np.float32 if integral and small else np.float64)
+    return oracle.column_totals_many(sketches, keys)
 
 
 def _null_std_error(oracle: SketchMechanism, n: int, estimates: FloatArray, z: float) -> float:

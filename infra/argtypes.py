@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["port", "positive_float", "positive_int", "positive_seconds"]
+__all__ = ["non_negative_int", "port", "positive_float", "positive_int", "positive_seconds"]
 
 
 def _number(text: str, kind: type[int] | type[float], what: str) -> int | float:
@@ -25,6 +25,13 @@ def positive_int(text: str) -> int:
     value = int(_number(text, int, "a whole number"))
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    value = int(_number(text, int, "a whole number"))
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
     return value
 
 

@@ -14,11 +14,12 @@ from prometheus_client import CollectorRegistry
 from aggregator.http_api import serve
 from aggregator.metrics import QueryMetrics
 from aggregator.query import QueryResult, query_use_case
-from infra.argtypes import port, positive_int
+from infra.argtypes import non_negative_int, port, positive_int
 from infra.common import select_use_case, stop_on_signals
 from schemas.calibrate import FIT_METHODS, PRIOR_FAMILIES
 from schemas.config import load_config
 from schemas.errors import LdpipeError
+from schemas.mechanisms.columns import CellCache
 
 log = logging.getLogger(__name__)
 
@@ -71,10 +72,17 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--port", type=port, default=9108, help="--serve: the port (0: any free one)")
     p.add_argument("--addr", default="127.0.0.1", help="--serve: address to listen on")
     p.add_argument("--refresh", type=float, default=10.0, help="--serve: seconds between updates")
+    p.add_argument(
+        "--cell-cache-mib",
+        type=non_negative_int,
+        default=512,
+        help="--serve: MiB of the dictionaries' hash columns kept between refreshes, so a "
+        "refresh only gathers (k x items x 2 bytes each; 0 turns it off; default 512)",
+    )
     p.set_defaults(run=run)
 
 
-def _once(args: argparse.Namespace) -> QueryResult:
+def _once(args: argparse.Namespace, cache: CellCache | None = None) -> QueryResult:
     config = load_config(args.config)
     use_case = select_use_case(config, args.use_case)
     items = [s for s in args.items.split(",") if s] if args.items else None
@@ -90,6 +98,7 @@ def _once(args: argparse.Namespace) -> QueryResult:
         combine=args.combine,
         calibrate=args.calibrate,
         calibrate_fit=args.calibrate_fit or "mv",
+        cache=cache,
     )
 
 
@@ -129,9 +138,15 @@ def _print(result: QueryResult) -> None:
 def _serve(args: argparse.Namespace) -> int:
     registry = CollectorRegistry()
     metrics = QueryMetrics.create(registry)
+    cache = CellCache(args.cell_cache_mib << 20) if args.cell_cache_mib else None
     try:  # the gauges on /metrics and the JSON API (docs/query.md, "HTTP JSON API")
         server = serve(
-            lambda: load_config(args.config), registry, args.addr, args.port, store=args.store
+            lambda: load_config(args.config),
+            registry,
+            args.addr,
+            args.port,
+            store=args.store,
+            cache=cache,
         )
     except OSError as exc:
         raise ValueError(
@@ -144,18 +159,20 @@ def _serve(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     try:
-        return _refresh_gauges(args, metrics)
+        return _refresh_gauges(args, metrics, cache)
     finally:
         server.stop()
 
 
-def _refresh_gauges(args: argparse.Namespace, metrics: QueryMetrics) -> int:
+def _refresh_gauges(
+    args: argparse.Namespace, metrics: QueryMetrics, cache: CellCache | None = None
+) -> int:
     """Re-run the query every ``--refresh`` seconds into the gauges, until SIGINT/SIGTERM."""
     stop = stop_on_signals()
     shown: set[tuple[str, str]] = set()
     while not stop.is_set():
         try:
-            result = _once(args)
+            result = _once(args, cache)
         except LdpipeError as exc:  # e.g. no snapshots yet: keep serving, try again later
             log.warning("query failed, retrying in %.0f s: %s", args.refresh, exc)
             stop.wait(args.refresh)

@@ -38,7 +38,14 @@ _S32 = np.uint64(32)
 _S61 = np.uint64(61)
 _TILE = 2048  # items per tile: 80 KiB of key halves and sums
 
-_jit = numba.njit(cache=True, nogil=True, boundscheck=False)
+
+def _jit(function: Any) -> Any:
+    """Compile lazily without the GIL, cached on disk beside this file, or in the user's cache
+    directory (``NUMBA_CACHE_DIR``) when the package is read-only; with neither, in memory."""
+    try:
+        return numba.njit(cache=True, nogil=True, boundscheck=False)(function)
+    except RuntimeError:  # numba: "cannot cache function ...: no locator available"
+        return numba.njit(nogil=True, boundscheck=False)(function)
 
 
 @numba.njit(inline="always")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -174,3 +176,27 @@ def test_scatter_equals_the_reference(m: int, dtype: type, rng: np.random.Genera
     scatter_bits_reference(slow, rows, packed)
     np.testing.assert_array_equal(fast.counts, slow.counts)
     assert fast.counts.dtype == dtype
+
+
+def test_kernels_compile_in_memory_where_no_cache_can_be_written(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A read-only install with no writable cache directory still estimates (numba refuses
+    ``cache=True`` at decoration there)."""
+    import numba
+
+    from schemas.mechanisms import kernels
+
+    real = numba.njit
+
+    def njit(**options: object) -> object:
+        if options.get("cache"):
+            raise RuntimeError("cannot cache function 'f': no locator available for file 'f.py'")
+        return real(**options)
+
+    monkeypatch.setattr(kernels, "numba", SimpleNamespace(njit=njit))
+
+    def double(x: int) -> int:
+        return 2 * x
+
+    assert kernels._jit(double)(21) == 42

@@ -41,6 +41,7 @@ from aggregator.metrics import QueryMetrics
 from aggregator.query import query_use_case
 from schemas.config import PipelineConfig, UseCase, load_config
 from schemas.mechanisms import Sketch
+from schemas.mechanisms.columns import CellCache
 from tests.store_helpers import seal_windows
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -342,6 +343,23 @@ def test_top_returns_n_items_by_decreasing_estimate(api: Api) -> None:
 
     default = check_against_spec("/v1/top", call(api.url + "/v1/top?use_case=emoji"))
     assert len(default["items"]) == 10
+
+
+def test_queries_share_the_servers_cell_cache(api: Api) -> None:
+    """``query --serve`` keeps the dictionary's hash columns: the second query of the same
+    candidates gathers from the cache, and answers exactly what an uncached query does."""
+    cache = CellCache(1 << 26)
+    server = serve(api.config, CollectorRegistry(), "127.0.0.1", 0, cache=cache)
+    try:
+        url = f"http://127.0.0.1:{server.port}/v1/top?use_case=emoji&n=5"
+        first = check_against_spec("/v1/top", call(url))
+        assert (cache.hits, cache.misses) == (0, 1) and len(cache) == 1
+        second = check_against_spec("/v1/top", call(url))
+        assert cache.hits == 1
+    finally:
+        server.stop()
+    uncached = query_use_case(api.use_case, top=5).as_dict()
+    assert first["items"] == second["items"] == uncached["items"]
 
 
 def test_use_case_may_be_left_out_when_only_one_is_declared(api: Api, tmp_path: Path) -> None:

@@ -212,8 +212,7 @@ def _print_report(r: PrivacyReport) -> None:
     for label, value in rows:
         print(f"  {label:<40} {value}")
     print(
-        "  central = towards whom 'hold against' names, worst window, group privacy over the "
-        "limit"
+        "  central = towards whom 'hold against' names, worst window, group privacy over the limit"
     )
     print("  assumptions:")
     for assumption in r.assumptions:

@@ -434,18 +434,26 @@ class Mechanism(ABC):
         return self.contribution().variance(true_counts, n, sum_sq_others)
 
     def estimate_codes(
-        self, sketch: Sketch, codes: npt.ArrayLike, *, sum_sq: float | None = None
+        self,
+        sketch: Sketch,
+        codes: npt.ArrayLike,
+        *,
+        sum_sq: float | None = None,
+        totals: FloatArray | None = None,
     ) -> FrequencyEstimates:
         """Estimates and standard errors for encoded items.
 
         ``sum_sq`` is ``sum_d f(d)^2`` over the whole population, which only the collision term
         needs; when None it is a plug-in over the queried items (``max(f_hat, 0)^2``, floored at
-        n), accurate when the queried items hold most of the mass.
+        n), accurate when the queried items hold most of the mass. ``totals`` are the codes'
+        ``column_totals`` when the caller already read them (several epochs in one pass).
         """
         self.check_sketch(sketch)
         n = sketch.n
         model = self.contribution()
-        est = model.estimate(self.column_totals(sketch, codes), n)
+        if totals is None:
+            totals = self.column_totals(sketch, codes)
+        est = model.estimate(totals, n)
         plug = np.clip(est, 0.0, float(n))
         total_sq = float(np.sum(plug * plug)) if sum_sq is None else float(sum_sq)
         others_sq = np.maximum(total_sq - plug * plug, n - plug)

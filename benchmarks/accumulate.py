@@ -42,7 +42,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import statistics
 import sys
 import time
@@ -56,6 +55,7 @@ import numpy.typing as npt
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.common import machine_facts, progress
 from schemas.mechanisms import CountMeanSketch, Reports, Sketch
 
 SEED = 20261125
@@ -71,11 +71,6 @@ WARM_UP_REPORTS = 100
 DRAW_BLOCK_CELLS = 1 << 20  # the float draw's block: 1,024 reports of 1,024 bits
 RATIO_LIMIT = 0.5
 Z_LIMIT = 6.0
-STARTED = time.perf_counter()
-
-
-def progress(message: str) -> None:
-    print(f"[{time.perf_counter() - STARTED:6.1f} s] {message}", file=sys.stderr, flush=True)
 
 
 def make_items(n: int, rng: np.random.Generator) -> list[str]:
@@ -331,12 +326,7 @@ def main(argv: list[str] | None = None) -> int:
             for name, c in checks.items()
         },
         ldpipe_kernel=os.environ.get("LDPIPE_KERNEL"),
-        numpy=np.__version__,
-        python=platform.python_version(),
-        machine=platform.platform(),
-        cpus=os.cpu_count(),
-        load_average=round(os.getloadavg()[0], 2),
-        benchmark_seconds=round(time.perf_counter() - STARTED, 1),
+        **machine_facts(),
     )
     render(result, checks, sys.stdout)
     if args.json:

@@ -91,7 +91,6 @@ import importlib
 import importlib.util
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -116,6 +115,7 @@ from aggregator.snapshot import (
     read_snapshot,
     write_snapshot,
 )
+from benchmarks.common import machine_facts, progress
 from schemas.mechanisms import (
     CountMeanSketch,
     HadamardCountMeanSketch,
@@ -145,11 +145,6 @@ PURE_K, PURE_M, PURE_EPSILON, PURE_ITEMS, PURE_RUNS = 1_024, 1_024, 4.0, 200, 3
 USE_CASE, WRITER = "bench", "querybench"
 T0 = 1_767_225_600  # 2026-01-01 00:00 UTC: the snapshot's window is that day
 KERNEL_VARIABLE = "LDPIPE_KERNEL"
-STARTED = time.perf_counter()
-
-
-def progress(message: str) -> None:
-    print(f"[{time.perf_counter() - STARTED:6.1f} s] {message}", file=sys.stderr, flush=True)
 
 
 # ---- the cases ---------------------------------------------------------------------------------
@@ -978,12 +973,7 @@ def main(argv: list[str] | None = None) -> int:
         ldpipe_kernel=os.environ.get(KERNEL_VARIABLE),
         targets={name: check["pass"] for name, check in checks.items()},
         target_details=checks,
-        numpy=np.__version__,
-        python=platform.python_version(),
-        machine=platform.platform(),
-        cpus=os.cpu_count(),
-        load_average=round(os.getloadavg()[0], 2),
-        benchmark_seconds=round(time.perf_counter() - STARTED, 1),
+        **machine_facts(),
     )
     render(document, checks, sys.stdout)
     if args.json:

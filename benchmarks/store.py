@@ -54,7 +54,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import re
 import resource
 import shutil
@@ -80,6 +79,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from confluent_kafka import Producer
 
 from aggregator.store import SketchStore
+from benchmarks.common import machine_facts, progress
 from infra.broker import EmbeddedBroker
 from infra.kafka import KafkaSettings, ensure_topics
 from infra.kafka import produce as kafka_produce
@@ -111,11 +111,6 @@ MIB = 1 << 20
 RSS_HEADROOM = 512 * MIB
 CHECKPOINT_RATIO = 1.5
 MEDIAN_OF = 5
-STARTED = time.perf_counter()
-
-
-def progress(message: str) -> None:
-    print(f"[{time.perf_counter() - STARTED:6.1f} s] {message}", file=sys.stderr, flush=True)
 
 
 @dataclass(frozen=True)
@@ -717,10 +712,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(workdir, ignore_errors=True)
     result.update(
         quick=args.quick,
-        machine=platform.platform(),
-        cpus=os.cpu_count(),
-        load_average=round(os.getloadavg()[0], 2),
-        benchmark_seconds=round(time.perf_counter() - STARTED, 1),
+        **machine_facts(),
         benchmark_peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
     )
     checks = targets(result)

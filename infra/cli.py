@@ -8,61 +8,88 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import logging
 import os
 import signal
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from importlib import metadata
+from types import ModuleType
 
-from infra import (
-    adapt_cmd,
-    aggregator_cmd,
-    broker_cmd,
-    demo_cmd,
-    discover_sim_cmd,
-    discoveries_cmd,
-    discovery_aux_cmd,
-    discovery_server_cmd,
-    discovery_shuffler_cmd,
-    dlq_cmd,
-    keys_cmd,
-    params_cmd,
-    privacy_cmd,
-    produce_cmd,
-    query_cmd,
-    replay_cmd,
-    sfp_discover_cmd,
-    shuffler_cmd,
-    simulate_cmd,
-    store_cmd,
-)
 from schemas.errors import LdpipeError
 
-__all__ = ["main"]
+__all__ = ["COMMANDS", "build_parser", "main"]
 
-_COMMANDS = (
-    demo_cmd,
-    broker_cmd,
-    keys_cmd,
-    produce_cmd,
-    shuffler_cmd,
-    aggregator_cmd,
-    query_cmd,
-    adapt_cmd,
-    replay_cmd,
-    store_cmd,
-    simulate_cmd,
-    discover_sim_cmd,
-    discovery_shuffler_cmd,
-    discovery_aux_cmd,
-    discovery_server_cmd,
-    sfp_discover_cmd,
-    discoveries_cmd,
-    params_cmd,
-    privacy_cmd,
-    dlq_cmd,
-)
+
+@dataclass(frozen=True)
+class Command:
+    """One subcommand: its name, the module that defines it (imported only when it runs or
+    its help is asked for), its group in ``ldpipe --help`` and its one-line summary (which
+    ``tests/infra/test_cli_groups.py`` checks equals the module's own ``help``)."""
+
+    name: str
+    module: str
+    group: str
+    summary: str
+
+    def load(self) -> ModuleType:
+        return importlib.import_module(f"infra.{self.module}")
+
+
+COMMANDS: tuple[Command, ...] = (
+    Command("demo", "demo_cmd", "Start here",
+            "run the whole pipeline locally (broker, shuffler, aggregators, query)"),
+    Command("broker", "broker_cmd", "Services",
+            "run an in-memory Kafka-compatible broker for development (Ctrl-C stops it)"),
+    Command("shuffler", "shuffler_cmd", "Services",
+            "strip metadata, hold windows of at least n_min reports, permute, publish"),
+    Command("aggregator", "aggregator_cmd", "Services",
+            "aggregate shuffled reports into window sketches sealed into the sketch store"),
+    Command("query", "query_cmd", "Services",
+            "estimate item counts (with standard errors and intervals) from the store"),
+    Command("discovery-shuffler", "discovery_shuffler_cmd", "Services",
+            "the shuffler on the discovery reports of a use case"),
+    Command("discovery-aux", "discovery_aux_cmd", "Services",
+            "noisy thresholded histogram over shuffled discovery windows; release buckets"),
+    Command("discovery-server", "discovery_server_cmd", "Services",
+            "open what the aux server releases and record discovered items per window"),
+    Command("sfp-discover", "sfp_discover_cmd", "Services",
+            "find new words in an SFP use case's snapshots (Apple's sequence fragment puzzle)"),
+    Command("keys", "keys_cmd", "Set up",
+            "generate HPKE key pairs for the report envelope, and discovery tag keys"),
+    Command("params", "params_cmd", "Set up",
+            "recommend a mechanism and parameters, with the predicted standard error"),
+    Command("privacy", "privacy_cmd", "Set up",
+            "amplification bounds of a window; the privacy ledger's report"),
+    Command("produce", "produce_cmd", "Operate",
+            "simulate devices: randomize, encrypt and publish one report each"),
+    Command("store", "store_cmd", "Operate",
+            "list, compact, roll up, retain and verify a use case's sketch store"),
+    Command("replay", "replay_cmd", "Operate",
+            "rerun an aggregation from the shuffled topic into a separate sketch store"),
+    Command("adapt", "adapt_cmd", "Operate",
+            "retune the mechanism for a target frequency range (a new parameter epoch)"),
+    Command("dlq", "dlq_cmd", "Operate", "tally the dead-letter topics by stage, layer and reason"),
+    Command("discoveries", "discoveries_cmd", "Operate",
+            "the items the discovery protocols found, from the discoveries store"),
+    Command("simulate", "simulate_cmd", "Simulate",
+            "estimate frequencies of a simulated population; compare MSE with theory"),
+    Command("discover-sim", "discover_sim_cmd", "Simulate",
+            "discover unknown items of a simulated population; precision, recall, F1"),
+)  # fmt: skip
+_BY_NAME = {command.name: command for command in COMMANDS}
+
+_EXAMPLES = """\
+examples:
+  ldpipe demo                                       the whole pipeline, in memory, in a minute
+  ldpipe keys generate --out keys --key-id 1        a key pair devices encrypt reports to
+  ldpipe aggregator --config pipeline.toml --metrics-port 9101
+  ldpipe query --config pipeline.toml --top 20      the 20 highest estimates, with intervals
+  ldpipe COMMAND --help                             a command's options and their defaults
+
+docs: README.md, then docs/cli.md (every command and option)"""
 
 
 def installed_version() -> str:
@@ -73,24 +100,78 @@ def installed_version() -> str:
         return "unknown"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+def _grouped() -> str:
+    """The commands by group, as ``ldpipe --help`` lists them."""
+    width = max(len(command.name) for command in COMMANDS) + 2
+    lines: list[str] = []
+    for group in dict.fromkeys(command.group for command in COMMANDS):
+        lines.append(f"{group.lower()}:")
+        for command in COMMANDS:
+            if command.group == group:
+                lines.append(f"  {command.name:<{width}}{command.summary}")
+        lines.append("")
+    return "\n".join(lines) + "\n" + _EXAMPLES
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions as written, and each option's default shown where it has one to show
+    (not None, not an off switch, not already named in its help)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        shown = default not in (None, False, argparse.SUPPRESS) and default != []
+        if shown and action.option_strings and "default" not in text and "%(default)" not in text:
+            return f"{text} (default: %(default)s)"
+        return action.help
+
+
+class _Parser(argparse.ArgumentParser):
+    """ldpipe's parsers (and their subcommands') show defaults in their help."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+
+
+def _chosen(argv: Sequence[str]) -> Command | None:
+    """The command ``argv`` names: its first word that is not one of ldpipe's own options."""
+    for word in argv:
+        if word in ("-v", "--verbose"):
+            continue
+        return _BY_NAME.get(word)
+    return None
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser of ``ldpipe``: with ``argv`` naming a command, only that command's module is
+    imported (``ldpipe --help`` imports none of them, and answers at once); with no ``argv``,
+    every command's full parser (for the reference tests)."""
+    parser = _Parser(
         prog="ldpipe",
         description="Private telemetry with local differential privacy sketches.",
+        epilog=_grouped(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
     parser.add_argument(
         "--version", action="version", version=f"ldpipe {installed_version()}", help="print it"
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for command in _COMMANDS:
-        command.add_parser(sub)
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", help="one of the commands below"
+    )
+    chosen = None if argv is None else _chosen(argv)
+    for command in COMMANDS:
+        if argv is None or command is chosen:
+            command.load().add_parser(sub)
+        else:  # a name argparse knows (for its "invalid choice" list), loaded only when run
+            sub.add_parser(command.name, add_help=False)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    words = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(words).parse_args(words)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -57,6 +57,8 @@ COMMANDS: tuple[Command, ...] = (
             "open what the aux server releases and record discovered items per window"),
     Command("sfp-discover", "sfp_discover_cmd", "Services",
             "find new words in an SFP use case's snapshots (Apple's sequence fragment puzzle)"),
+    Command("init", "init_cmd", "Start here",
+            "write a starter configuration, its keys and a sample word list into a directory"),
     Command("keys", "keys_cmd", "Set up",
             "generate HPKE key pairs for the report envelope, and discovery tag keys"),
     Command("params", "params_cmd", "Set up",

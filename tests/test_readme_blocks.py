@@ -82,6 +82,15 @@ EXPECTED = (
         ),
     ),
     Expect(
+        "ldpipe init my-deployment",
+        (
+            r"wrote 14 files into my-deployment/",
+            r"produced 20,000 reports \(0 failed\)",
+            r"(?m)^emoji: 20,000 reports in \d+ window\(s\)",
+            r"(?m)^broker stopped$",
+        ),
+    ),
+    Expect(
         "ldpipe params --epsilon 4",
         (r'"epsilon":', r'"f1":'),
     ),

@@ -48,6 +48,7 @@ from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from deltalake.fs import DeltaStorageHandler
 from deltalake.transaction import AddAction, RemoveAction
 
+from infra.secret_refs import resolve_all
 from schemas.errors import LdpipeError
 from schemas.mechanisms import Sketch
 
@@ -164,7 +165,9 @@ class SketchStore:
 
     ``storage_options`` go to delta-rs (``AWS_ENDPOINT_URL``, credentials, ...;
     ``docs/store.md``). Object stores need an atomic put-if-absent for concurrent writers;
-    for S3 it defaults to conditional puts (``conditional_put=etag``).
+    for S3 it defaults to conditional puts (``conditional_put=etag``). Secret references in
+    them (``${env:NAME}``, ``${file:/path}``: ``infra/secret_refs.py``) are resolved here, once:
+    ``storage_options`` keeps them as written, only delta-rs sees the secrets.
     """
 
     def __init__(
@@ -177,6 +180,8 @@ class SketchStore:
         if self.uri.startswith(("s3://", "s3a://")):
             options.setdefault("conditional_put", "etag")
         self.storage_options = options
+        where = f"use_case.{use_case}.store.storage_options"
+        self._options: dict[str, str] | None = resolve_all(options, where) or None  # delta-rs's
         if "://" not in self.uri:
             Path(self.uri).mkdir(parents=True, exist_ok=True)
         self._fs: Any = None
@@ -185,7 +190,7 @@ class SketchStore:
     def table(self) -> DeltaTable | None:
         """The table at its newest version (None before the first commit)."""
         try:
-            return DeltaTable(self.uri, storage_options=self.storage_options or None)
+            return DeltaTable(self.uri, storage_options=self._options)
         except TableNotFoundError:
             return None
         except OSError as exc:
@@ -268,7 +273,7 @@ class SketchStore:
                     self.uri,
                     SCHEMA.empty_table(),
                     mode="append",
-                    storage_options=self.storage_options or None,
+                    storage_options=self._options,
                 )
                 return
             except Exception as exc:  # another writer created it first: use theirs
@@ -279,7 +284,7 @@ class SketchStore:
     def _filesystem(self) -> Any:
         """The table's storage as a pyarrow filesystem (delta-rs's object store underneath)."""
         if self._fs is None:
-            handler = DeltaStorageHandler(self.uri, self.storage_options or None)
+            handler = DeltaStorageHandler(self.uri, self._options)
             self._fs = pafs.PyFileSystem(handler)
         return self._fs
 
@@ -351,7 +356,7 @@ class SketchStore:
                 data,
                 mode="overwrite",
                 predicate=predicate,
-                storage_options=self.storage_options or None,
+                storage_options=self._options,
                 writer_properties=_writer_properties([merged] if merged else []),
                 commit_properties=CommitProperties(custom_metadata={"ldpipe.writer": writer}),
             )

@@ -32,6 +32,7 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
 from infra.rdkafka_log import RDKAFKA_LOGGER
+from infra.secret_refs import resolve_all
 from schemas.errors import LdpipeError
 
 __all__ = [
@@ -127,6 +128,15 @@ def _why(exc: KafkaException) -> str:
     return error.str() if error is not None else str(exc)
 
 
+def _redact(text: str, secrets: Iterable[str]) -> str:
+    """``text`` (librdkafka's words) with every resolved secret in it masked: librdkafka
+    quotes a value it refuses (``Invalid value "..." for configuration property ...``)."""
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "***")
+    return text
+
+
 def parse_extra(items: Iterable[str]) -> dict[str, str]:
     """``["key=value", ...]`` from repeated ``-X key=value`` flags; a later key wins."""
     extra: dict[str, str] = {}
@@ -148,6 +158,8 @@ class KafkaSettings:
 
     Precedence in each ``*_config``: our defaults < ``extra`` (the operator's ``-X``) <
     the caller's overrides (what the service's correctness depends on, e.g. ``transactional.id``).
+    ``extra`` keeps secret references (``${env:NAME}``, ``${file:/path}``: ``infra/secret_refs.py``)
+    as written; every ``*_config`` resolves them, so only librdkafka sees the secrets.
     """
 
     bootstrap_servers: str
@@ -176,10 +188,11 @@ class KafkaSettings:
         overrides: Mapping[str, Any] | None,
         more: Mapping[str, Any],
     ) -> dict[str, Any]:
+        """Every client's config passes here: the one place ``extra``'s references resolve."""
         return {
             "logger": RDKAFKA_LOGGER,  # through Python logging, rate-limited (rdkafka_log.py)
             **defaults,
-            **self.extra,
+            **resolve_all(self.extra, "kafka.extra"),
             **(overrides or {}),
             **more,
             "bootstrap.servers": self.bootstrap_servers,
@@ -188,25 +201,28 @@ class KafkaSettings:
     def check_reachable(self, timeout: float = 15.0) -> None:
         """Fail within ``timeout`` seconds, in one line, if no broker answers.
 
-        Raises ``ValueError`` for librdkafka settings it refuses (``-X``, ``[kafka.extra]``)
+        Raises ``ValueError`` for librdkafka settings it refuses (``-X``, ``[kafka.extra]``),
+        ``ConfigError`` for a secret reference that does not resolve (``infra/secret_refs.py``)
         and :class:`PipelineKafkaError` naming the address, the cause and what to check when
         the cluster cannot be reached.
         """
         causes: list[str] = []
         config = {**self.admin_config(), "error_cb": lambda e: causes.append(e.str())}
+        secrets = [config[key] for key, value in self.extra.items() if config[key] != value]
         config["log_level"] = 0  # the cause comes from error_cb: no log lines from this probe
         try:
             admin = AdminClient(config)
         except KafkaException as exc:
+            why = _redact(_why(exc), secrets)
             raise ValueError(
-                f"librdkafka refuses the Kafka settings: {_why(exc)}; check the -X "
+                f"librdkafka refuses the Kafka settings: {why}; check the -X "
                 f"options and [kafka.extra] (names: librdkafka's CONFIGURATION.md)"
             ) from None
         try:
             admin.list_topics(timeout=timeout)
         except KafkaException as exc:
             admin.poll(0)  # serve error_cb
-            cause = causes[-1] if causes else _why(exc)
+            cause = _redact(causes[-1] if causes else _why(exc), secrets)
             raise PipelineKafkaError(
                 f"cannot reach Kafka at {self.bootstrap_servers} within {timeout:g} s ({cause}); "
                 f"is the broker running (ldpipe broker --config CONFIG)? check bootstrap_servers "

@@ -18,6 +18,7 @@ import pytest
         "schemas.headers",
         "shuffler.inner",
         "producers.client",
+        "infra.secret_refs",
     ],
 )
 def test_docstring_examples(module: str) -> None:

@@ -46,6 +46,7 @@ import logging
 import math
 import time
 import unicodedata
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
 from functools import lru_cache
@@ -74,9 +75,12 @@ __all__ = [
     "SfpReports",
     "SfpResult",
     "SfpSketches",
+    "SfpSpelling",
+    "SfpSpellingWarning",
     "SfpTrial",
     "SketchName",
     "accumulate",
+    "check_spelling",
     "decode_word",
     "discover",
     "encode_word",
@@ -252,13 +256,18 @@ class SfpParams:
 # ---- encodings ------------------------------------------------------------------------------
 
 
-def _normalize(word: str, params: SfpParams) -> str:
+def _clean(word: str, params: SfpParams) -> str:
+    """NFC, surrounding whitespace stripped, then (``lowercase``) lower-cased and NFC again."""
     if not isinstance(word, str):
         raise TypeError(f"a word must be a str, got {type(word).__name__}")
     text = unicodedata.normalize("NFC", word).strip()
     if params.lowercase:
         text = unicodedata.normalize("NFC", text.lower())
-    text = text[: params.word_length]
+    return text
+
+
+def _normalize(word: str, params: SfpParams) -> str:
+    text = _clean(word, params)[: params.word_length]
     return text + params.pad * (params.word_length - len(text))
 
 
@@ -699,6 +708,161 @@ class SfpResult:
         }
 
 
+class SfpSpellingWarning(UserWarning):
+    """Some of a population's items cannot be discovered by SFP as they are (see
+    :class:`SfpSpelling`); ``ldpipe discover-sim`` prints it as one line on stderr."""
+
+
+def _alphabet_label(params: SfpParams) -> str:
+    return f"{params.alphabet!r} plus the pad {params.pad!r}"
+
+
+@dataclass(frozen=True)
+class SfpSpelling:
+    """Which of a population's items SFP can discover as they are, counted before simulating.
+
+    The server enumerates only ``params.symbols`` (Ω, the alphabet plus the pad, Alg. 10
+    line 10), so an item whose normalized word (:func:`encode_word`) holds another character is
+    *unspellable*: it is sent and spends ε, but no candidate can ever equal it. Distinct items
+    whose normalized words are equal only after truncation or padding to ``word_length`` are
+    *merged*: SFP can at best find their shared prefix. ``items``, ``unspellable_items`` and
+    ``merged_items`` count distinct items held by at least one device; ``words`` the distinct
+    normalized words; ``heavy_words`` the words whose true count reaches ``heavy_threshold``
+    (the word threshold, or the ``word_z`` detection cut at the true counts), and
+    ``heavy_unspellable`` how many of them are unspellable.
+
+    >>> from producers.datasets import Population
+    >>> pop = Population(("moana", "zipf-01", "supercalifragilistic", "supercalifragile"),
+    ...                  np.array([50, 30, 10, 10]))
+    >>> s = check_spelling(pop, SfpParams(), threshold=20)
+    >>> (s.items, s.unspellable_items, s.example, s.words, s.merged_items, s.heavy_words)
+    (4, 1, 'zipf-01', 3, 1, 3)
+    """
+
+    alphabet: str
+    pad: str
+    word_length: int
+    items: int
+    devices: int
+    unspellable_items: int
+    unspellable_devices: int
+    example: str | None
+    words: int
+    merged_items: int
+    heavy_threshold: float
+    heavy_words: int
+    heavy_unspellable: int
+
+    @property
+    def refused(self) -> bool:
+        """Nothing SFP could find is there: every item, or every heavy word, is unspellable."""
+        every = self.items > 0 and self.unspellable_items == self.items
+        heavy = self.heavy_words > 0 and self.heavy_unspellable == self.heavy_words
+        return every or heavy
+
+    def _unspellable_text(self) -> str:
+        outside = sorted({c for c in self.example or "" if c not in self.alphabet + self.pad})
+        return (
+            f"SFP cannot spell {self.unspellable_items:,} of the {self.items:,} items "
+            f"({self.unspellable_devices:,} of {self.devices:,} devices; e.g. {self.example!r}: "
+            f"{''.join(outside)!r} outside its alphabet {self.alphabet!r} plus the pad "
+            f"{self.pad!r})"
+        )
+
+    def _merged_text(self) -> str:
+        verb = "item merges" if self.merged_items == 1 else "items merge"
+        return (
+            f"{self.merged_items:,} {verb} into another after truncation or padding to "
+            f"{self.word_length} characters ({self.items:,} items, {self.words:,} distinct words)"
+        )
+
+    def refusal(self) -> str:
+        """The one-line error of a refused population: the counts, an example and the fix."""
+        which = (
+            "every item is"
+            if self.unspellable_items == self.items
+            else f"all {self.heavy_words:,} words held by >= {self.heavy_threshold:,.0f} "
+            f"devices are"
+        )
+        merged = f"; {self._merged_text()}" if self.merged_items else ""
+        return (
+            f"{self._unspellable_text()}: {which} undiscoverable, so recall would be 0"
+            f"{merged}; use a dataset of words (file:<path>, one word or 'word,count' a line) "
+            f"or --protocol aux"
+        )
+
+    def warning(self) -> str | None:
+        """A one-line warning when some items cannot be discovered as they are, else None."""
+        parts = []
+        if self.unspellable_items:
+            parts.append(
+                f"{self._unspellable_text()}, {self.heavy_unspellable:,} of the "
+                f"{self.heavy_words:,} words held by >= {self.heavy_threshold:,.0f} devices"
+            )
+        if self.merged_items:
+            parts.append(self._merged_text())
+        if not parts:
+            return None
+        return "; ".join(parts) + "; they cannot be discovered as they are"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def check_spelling(
+    population: Population, params: SfpParams, *, threshold: float | None = None
+) -> SfpSpelling:
+    """Count the items SFP cannot spell and the items truncation merges (:class:`SfpSpelling`).
+
+    ``threshold`` is the word threshold in counts; None takes the ``word_z`` detection cut of
+    the word oracle at the population's true word counts (what :func:`discover` would use if
+    the estimates were exact).
+    """
+    symbols = set(params.symbols)
+    pairs = zip(population.items, population.counts.tolist(), strict=True)
+    held = [(item, int(count)) for item, count in pairs if count > 0]
+    word_count: dict[str, int] = {}
+    word_bad: dict[str, bool] = {}
+    cleaned: set[str] = set()
+    unspellable = unspellable_devices = 0
+    example: tuple[int, str] | None = None
+    for item, count in held:
+        word = _normalize(item, params)
+        bad = not set(word) <= symbols
+        cleaned.add(_clean(item, params))
+        word_count[word] = word_count.get(word, 0) + count
+        word_bad[word] = bad
+        if bad:
+            unspellable += 1
+            unspellable_devices += count
+            if example is None or count > example[0]:
+                example = (count, item)
+    counts = np.array(list(word_count.values()), dtype=np.float64)
+    if threshold is not None:
+        cut = float(threshold)
+    elif counts.size:
+        oracle = params.word_oracle()
+        cut = params.word_z * _null_std_error(oracle, int(counts.sum()), counts, params.word_z)
+    else:
+        cut = math.inf
+    heavy = [word for word, count in word_count.items() if count >= cut]
+    return SfpSpelling(
+        alphabet=params.alphabet,
+        pad=params.pad,
+        word_length=params.word_length,
+        items=len(held),
+        devices=sum(count for _, count in held),
+        unspellable_items=unspellable,
+        unspellable_devices=unspellable_devices,
+        example=None if example is None else example[1],
+        words=len(word_count),
+        merged_items=len(cleaned) - len(word_count),
+        heavy_threshold=cut,
+        heavy_words=len(heavy),
+        heavy_unspellable=sum(1 for word in heavy if word_bad[word]),
+    )
+
+
 def simulate(
     population: Population,
     *,
@@ -795,6 +959,11 @@ def simulate_request(
     :attr:`SfpParams.lowercase`. SFP bounds words to ``word_length`` characters (Apple §4.3), so
     ``rules.max_bytes`` does not apply; URL mode, ``delta`` and ``laplace_scale`` belong to the
     aux protocol and are refused. ``relevance_threshold`` is the first trial's word threshold.
+
+    Before simulating, :func:`check_spelling` counts the items SFP cannot spell and the items
+    truncation merges: a population where every item (or every heavy word) is unspellable is
+    refused with a ``ValueError``; otherwise any such items raise an
+    :class:`SfpSpellingWarning`. The counts are ``params["spelling"]`` of the result.
     """
     if request.protocol != "sfp":
         raise ValueError(f"simulate_request runs --protocol sfp, got {request.protocol!r}")
@@ -814,6 +983,12 @@ def simulate_request(
         epsilon_word=(1.0 - share) * request.epsilon,
     )
     population = load_population(request.dataset, n=request.n, seed=request.seed)
+    spelling = check_spelling(population, used, threshold=request.threshold)
+    if spelling.refused:
+        raise ValueError(f"{request.dataset}: {spelling.refusal()}")
+    message = spelling.warning()
+    if message is not None:
+        warnings.warn(f"{request.dataset}: {message}", SfpSpellingWarning, stacklevel=2)
     result = _run(population, used, request.threshold, request.seed, request.trials)
     outcomes = tuple(
         TrialOutcome(
@@ -843,5 +1018,6 @@ def simulate_request(
         params={
             **used.to_dict(),
             "word_thresholds": [trial.word_threshold for trial in result.trials],
+            "spelling": spelling.to_dict(),
         },
     )

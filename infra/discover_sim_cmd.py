@@ -3,6 +3,8 @@
 ``--protocol aux`` runs the aux-server protocol (``discovery/aux_sim.py``); ``--protocol sfp``
 runs Apple's SFP through ``discovery.sfp.simulate_request``. Both take a
 ``discovery.evaluation.DiscoverySimRequest`` and print the same JSON (``docs/discovery.md``).
+SFP refuses a population it cannot spell at all and warns (one line on stderr, counts in the
+JSON's ``params.spelling``) about items it cannot discover as they are (``docs/sfp.md``).
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ import argparse
 import importlib
 import json
 import sys
-from typing import Any
+import warnings
+from typing import Any, TextIO
 
 from discovery.evaluation import DiscoverySimRequest, DiscoverySimResult, format_table
 from discovery.item import MAX_ITEM_BYTES, ItemRules
@@ -59,7 +62,28 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(run=run)
 
 
+def _one_line_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: TextIO | None = None,
+    line: str | None = None,
+) -> None:
+    """``warnings.showwarning`` for the command: ``ldpipe discover-sim: warning: ...``."""
+    print(f"ldpipe discover-sim: warning: {message}", file=sys.stderr, flush=True)
+
+
 def _simulate(request: DiscoverySimRequest) -> DiscoverySimResult:
+    """Run the protocol; a protocol's warnings (e.g. SFP's unspellable items, raised before it
+    simulates) are printed at once as one line each on stderr."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", UserWarning)
+        warnings.showwarning = _one_line_warning
+        return _dispatch(request)
+
+
+def _dispatch(request: DiscoverySimRequest) -> DiscoverySimResult:
     if request.protocol == "aux":
         from discovery import aux_sim
 

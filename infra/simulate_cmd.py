@@ -1,14 +1,25 @@
-"""``ldpipe simulate``: run a mechanism over a simulated population, in memory, many trials."""
+"""``ldpipe simulate``: run a mechanism over a simulated population, in memory, many trials.
+
+One line on stderr says what runs (the trials show a tqdm bar on a terminal). With
+``--calibrate`` every item of the population is evaluated, and the command reports the mean MSE
+raw and calibrated of two groups, the evaluated items (top N or ``--items``) and the rest, with a
+one-line warning on stderr when calibration raised the evaluated items' MSE
+(``docs/calibrate.md``, "When calibration hurts").
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 from producers.datasets import load_population
-from producers.simulate import SimulationResult, evaluation_indices, simulate
+from producers.simulate import ItemResult, SimulationResult, evaluation_indices, simulate
 from schemas.calibrate import FIT_METHODS, PRIOR_FAMILIES
 from schemas.mechanisms import MECHANISMS, build_mechanism
 
@@ -73,6 +84,47 @@ def build_from_args(args: argparse.Namespace, items: tuple[str, ...]) -> Any:
     return build_mechanism(args.mechanism, epsilon=args.epsilon, **options)
 
 
+def _group_mse(items: list[ItemResult]) -> dict[str, float | int]:
+    raw = [item.empirical_mse for item in items]
+    cal = [item.calibrated_mse for item in items if item.calibrated_mse is not None]
+    return {
+        "items": len(items),
+        "raw_mse": float(np.mean(raw)),
+        "calibrated_mse": float(np.mean(cal)),
+    }
+
+
+def _calibration_groups(
+    every: list[ItemResult], evaluate: npt.NDArray[np.int64], label: str
+) -> dict[str, Any]:
+    """Mean MSE raw and calibrated of the evaluated items and of the rest of the population."""
+    chosen = set(evaluate.tolist())
+    groups = {label: _group_mse([every[i] for i in evaluate.tolist()])}
+    rest = [item for i, item in enumerate(every) if i not in chosen]
+    if rest:
+        groups["rest"] = _group_mse(rest)
+    return groups
+
+
+def _hurt_warning(groups: dict[str, Any], label: str) -> str | None:
+    group = groups[label]
+    raw, cal = group["raw_mse"], group["calibrated_mse"]
+    if cal <= raw:
+        return None
+    rest = groups.get("rest")
+    elsewhere = (
+        f"; the other {rest['items']:,} items: {rest['raw_mse']:,.1f} -> "
+        f"{rest['calibrated_mse']:,.1f}"
+        if rest
+        else ""
+    )
+    return (
+        f"ldpipe simulate: warning: calibration raised the mean MSE of the {label} items from "
+        f"{raw:,.1f} to {cal:,.1f} (x{cal / raw:.2f}){elsewhere}; see docs/calibrate.md, "
+        f"'When calibration hurts'"
+    )
+
+
 def _print_table(result: SimulationResult) -> None:
     out = sys.stdout
     summary = result.summary()
@@ -97,10 +149,16 @@ def _print_table(result: SimulationResult) -> None:
         f"mean MSE/theory {summary['mean_mse_ratio']:.3f}  ({result.seconds:.1f} s)"
     )
     if calibrated:
+        calibration = {k: v for k, v in result.extra["calibration"].items() if k != "groups"}
         print(
             f"mean empirical MSE {summary['mean_empirical_mse']:.1f}, calibrated "
-            f"({json.dumps(result.extra['calibration'])}) {summary['mean_calibrated_mse']:.1f}"
+            f"({json.dumps(calibration)}) {summary['mean_calibrated_mse']:.1f}"
         )
+        for label, group in result.extra["calibration"]["groups"].items():
+            print(
+                f"{label} ({group['items']:,} items): mean MSE raw {group['raw_mse']:,.1f}, "
+                f"calibrated {group['calibrated_mse']:,.1f}"
+            )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -112,16 +170,41 @@ def run(args: argparse.Namespace) -> int:
     names = [s for s in args.items.split(",") if s] if args.items else None
     population, evaluate = evaluation_indices(population, top=args.top, items=names)
     mechanism = build_from_args(args, population.items)
+    d = len(population.items)
+    every = np.arange(d, dtype=np.int64)
+    doing = (
+        f", calibrating all {d:,} items with a {args.calibrate} prior "
+        f"({args.calibrate_fit or 'mv'} fit)"
+        if args.calibrate
+        else ""
+    )
+    print(
+        f"ldpipe simulate: {args.trials} trials of {mechanism.name} at epsilon "
+        f"{mechanism.effective_epsilon:.4g} over {population.n:,} devices and {d:,} items"
+        f"{doing} ...",
+        file=sys.stderr,
+        flush=True,
+    )
     result = simulate(
         mechanism,
         population,
         trials=args.trials,
         seed=args.seed,
-        evaluate=evaluate,
+        evaluate=every if args.calibrate else evaluate,
         fixed_hash=args.fixed_hash,
         calibrate=args.calibrate,
         calibrate_fit=args.calibrate_fit or "mv",
     )
+    warning = None
+    if args.calibrate:  # every item was evaluated: group them, keep the chosen ones
+        label = "named" if args.items else f"top-{len(evaluate)}"
+        groups = _calibration_groups(result.items, evaluate, label)
+        warning = _hurt_warning(groups, label)
+        result = dataclasses.replace(
+            result,
+            items=[result.items[i] for i in evaluate.tolist()],
+            extra={"calibration": {**result.extra["calibration"], "groups": groups}},
+        )
     if args.json:
         payload = result.as_dict()
         payload["dataset"] = args.dataset
@@ -130,4 +213,6 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         _print_table(result)
+    if warning is not None:
+        print(warning, file=sys.stderr)
     return 0

@@ -3,6 +3,8 @@
 ``ldpipe query --serve`` answers, on one address::
 
     GET /metrics        the Prometheus exposition of the gauges it refreshes
+    GET /healthz        200 ``ok``: the process is up and answers (``infra/observability.py``)
+    GET /readyz         200 ``ready`` after the refresh loop's first successful query; else 503
     GET /v1/use-cases   the configured use cases (name, mechanism, epsilon, window, store uri)
     GET /v1/windows     the windows sealed in a use case's store, and its committed offsets
     GET /v1/estimates   estimates with standard errors and intervals of named items
@@ -49,6 +51,7 @@ from aggregator.exceptions import QueryError
 from aggregator.query import open_store, query_use_case
 from aggregator.store import SketchStore, StoreError, app_id
 from infra.common import select_use_case
+from infra.observability import HEALTH_PATHS, Readiness, health_answer
 from schemas.config import PipelineConfig, UseCase
 from schemas.errors import LdpipeError
 from schemas.mechanisms.columns import CellCache
@@ -319,7 +322,7 @@ ENDPOINTS = {
     "/v1/estimates": (_estimates, (*_RANGE, "items", "level", "combine")),
     "/v1/top": (_top, (*_RANGE, "n", "level", "combine")),
 }
-_PATHS = ", ".join(["/metrics", *ENDPOINTS])
+_PATHS = ", ".join(["/metrics", *ENDPOINTS, *HEALTH_PATHS])
 
 
 # ---- HTTP -------------------------------------------------------------------------------------
@@ -368,6 +371,11 @@ class _Handler(BaseHTTPRequestHandler):
         if url.path == "/metrics":
             encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
             self._send(HTTPStatus.OK, encoder(self.api.registry), content_type)
+            return
+        health = health_answer(url.path, self.api.readiness)
+        if health is not None:  # plain text, as on every service's metrics port
+            status, text = health
+            self._send(status, text.encode("utf-8"), "text/plain; charset=utf-8")
             return
         endpoint = ENDPOINTS.get(url.path)
         if endpoint is None:
@@ -436,6 +444,7 @@ class QueryApiServer(ThreadingHTTPServer):
         store: str | None = None,
         max_queries: int = 4,
         cache: CellCache | None = None,
+        readiness: Readiness | None = None,
     ) -> None:
         host, port = address
         infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM)
@@ -446,6 +455,7 @@ class QueryApiServer(ThreadingHTTPServer):
         self.store = store
         self.cache = cache  # hash columns of the dictionaries, shared with the refresh loop
         self.queries = threading.BoundedSemaphore(max_queries)
+        self.readiness = readiness  # /readyz; None: ready at once
         self._thread: threading.Thread | None = None
 
     @property
@@ -484,14 +494,22 @@ def serve(
     store: str | None = None,
     max_queries: int = 4,
     cache: CellCache | None = None,
+    readiness: Readiness | None = None,
 ) -> QueryApiServer:
     """Serve ``/metrics`` (``registry``) and the JSON API of ``config`` on ``host:port`` from a
     daemon thread; ``port`` 0 picks a free one (``server.port``). ``config`` may be a loader,
     called at every request; ``store`` reads another store root (a replay's) for every use
-    case; ``cache`` keeps hash columns between queries. Stop it with ``server.stop()``.
+    case; ``cache`` keeps hash columns between queries; ``readiness`` answers ``/readyz`` (ready
+    at once when None). Stop it with ``server.stop()``.
     ``OSError`` when the address cannot be bound."""
     server = QueryApiServer(
-        (host, port), config, registry, store=store, max_queries=max_queries, cache=cache
+        (host, port),
+        config,
+        registry,
+        store=store,
+        max_queries=max_queries,
+        cache=cache,
+        readiness=readiness,
     )
     server.start()
     return server

@@ -80,6 +80,7 @@ from infra.kafka import (
     read_range,
     require_topics,
 )
+from infra.observability import Readiness
 from schemas.config import UseCase
 from schemas.envelope import (
     ENC_LENGTH,
@@ -263,6 +264,7 @@ class Aggregator:
         clock: Callable[[], float] = time.time,
         bounds: LogBounds | None = None,
         history: LogHistory | None = None,
+        readiness: Readiness | None = None,
     ) -> None:
         self.use_case = use_case
         self.kafka = kafka
@@ -285,6 +287,8 @@ class Aggregator:
         self.crash_point = crash_point or (lambda _point: None)
         self.clock = clock
         self.metrics = AggregatorMetrics.create(registry or CollectorRegistry())
+        # ready (/readyz) once it has partitions to read: its first assignment, even an empty one
+        self.readiness = readiness or Readiness()
         # the configured epoch now; run() adds the published ones (ldp.<uc>.params)
         self.epochs = use_case.epoch_set()
         window = opts.window_seconds or use_case.snapshot.window_seconds
@@ -533,6 +537,7 @@ class Aggregator:
         taken = self.take([tp.partition for tp in partitions])
         self.remember([tp.partition for tp in taken])
         consumer.incremental_assign(taken)
+        self.readiness.set(True)
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         revoked = [tp.partition for tp in partitions]
@@ -656,6 +661,7 @@ class Aggregator:
                 taken = self.take(list(self.options.partitions) or everything)
                 self.remember([tp.partition for tp in taken])
                 consumer.assign(taken)
+                self.readiness.set(True)
             print(
                 f"ldpipe aggregator {self.writer}: {self.use_case.name} from {self.topic} "
                 f"into {self.store.uri}"

@@ -61,6 +61,7 @@ from infra.kafka import (
     read_tail,
     require_topics,
 )
+from infra.observability import Readiness
 from schemas.config import UseCase
 from schemas.headers import REASON_HEADER, RELEASE_HEADER, SOURCE_HEADER, STAGE_HEADER
 from schemas.keys import KeyRing
@@ -137,6 +138,7 @@ class DiscoveryAux:
         randomness: RandomSource | None = None,
         crash_point: CrashPoint | None = None,
         stale_seconds: float = 300.0,
+        readiness: Readiness | None = None,
     ) -> None:
         settings = discovery_settings(use_case)
         if not settings.aux_private_keys:
@@ -160,6 +162,7 @@ class DiscoveryAux:
         )
         self.crash_point = crash_point or _no_crash
         self.metrics = AuxMetrics.create(registry or CollectorRegistry())
+        self.readiness = readiness or Readiness()  # ready (/readyz) at its first assignment
         self._labels = {"use_case": use_case.name}
         self.metrics.release_epsilon.labels(**self._labels).set(self.guarantee.epsilon)
         self.metrics.release_delta.labels(**self._labels).set(self.guarantee.delta)
@@ -190,7 +193,11 @@ class DiscoveryAux:
             )
         overrides = {**EXACTLY_ONCE_CONSUMER, "enable.partition.eof": True}
         consumer = Consumer(self.kafka.consumer_config(f"ldpipe-discovery-aux-{name}", overrides))
-        consumer.subscribe([shuffled], on_revoke=self._on_revoke)
+        consumer.subscribe(
+            [shuffled],
+            on_assign=lambda *_: self.readiness.set(True),  # then assigned by confluent_kafka
+            on_revoke=self._on_revoke,
+        )
         return consumer, producer
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:

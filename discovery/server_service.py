@@ -54,6 +54,7 @@ from infra.kafka import (
     produce,
     require_topics,
 )
+from infra.observability import Readiness
 from schemas.config import UseCase
 from schemas.envelope import EnvelopeRejection
 from schemas.headers import (
@@ -84,6 +85,7 @@ class DiscoveryRecorder:
         kafka: KafkaSettings,
         *,
         registry: CollectorRegistry | None = None,
+        readiness: Readiness | None = None,
     ) -> None:
         settings = discovery_settings(use_case)
         if not use_case.private_keys:
@@ -102,6 +104,7 @@ class DiscoveryRecorder:
         log.info("tag keys accepted: %s", ", ".join(str(key.key_id) for key in tag_keys))
         self.store = DiscoveryStore(discovery_store_directory(use_case))
         self.metrics = ServerMetrics.create(registry or CollectorRegistry())
+        self.readiness = readiness or Readiness()  # ready (/readyz) at its first assignment
         self._labels = {"use_case": use_case.name}
         self.windows_recorded = 0
         self.dead_letters = 0
@@ -122,7 +125,11 @@ class DiscoveryRecorder:
         self._check_topics(producer)
         group = f"ldpipe-discovery-server-{self.use_case.name}"
         consumer = Consumer(self.kafka.consumer_config(group, EXACTLY_ONCE_CONSUMER))
-        consumer.subscribe([self.topic], on_revoke=lambda *_: self._reset())
+        consumer.subscribe(
+            [self.topic],
+            on_assign=lambda *_: self.readiness.set(True),  # then assigned by confluent_kafka
+            on_revoke=lambda *_: self._reset(),
+        )
         last_activity = time.monotonic()
         try:
             while not stop.is_set():

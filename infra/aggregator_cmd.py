@@ -61,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
         ),
         registry=ctx.registry,
         crash_point=crash_point_from_env(),
+        readiness=ctx.readiness,
     )
     aggregator.run(stop, idle_timeout=args.idle_exit)
     return 0

@@ -1,4 +1,5 @@
-"""What every service command shares: config + Kafka options, metrics endpoint, clean stop."""
+"""What every service command shares: config + Kafka options, metrics and health endpoint,
+clean stop."""
 
 from __future__ import annotations
 
@@ -7,13 +8,14 @@ import logging
 import signal
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 
 from infra.argtypes import port, positive_seconds
 from infra.kafka import KafkaSettings, parse_extra
+from infra.observability import MetricsServer, Readiness, serve_metrics, service_registry
 from schemas.config import PipelineConfig, UseCase, load_config
 
 __all__ = [
@@ -22,6 +24,7 @@ __all__ = [
     "kafka_settings",
     "select_use_case",
     "service_context",
+    "start_metrics",
     "stop_on_signals",
 ]
 
@@ -59,7 +62,8 @@ def add_service_args(
         parser.add_argument(
             "--metrics-port",
             type=port,
-            help="serve Prometheus metrics on this port (0: none)",
+            help="serve Prometheus metrics (/metrics) and health checks (/healthz, /readyz) "
+            "on this port (0: none)",
         )
         parser.add_argument(
             "--metrics-addr",
@@ -70,10 +74,14 @@ def add_service_args(
 
 @dataclass(frozen=True)
 class ServiceContext:
+    """What a service command starts with; the service sets ``readiness`` (``/readyz``) once
+    it consumes."""
+
     config: PipelineConfig
     use_case: UseCase
     kafka: KafkaSettings
     registry: CollectorRegistry
+    readiness: Readiness = field(default_factory=Readiness)
 
 
 def kafka_settings(config: PipelineConfig, args: argparse.Namespace) -> KafkaSettings:
@@ -90,32 +98,37 @@ def service_context(
 ) -> ServiceContext:
     """Configuration, use case and Kafka settings of a command; ``validate`` checks the use
     case before any I/O; then a broker must answer (within ``--connect-timeout``) and the
-    metrics endpoint start, each failing in one line."""
+    metrics endpoint start (``infra/observability.py``), each failing in one line."""
     config = load_config(args.config)
     use_case = select_use_case(config, args.use_case)
     if validate is not None:
         validate(use_case)
     kafka = kafka_settings(config, args)
-    registry = CollectorRegistry()
-    start_metrics(args, registry)
-    return ServiceContext(config, use_case, kafka, registry)
+    registry = service_registry(getattr(args, "command", None) or "ldpipe")
+    readiness = Readiness(reason="starting: not consuming yet")
+    start_metrics(args, registry, readiness)
+    return ServiceContext(config, use_case, kafka, registry, readiness)
 
 
-def start_metrics(args: argparse.Namespace, registry: CollectorRegistry) -> None:
-    """Serve ``registry`` on ``--metrics-addr:--metrics-port`` (none for port 0 or unset); a
+def start_metrics(
+    args: argparse.Namespace, registry: CollectorRegistry, readiness: Readiness | None = None
+) -> MetricsServer | None:
+    """Serve ``registry`` on ``--metrics-addr:--metrics-port`` (none for port 0 or unset), with
+    ``/healthz`` and ``/readyz`` (``readiness``; always ready when None) beside ``/metrics``; a
     port in use or not allowed is one line (``ValueError``)."""
     port = getattr(args, "metrics_port", None)
     if not port:
-        return
+        return None
     addr = getattr(args, "metrics_addr", "127.0.0.1")
     try:
-        start_http_server(port, addr=addr, registry=registry)
+        server = serve_metrics(registry, readiness, addr, port)
     except OSError as exc:
         raise ValueError(
             f"--metrics-port {port}: cannot listen on {addr}:{port} ({exc.strerror or exc}); "
             f"pick a free port, or 0 for no metrics endpoint"
         ) from None
-    log.info("metrics on http://%s:%d/metrics", addr, port)
+    log.info("metrics on http://%s:%d/metrics (health: /healthz, /readyz)", addr, port)
+    return server
 
 
 def select_use_case(config: PipelineConfig, name: str | None) -> UseCase:

@@ -25,7 +25,11 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     ctx = service_context(args)
     aux = DiscoveryAux(
-        ctx.use_case, ctx.kafka, registry=ctx.registry, crash_point=crash_point_from_env()
+        ctx.use_case,
+        ctx.kafka,
+        registry=ctx.registry,
+        crash_point=crash_point_from_env(),
+        readiness=ctx.readiness,
     )
     aux.run(stop_on_signals(), idle_timeout=args.idle_exit)
     return 0

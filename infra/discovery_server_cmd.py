@@ -23,7 +23,8 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     ctx = service_context(args)
-    DiscoveryRecorder(ctx.use_case, ctx.kafka, registry=ctx.registry).run(
-        stop_on_signals(), idle_timeout=args.idle_exit
+    recorder = DiscoveryRecorder(
+        ctx.use_case, ctx.kafka, registry=ctx.registry, readiness=ctx.readiness
     )
+    recorder.run(stop_on_signals(), idle_timeout=args.idle_exit)
     return 0

@@ -9,13 +9,12 @@ import sys
 import time
 from typing import Any
 
-from prometheus_client import CollectorRegistry
-
 from aggregator.http_api import serve
 from aggregator.metrics import QueryMetrics
 from aggregator.query import QueryResult, query_use_case
 from infra.argtypes import non_negative_int, port, positive_int
 from infra.common import select_use_case, stop_on_signals
+from infra.observability import Readiness, service_registry
 from schemas.calibrate import FIT_METHODS, PRIOR_FAMILIES
 from schemas.config import load_config
 from schemas.errors import LdpipeError
@@ -67,7 +66,8 @@ def add_parser(sub: Any) -> None:
         "--serve",
         action="store_true",
         help="export the estimates as Prometheus gauges (/metrics) and answer the HTTP JSON API "
-        "(/v1/: estimates, top, windows; schemas/query-api.yaml) on the same port",
+        "(/v1/: estimates, top, windows; schemas/query-api.yaml) and health checks (/healthz, "
+        "/readyz: ready after the first successful query) on the same port",
     )
     p.add_argument("--port", type=port, default=9108, help="--serve: the port (0: any free one)")
     p.add_argument("--addr", default="127.0.0.1", help="--serve: address to listen on")
@@ -136,8 +136,9 @@ def _print(result: QueryResult) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    registry = CollectorRegistry()
+    registry = service_registry("query")
     metrics = QueryMetrics.create(registry)
+    readiness = Readiness(reason="starting: no query has succeeded yet")
     cache = CellCache(args.cell_cache_mib << 20) if args.cell_cache_mib else None
     try:  # the gauges on /metrics and the JSON API (docs/query.md, "HTTP JSON API")
         server = serve(
@@ -147,6 +148,7 @@ def _serve(args: argparse.Namespace) -> int:
             args.port,
             store=args.store,
             cache=cache,
+            readiness=readiness,
         )
     except OSError as exc:
         raise ValueError(
@@ -159,15 +161,19 @@ def _serve(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     try:
-        return _refresh_gauges(args, metrics, cache)
+        return _refresh_gauges(args, metrics, cache, readiness)
     finally:
         server.stop()
 
 
 def _refresh_gauges(
-    args: argparse.Namespace, metrics: QueryMetrics, cache: CellCache | None = None
+    args: argparse.Namespace,
+    metrics: QueryMetrics,
+    cache: CellCache | None = None,
+    readiness: Readiness | None = None,
 ) -> int:
-    """Re-run the query every ``--refresh`` seconds into the gauges, until SIGINT/SIGTERM."""
+    """Re-run the query every ``--refresh`` seconds into the gauges, until SIGINT/SIGTERM;
+    ``readiness`` turns ready after the first query that succeeds."""
     stop = stop_on_signals()
     shown: set[tuple[str, str]] = set()
     while not stop.is_set():
@@ -189,6 +195,8 @@ def _refresh_gauges(
         shown = current
         metrics.reports.labels(result.use_case).set(result.reports)
         metrics.snapshot_age.labels(result.use_case).set(result.snapshot_age_seconds)
+        if readiness is not None:
+            readiness.set(True)
         stop.wait(args.refresh)
     return 0
 

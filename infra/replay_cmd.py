@@ -112,7 +112,12 @@ def run(args: argparse.Namespace) -> int:
         dead_letters=False,
     )
     aggregator = Aggregator(
-        ctx.use_case, ctx.kafka, KeyRing.load(*sources), options, registry=ctx.registry
+        ctx.use_case,
+        ctx.kafka,
+        KeyRing.load(*sources),
+        options,
+        registry=ctx.registry,
+        readiness=ctx.readiness,
     )
     started = time.perf_counter()
     aggregated = aggregator.run(stop_on_signals(), until_end=True)

@@ -14,11 +14,11 @@ import sys
 import time
 from typing import Any
 
-from prometheus_client import CollectorRegistry, start_http_server
-
 from discovery.metrics import SfpMetrics
 from discovery.sfp_service import SfpSettingsMismatchError, SfpWindowResult, reconstruct
-from infra.common import select_use_case, stop_on_signals
+from infra.argtypes import port
+from infra.common import select_use_case, start_metrics, stop_on_signals
+from infra.observability import Readiness, service_registry
 from schemas.config import load_config
 from schemas.errors import LdpipeError
 
@@ -51,7 +51,9 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--json", action="store_true", help="print one JSON object per run")
     p.add_argument("--every", type=float, help="repeat every this many seconds until stopped")
-    p.add_argument("--metrics-port", type=int, help="--every: serve Prometheus metrics here")
+    p.add_argument(
+        "--metrics-port", type=port, help="--every: serve Prometheus metrics and health checks here"
+    )
     p.add_argument("--metrics-addr", default="127.0.0.1", help="--every: metrics address")
     p.set_defaults(run=run)
 
@@ -109,10 +111,10 @@ def run(args: argparse.Namespace) -> int:
     if args.every is None:
         show(once())
         return 0
-    registry = CollectorRegistry()
+    registry = service_registry("sfp-discover")
     metrics = SfpMetrics.create(registry)
-    if args.metrics_port:
-        start_http_server(args.metrics_port, addr=args.metrics_addr, registry=registry)
+    readiness = Readiness(reason="starting: the first run has not finished")
+    start_metrics(args, registry, readiness)
     stop = stop_on_signals()
     while not stop.is_set():
         started = time.perf_counter()
@@ -129,5 +131,6 @@ def run(args: argparse.Namespace) -> int:
             found = len(results[-1].discovery.words) if results else 0
             metrics.words.labels(use_case=name).set(found)
         metrics.run_seconds.labels(use_case=name).set(time.perf_counter() - started)
+        readiness.set(True)  # it runs; a failed run is counted in ldpipe_sfp_runs_total
         stop.wait(args.every)
     return 0

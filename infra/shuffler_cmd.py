@@ -59,6 +59,7 @@ def run_shuffler(
         local_dp=local_dp,
         keyring=keyring,
         inner=inner_of(uc) if inner_of is not None else None,
+        readiness=ctx.readiness,
     )
     shuffler.run(stop_on_signals(), idle_timeout=args.idle_exit)
     return 0

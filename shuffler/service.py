@@ -52,6 +52,7 @@ from infra.kafka import (
     read_to_end,
     require_topics,
 )
+from infra.observability import Readiness
 from schemas.config import UseCase
 from schemas.envelope import ENVELOPE_VERSION, NESTED_VERSION, EnvelopeError
 from schemas.headers import (
@@ -107,6 +108,7 @@ class Shuffler:
         local_dp: bool = True,
         keyring: KeyRing | None = None,
         inner: InnerCheck | None = None,
+        readiness: Readiness | None = None,
     ) -> None:
         self.use_case = use_case
         self.nested = use_case.shuffle.nested
@@ -147,6 +149,8 @@ class Shuffler:
         self.clock = clock
         self.crash_point = crash_point or _no_crash
         self.metrics = ShufflerMetrics.create(registry or CollectorRegistry())
+        # ready (/readyz) once the group assigned it partitions (maybe none) and counts restored
+        self.readiness = readiness or Readiness()
         cfg = use_case.shuffle
         self.window = ShuffleWindow(cfg.n_min, cfg.max_reports, cfg.max_wait_seconds)
         self.ledger = ContributionLedger(cfg.contribution_limit, cfg.contribution_period_seconds)
@@ -220,6 +224,7 @@ class Shuffler:
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         log.info("shuffler %s assigned %s", self.instance, [p.partition for p in partitions])
         self._restore_ledger(consumer, partitions)
+        self.readiness.set(True)
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # uncommitted reports go back to whoever owns the partitions next

@@ -19,6 +19,7 @@ import pytest
         "shuffler.inner",
         "producers.client",
         "infra.secret_refs",
+        "infra.observability",
     ],
 )
 def test_docstring_examples(module: str) -> None:

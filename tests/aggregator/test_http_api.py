@@ -39,6 +39,7 @@ from aggregator import http_api
 from aggregator.http_api import ENDPOINTS, QueryApiServer, public_uri, serve
 from aggregator.metrics import QueryMetrics
 from aggregator.query import query_use_case
+from infra.observability import HEALTH_PATHS, Readiness
 from schemas.config import PipelineConfig, UseCase, load_config
 from schemas.mechanisms import Sketch
 from schemas.mechanisms.columns import CellCache
@@ -209,7 +210,7 @@ def test_the_document_is_a_valid_openapi_3_1_document() -> None:
 
 
 def test_the_document_names_exactly_the_endpoints_and_parameters_served() -> None:
-    assert set(SPEC["paths"]) == {"/metrics", *ENDPOINTS}
+    assert set(SPEC["paths"]) == {"/metrics", *ENDPOINTS, *HEALTH_PATHS}
     for path, (_, allowed) in ENDPOINTS.items():
         documented = [resolve(p)["name"] for p in SPEC["paths"][path]["get"].get("parameters", [])]
         assert sorted(documented) == sorted(allowed), path
@@ -234,6 +235,36 @@ def test_metrics_is_the_prometheus_exposition(api: Api) -> None:
     openmetrics = call(api.url + "/metrics", Accept="application/openmetrics-text")
     assert openmetrics.content_type.startswith("application/openmetrics-text")
     assert openmetrics.body.decode("utf-8").rstrip().endswith("# EOF")
+
+
+def check_text_against_spec(path: str, answer: Answer) -> str:
+    """The plain-text body of a health check, validated against the document's schema."""
+    assert answer.content_type == "text/plain; charset=utf-8"
+    text = answer.body.decode("utf-8")
+    response = SPEC["paths"][path]["get"]["responses"][str(answer.status)]
+    Draft202012Validator(response["content"]["text/plain"]["schema"]).validate(text)
+    return text
+
+
+def test_health_checks_answer_plain_text_lines(api: Api) -> None:
+    # a server given no readiness (as this fixture's) is ready at once
+    assert check_text_against_spec("/healthz", call(api.url + "/healthz")) == "ok\n"
+    assert check_text_against_spec("/readyz", call(api.url + "/readyz")) == "ready\n"
+
+
+def test_readyz_follows_the_readiness_it_is_given(api: Api) -> None:
+    readiness = Readiness(reason="starting: no query has succeeded yet")
+    server = serve(api.config, CollectorRegistry(), "127.0.0.1", 0, readiness=readiness)
+    try:
+        url = f"http://127.0.0.1:{server.port}/readyz"
+        answer = call(url)
+        assert answer.status == 503
+        text = check_text_against_spec("/readyz", answer)
+        assert text == "not ready: starting: no query has succeeded yet\n"
+        readiness.set(True)
+        assert check_text_against_spec("/readyz", call(url)) == "ready\n"
+    finally:
+        server.stop()
 
 
 def test_use_cases_lists_the_configuration_without_credentials(api: Api) -> None:
@@ -407,6 +438,7 @@ def test_use_case_may_be_left_out_when_only_one_is_declared(api: Api, tmp_path: 
         ("/v1/windows", "use_case=fresh", 503, "has no commits yet"),
         ("/v1/nope", "", 404, "no endpoint /v1/nope"),
         ("/", "", 404, "the endpoints are /metrics, /v1/use-cases"),
+        ("/healthz/", "", 404, "/v1/top, /healthz, /readyz"),
         ("/v1/top/", "use_case=emoji", 404, "no endpoint /v1/top/"),
     ],
 )
@@ -508,6 +540,13 @@ def test_query_serve_answers_metrics_and_json_on_one_port(api: Api, tmp_path: Pa
         ):
             assert time.monotonic() < deadline, text
             time.sleep(0.1)
+        assert "ldpipe_build_info{" in text and 'service="query"' in text
+        assert "process_resident_memory_bytes " in text
+        assert call(url + "/healthz").body == b"ok\n"
+        while (ready := call(url + "/readyz")).status != 200:  # set just after the gauges
+            assert time.monotonic() < deadline, ready.body
+            time.sleep(0.1)
+        assert ready.body == b"ready\n"
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=30) == 0
     finally:

@@ -90,13 +90,7 @@ from schemas.envelope import (
     TAG_LENGTH,
     PrivateKeyLookup,
 )
-from schemas.headers import (
-    LAYER_HEADER,
-    REASON_HEADER,
-    SOURCE_HEADER,
-    STAGE_HEADER,
-    oversized_letter,
-)
+from schemas.headers import dead_letter_headers, oversized_letter
 from schemas.mechanisms import Reports
 
 __all__ = ["Aggregator", "AggregatorOptions", "DataLoss", "find_data_loss", "log_bounds"]
@@ -922,13 +916,9 @@ class Aggregator:
         self.metrics.reports_rejected.labels(**self._labels, reason=reason).inc()
         if not self.options.dead_letters:
             return
-        topic, partition, offset = message_position(msg)
         carried, extra = oversized_letter(value, limit)
         headers: list[tuple[str, str | bytes | None]] = [
-            (REASON_HEADER, reason.encode()),
-            (STAGE_HEADER, b"aggregator"),
-            (LAYER_HEADER, layer.encode()),
-            (SOURCE_HEADER, f"{topic}:{partition}:{offset}".encode()),
+            *dead_letter_headers(reason, "aggregator", message_position(msg), layer=layer),
             *extra,
         ]
         produce(

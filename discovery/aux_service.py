@@ -63,7 +63,7 @@ from infra.kafka import (
 )
 from infra.observability import Readiness
 from schemas.config import UseCase
-from schemas.headers import REASON_HEADER, RELEASE_HEADER, SOURCE_HEADER, STAGE_HEADER
+from schemas.headers import RELEASE_HEADER, dead_letter_headers
 from schemas.keys import KeyRing
 from schemas.ledger import (
     DiscoveryRelease,
@@ -311,11 +311,9 @@ class DiscoveryAux:
                     producer,
                     self.settings.topics.dlq,
                     value=rejected.value,
-                    headers=[
-                        (REASON_HEADER, rejected.reason.encode()),
-                        (STAGE_HEADER, b"discovery-aux"),
-                        (SOURCE_HEADER, f"{topic}:{partition}:{rejected.offset}".encode()),
-                    ],
+                    headers=dead_letter_headers(
+                        rejected.reason, "discovery-aux", (topic, partition, rejected.offset)
+                    ),
                 )
             self.crash_point("discovery_aux.before_commit")
             offsets = [TopicPartition(topic, partition, self.assembler.commit_offset())]

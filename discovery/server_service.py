@@ -57,14 +57,7 @@ from infra.kafka import (
 from infra.observability import Readiness
 from schemas.config import UseCase
 from schemas.envelope import EnvelopeRejection
-from schemas.headers import (
-    LAYER_HEADER,
-    REASON_HEADER,
-    RELEASE_HEADER,
-    SOURCE_HEADER,
-    STAGE_HEADER,
-    header_value,
-)
+from schemas.headers import RELEASE_HEADER, dead_letter_headers, header_value
 from schemas.keys import KeyRing
 
 __all__ = ["DEAD_LETTER_STAGE", "DiscoveryRecorder"]
@@ -219,12 +212,9 @@ class DiscoveryRecorder:
         """Count a refused record and send it to the dead-letter topic with its reason."""
         self.metrics.buckets_rejected.labels(**self._labels, reason=reason).inc()
         self.dead_letters += 1
-        topic, partition, offset = message_position(msg)
+        source = message_position(msg)
         headers: list[tuple[str, str | bytes | None]] = [
-            (REASON_HEADER, reason.encode()),
-            (STAGE_HEADER, DEAD_LETTER_STAGE.encode()),
-            (LAYER_HEADER, _layer(reason).encode()),
-            (SOURCE_HEADER, f"{topic}:{partition}:{offset}".encode()),
+            *dead_letter_headers(reason, DEAD_LETTER_STAGE, source, layer=_layer(reason))
         ]
         release = _header_bytes(msg)
         if release is not None:

@@ -8,6 +8,12 @@ on a broker that leaks aborted transactions (Tansu 0.6) a shuffler window's dead
 seen once from the aborted attempt and once from its re-publication. The copies share their
 source, so a tally counts distinct sources (``docs/aggregator.md``, "Dead letters").
 
+A dead letter is read from ldpipe's headers, or, where it lacks one, from Kafka Connect's
+``__connect.errors.*`` (KIP-298) that ldpipe writes beside them: a topic written by an older
+ldpipe (its own headers only) or by a Kafka Connect dead-letter queue (Connect's only) tallies
+too. From Connect's: the stage is ``.stage``, the reason ``.exception.class.name``, the source
+``.topic:.partition:.offset`` and the layer the last part of an ldpipe ``.class.name``.
+
 ``ldpipe dlq`` prints these tallies; the demo and the integration tests use them too.
 """
 
@@ -23,11 +29,19 @@ from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
 
 from infra.kafka import KafkaSettings, iter_to_end
 from schemas.headers import (
+    CONNECT_CLASS_HEADER,
+    CONNECT_CONNECTOR_NAME,
+    CONNECT_EXCEPTION_HEADER,
+    CONNECT_OFFSET_HEADER,
+    CONNECT_PARTITION_HEADER,
+    CONNECT_STAGE_HEADER,
+    CONNECT_TOPIC_HEADER,
     LAYER_HEADER,
     REASON_HEADER,
     SIZE_HEADER,
     SOURCE_HEADER,
     STAGE_HEADER,
+    Headers,
     header_value,
 )
 
@@ -61,7 +75,9 @@ class DeadLetter:
     @classmethod
     def from_message(cls, message: Message) -> DeadLetter:
         headers = message.headers()
-        layer, source = header_value(headers, LAYER_HEADER), header_value(headers, SOURCE_HEADER)
+        stage = _text(_either(headers, STAGE_HEADER, CONNECT_STAGE_HEADER))
+        layer = header_value(headers, LAYER_HEADER)
+        source = header_value(headers, SOURCE_HEADER)
         kind, millis = message.timestamp()
         value = message.value()
         return cls(
@@ -69,10 +85,10 @@ class DeadLetter:
             partition=int(message.partition() or 0),
             offset=int(message.offset() or 0),
             timestamp=None if kind == TIMESTAMP_NOT_AVAILABLE else millis / 1000.0,
-            stage=_text(header_value(headers, STAGE_HEADER)),
-            reason=_text(header_value(headers, REASON_HEADER)),
-            layer=None if layer is None else _text(layer),
-            source=None if source is None else _text(source),
+            stage=stage,
+            reason=_text(_either(headers, REASON_HEADER, CONNECT_EXCEPTION_HEADER)),
+            layer=_connect_layer(headers, stage) if layer is None else _text(layer),
+            source=_connect_source(headers) if source is None else _text(source),
             size=_size(header_value(headers, SIZE_HEADER), value),
         )
 
@@ -200,6 +216,40 @@ def read_dead_letters(
 def count_dead_letters(kafka: KafkaSettings, topic: str) -> DeadLetterTally:
     """Read ``topic`` to its end (read_committed) and tally it, never holding it in memory."""
     return tally(topic, iter_dead_letters(kafka, topic))
+
+
+def _either(headers: Headers, name: str, connect_name: str) -> str | bytes | None:
+    """Header ``name`` (ldpipe's), else ``connect_name`` (Kafka Connect's)."""
+    value = header_value(headers, name)
+    return header_value(headers, connect_name) if value is None else value
+
+
+def _connect_layer(headers: Headers, stage: str) -> str | None:
+    """The layer of an ldpipe ``__connect.errors.class.name``, ``ldpipe.<stage>.<layer>``
+    (none in Kafka Connect's own, a Java class name)."""
+    value = header_value(headers, CONNECT_CLASS_HEADER)
+    prefix = f"{CONNECT_CONNECTOR_NAME}.{stage}."
+    if value is None or not _text(value).startswith(prefix):
+        return None
+    return _text(value)[len(prefix) :] or None
+
+
+def _connect_source(headers: Headers) -> str | None:
+    """``topic:partition:offset`` from Connect's headers, if it wrote them all (it writes
+    none, or an empty topic and -1 in older versions, for a record it did not consume)."""
+    topic, partition, offset = (
+        header_value(headers, name)
+        for name in (CONNECT_TOPIC_HEADER, CONNECT_PARTITION_HEADER, CONNECT_OFFSET_HEADER)
+    )
+    if topic is None or partition is None or offset is None:
+        return None
+    try:
+        position = int(_text(partition)), int(_text(offset))
+    except ValueError:
+        return None
+    if not _text(topic) or min(position) < 0:
+        return None
+    return f"{_text(topic)}:{position[0]}:{position[1]}"
 
 
 def _size(declared: str | bytes | None, value: bytes | None) -> int:

@@ -5,7 +5,9 @@ every dead-letter topic of the configured use cases (and of their discovery topi
 read_committed, with a throwaway consumer group: it commits nothing and changes nothing. Copies
 of one refusal (same ``ldpipe.source``) count once (``infra/dead_letters.py``). ``--show N``
 adds the N newest dead letters' positions and headers; their values, encrypted envelopes, are
-never printed.
+never printed. A dead letter with only Kafka Connect's ``__connect.errors.*`` headers (KIP-298)
+is tallied by their stage, exception class (as the reason) and source, so a topic written by an
+older ldpipe (ldpipe headers only) or by a Connect dead-letter queue reads the same way.
 """
 
 from __future__ import annotations

@@ -14,6 +14,19 @@ Dead letters (shuffler, aggregators, discovery server) carry:
   and ``sha256:<hex>`` of it. Such a dead letter carries an empty value, so a dead letter is
   never larger than a report and can always be produced (``oversized_letter``).
 
+They also carry Kafka Connect's dead-letter context headers (KIP-298; the names of Apache
+Kafka's ``DeadLetterQueueReporter``), mapped from ours so DLQ tools that know Connect read
+them: ``__connect.errors.topic``, ``.partition`` and ``.offset`` (the source),
+``.connector.name`` (``ldpipe``), ``.stage`` (our stage), ``.class.name``
+(``ldpipe.<stage>[.<layer>]``), ``.exception.class.name`` (our reason) and
+``.exception.message`` (one line made of those tokens). Never ``.task.id`` or
+``.exception.stacktrace``. Every value is UTF-8 text of metadata, never the refused record's
+bytes: :func:`dead_letter_headers` builds both sets and refuses anything but tokens.
+
+>>> headers = dict(dead_letter_headers("bad_magic", "aggregator", ("t", 0, 7), layer="envelope"))
+>>> headers["__connect.errors.exception.class.name"], headers["__connect.errors.class.name"]
+(b'bad_magic', b'ldpipe.aggregator.envelope')
+
 The aux server's release records carry ``ldpipe.release`` (JSON, ``discovery/aux_service.py``
 ``ReleaseHeader``): the window, its size in records and the release's parameters.
 
@@ -42,6 +55,15 @@ from dataclasses import dataclass
 from typing import Final
 
 __all__ = [
+    "CONNECT_CLASS_HEADER",
+    "CONNECT_CONNECTOR_HEADER",
+    "CONNECT_CONNECTOR_NAME",
+    "CONNECT_EXCEPTION_HEADER",
+    "CONNECT_MESSAGE_HEADER",
+    "CONNECT_OFFSET_HEADER",
+    "CONNECT_PARTITION_HEADER",
+    "CONNECT_STAGE_HEADER",
+    "CONNECT_TOPIC_HEADER",
     "DIGEST_HEADER",
     "LAYER_HEADER",
     "REASON_HEADER",
@@ -53,6 +75,7 @@ __all__ = [
     "HeaderValue",
     "Headers",
     "WindowMark",
+    "dead_letter_headers",
     "header_value",
     "oversized_letter",
     "parse_window_header",
@@ -67,6 +90,22 @@ RELEASE_HEADER: Final = "ldpipe.release"
 WINDOW_HEADER: Final = "ldpipe.window"
 SIZE_HEADER: Final = "ldpipe.size"
 DIGEST_HEADER: Final = "ldpipe.digest"
+
+# Kafka Connect's dead-letter context headers (KIP-298, DeadLetterQueueReporter.HEADER_PREFIX)
+CONNECT_TOPIC_HEADER: Final = "__connect.errors.topic"
+CONNECT_PARTITION_HEADER: Final = "__connect.errors.partition"
+CONNECT_OFFSET_HEADER: Final = "__connect.errors.offset"
+CONNECT_CONNECTOR_HEADER: Final = "__connect.errors.connector.name"
+CONNECT_STAGE_HEADER: Final = "__connect.errors.stage"
+CONNECT_CLASS_HEADER: Final = "__connect.errors.class.name"
+CONNECT_EXCEPTION_HEADER: Final = "__connect.errors.exception.class.name"
+CONNECT_MESSAGE_HEADER: Final = "__connect.errors.exception.message"
+CONNECT_CONNECTOR_NAME: Final = "ldpipe"  # the "connector" of every ldpipe dead letter
+
+# what a dead letter's stage, layer and reason may be (every one ldpipe has), and Kafka's
+# legal topic names: a value that is neither is refused, so no header can carry report bytes
+_TOKEN_RE: Final = re.compile(r"[a-z][a-z0-9_-]{0,63}")
+_TOPIC_RE: Final = re.compile(r"[A-Za-z0-9._-]{1,249}")
 
 _MAX_WINDOW = 1 << 31  # records per window: far above any max_reports
 _WINDOW_RE: Final = re.compile(rb"(0|[1-9][0-9]{0,9}):([\x21-\x7e]{1,249}/[0-9a-f]{32})")
@@ -93,6 +132,55 @@ def oversized_letter(
         return value, []
     digest = "sha256:" + hashlib.sha256(value).hexdigest()
     return b"", [(SIZE_HEADER, str(len(value)).encode()), (DIGEST_HEADER, digest.encode())]
+
+
+def dead_letter_headers(
+    reason: str, stage: str, source: tuple[str, int, int], *, layer: str | None = None
+) -> list[tuple[str, bytes]]:
+    """The headers of a dead letter refused by ``stage`` for ``reason`` (at format ``layer``),
+    read at ``source`` (topic, partition, offset): ldpipe's own, then Kafka Connect's
+    ``__connect.errors.*`` mapped from them (``docs/aggregator.md``, "Kafka Connect headers").
+
+    Add ``oversized_letter``'s headers to those of a ``too_large`` letter. ``ValueError`` if
+    a name is not a lowercase token, the topic not a Kafka topic name or a position negative.
+
+    >>> [name for name, _ in dead_letter_headers("contribution_limit", "shuffler", ("r", 0, 3))]
+    ... # doctest: +NORMALIZE_WHITESPACE
+    ['ldpipe.reason', 'ldpipe.stage', 'ldpipe.source', '__connect.errors.topic',
+     '__connect.errors.partition', '__connect.errors.offset', '__connect.errors.connector.name',
+     '__connect.errors.stage', '__connect.errors.class.name',
+     '__connect.errors.exception.class.name', '__connect.errors.exception.message']
+    """
+    topic, partition, offset = source
+    tokens = {"reason": reason, "stage": stage, **({"layer": layer} if layer else {})}
+    for what, token in tokens.items():
+        if _TOKEN_RE.fullmatch(token) is None:
+            # never echo the value: a caller's mistake must not put record bytes in a log
+            raise ValueError(f"dead-letter {what} is not a lowercase token ({len(token)} chars)")
+    if _TOPIC_RE.fullmatch(topic) is None or partition < 0 or offset < 0:
+        raise ValueError(
+            f"dead-letter source is not topic, partition >= 0, offset >= 0 "
+            f"(topic of {len(topic)} chars, partition {partition}, offset {offset})"
+        )
+    at = f" ({layer} layer)" if layer else ""
+    headers = [
+        (REASON_HEADER, reason),
+        (STAGE_HEADER, stage),
+        (SOURCE_HEADER, f"{topic}:{partition}:{offset}"),
+        *([(LAYER_HEADER, layer)] if layer else []),
+        (CONNECT_TOPIC_HEADER, topic),
+        (CONNECT_PARTITION_HEADER, str(partition)),
+        (CONNECT_OFFSET_HEADER, str(offset)),
+        (CONNECT_CONNECTOR_HEADER, CONNECT_CONNECTOR_NAME),
+        (CONNECT_STAGE_HEADER, stage),
+        (
+            CONNECT_CLASS_HEADER,
+            f"{CONNECT_CONNECTOR_NAME}.{stage}" + (f".{layer}" if layer else ""),
+        ),
+        (CONNECT_EXCEPTION_HEADER, reason),
+        (CONNECT_MESSAGE_HEADER, f"ldpipe {stage} refused the record{at}: {reason}"),
+    ]
+    return [(name, value.encode("ascii")) for name, value in headers]
 
 
 def header_value(headers: Headers, name: str) -> HeaderValue:

@@ -56,11 +56,8 @@ from infra.observability import Readiness
 from schemas.config import UseCase
 from schemas.envelope import ENVELOPE_VERSION, NESTED_VERSION, EnvelopeError
 from schemas.headers import (
-    LAYER_HEADER,
-    REASON_HEADER,
-    SOURCE_HEADER,
-    STAGE_HEADER,
     WINDOW_HEADER,
+    dead_letter_headers,
     oversized_letter,
     window_header,
 )
@@ -372,17 +369,9 @@ class Shuffler:
                     partition=self._partition_of(value),
                     headers=marks,
                 )
-            for value, reason, (topic, partition, offset), layer in self.window.rejected:
-                source = f"{topic}:{partition}:{offset}".encode()
+            for value, reason, source, layer in self.window.rejected:
                 carried, extra = oversized_letter(value, self.size_limit)
-                headers = [
-                    (REASON_HEADER, reason.encode()),
-                    (STAGE_HEADER, b"shuffler"),
-                    (SOURCE_HEADER, source),
-                    *extra,
-                ]
-                if layer:
-                    headers.append((LAYER_HEADER, layer.encode()))
+                headers = [*dead_letter_headers(reason, "shuffler", source, layer=layer), *extra]
                 self._produce(producer, topics.dlq, carried or b"", headers=headers)
             period, entries = self.ledger.pending_record()
             if entries:

@@ -11,7 +11,7 @@ from confluent_kafka import Producer
 
 from infra.cli import main
 from infra.dead_letters import count_dead_letters, read_dead_letters
-from infra.kafka import KafkaSettings, produce
+from infra.kafka import KafkaSettings, produce, read_range
 from infra.pipeline import LocalPipeline, PipelineSettings
 from tests.integration.pipeline_helpers import (
     aggregator_refusals,
@@ -48,6 +48,24 @@ def test_dlq_tallies_what_the_services_refused(
         )
     finally:
         pipe.stop_all()
+
+    # every letter the real services wrote carries Kafka Connect's headers beside ldpipe's,
+    # saying the same (docs/aggregator.md, "Kafka Connect headers"), and no payload bytes
+    records = read_range(pipe.kafka, uc.topics.dlq, 0, 0, 1 << 62, unique_name("dlq-read"))
+    assert len(records) >= 7
+    for record in records:
+        headers = {key: (value or b"").decode() for key, value in record.headers() or []}
+        topic_name, partition, offset = headers["ldpipe.source"].split(":")
+        assert headers["__connect.errors.topic"] == topic_name
+        assert headers["__connect.errors.partition"] == partition
+        assert headers["__connect.errors.offset"] == offset
+        assert headers["__connect.errors.stage"] == headers["ldpipe.stage"]
+        assert headers["__connect.errors.exception.class.name"] == headers["ldpipe.reason"]
+        assert headers["__connect.errors.connector.name"] == "ldpipe"
+        assert "__connect.errors.exception.stacktrace" not in headers
+        payload = record.value() or b""
+        for value in headers.values():
+            assert len(payload) < 8 or payload[:8].decode("latin-1") not in value
 
     # a copy of one refusal, as an aggregator re-sends after a crash: same headers, same source
     letters = read_dead_letters(pipe.kafka, uc.topics.dlq)

@@ -21,6 +21,7 @@ from schemas.config import PipelineConfig, UseCase, load_config
 __all__ = [
     "ServiceContext",
     "add_service_args",
+    "announce",
     "kafka_settings",
     "select_use_case",
     "service_context",
@@ -127,8 +128,18 @@ def start_metrics(
             f"--metrics-port {port}: cannot listen on {addr}:{port} ({exc.strerror or exc}); "
             f"pick a free port, or 0 for no metrics endpoint"
         ) from None
-    log.info("metrics on http://%s:%d/metrics (health: /healthz, /readyz)", addr, port)
+    host = f"[{addr}]" if ":" in addr else addr
+    print(  # every service's start lines say where it can be watched
+        f"ldpipe {getattr(args, 'command', 'service')}: metrics on "
+        f"http://{host}:{server.port}/metrics, health on /healthz and /readyz",
+        flush=True,
+    )
     return server
+
+
+def announce(args: argparse.Namespace, what: str) -> None:
+    """The start line of a service: ``ldpipe COMMAND: what it serves, from where, to where``."""
+    print(f"ldpipe {getattr(args, 'command', 'service')}: {what}", flush=True)
 
 
 def select_use_case(config: PipelineConfig, name: str | None) -> UseCase:

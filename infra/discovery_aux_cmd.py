@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from discovery.aux_service import DiscoveryAux
-from infra.common import add_service_args, service_context, stop_on_signals
+from infra.common import add_service_args, announce, service_context, stop_on_signals
 from infra.crash import crash_point_from_env
 
 __all__ = ["add_parser", "run"]
@@ -31,5 +31,7 @@ def run(args: argparse.Namespace) -> int:
         crash_point=crash_point_from_env(),
         readiness=ctx.readiness,
     )
+    topics = aux.settings.topics
+    announce(args, f"{ctx.use_case.name} from {topics.shuffled} releasing to {topics.released}")
     aux.run(stop_on_signals(), idle_timeout=args.idle_exit)
     return 0

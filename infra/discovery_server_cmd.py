@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from discovery.server_service import DiscoveryRecorder
-from infra.common import add_service_args, service_context, stop_on_signals
+from infra.common import add_service_args, announce, service_context, stop_on_signals
 
 __all__ = ["add_parser", "run"]
 
@@ -26,5 +26,6 @@ def run(args: argparse.Namespace) -> int:
     recorder = DiscoveryRecorder(
         ctx.use_case, ctx.kafka, registry=ctx.registry, readiness=ctx.readiness
     )
+    announce(args, f"{ctx.use_case.name} from {recorder.topic}: discovered items per window")
     recorder.run(stop_on_signals(), idle_timeout=args.idle_exit)
     return 0

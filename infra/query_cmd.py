@@ -69,8 +69,23 @@ def add_parser(sub: Any) -> None:
         "(/v1/: estimates, top, windows; schemas/query-api.yaml) and health checks (/healthz, "
         "/readyz: ready after the first successful query) on the same port",
     )
-    p.add_argument("--port", type=port, default=9108, help="--serve: the port (0: any free one)")
-    p.add_argument("--addr", default="127.0.0.1", help="--serve: address to listen on")
+    p.add_argument(
+        "--metrics-port",
+        "--port",
+        dest="port",
+        type=port,
+        default=9108,
+        help="--serve: the port of /metrics, the JSON API and the health checks (0: any free "
+        "one); --port is its older name",
+    )
+    p.add_argument(
+        "--metrics-addr",
+        "--addr",
+        dest="addr",
+        default="127.0.0.1",
+        help="--serve: the address to listen on (0.0.0.0 for a remote Prometheus); --addr is "
+        "its older name",
+    )
     p.add_argument("--refresh", type=float, default=10.0, help="--serve: seconds between updates")
     p.add_argument(
         "--cell-cache-mib",
@@ -152,7 +167,7 @@ def _serve(args: argparse.Namespace) -> int:
         )
     except OSError as exc:
         raise ValueError(
-            f"--port {args.port}: cannot listen on {args.addr}:{args.port} "
+            f"--metrics-port {args.port}: cannot listen on {args.addr}:{args.port} "
             f"({exc.strerror or exc}); pick a free port, or another --addr"
         ) from None
     host = f"[{args.addr}]" if ":" in args.addr else args.addr

@@ -6,7 +6,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from infra.common import add_service_args, service_context, stop_on_signals
+from infra.common import add_service_args, announce, service_context, stop_on_signals
 from infra.crash import crash_point_from_env
 from schemas.config import ConfigError, UseCase
 from schemas.keys import KeyRing
@@ -60,6 +60,13 @@ def run_shuffler(
         keyring=keyring,
         inner=inner_of(uc) if inner_of is not None else None,
         readiness=ctx.readiness,
+    )
+    shuffled = use_case_of(uc)
+    announce(
+        args,
+        f"{shuffled.name} from {shuffled.topics.reports} to {shuffled.topics.shuffled} "
+        f"(instance {args.instance}; windows of {shuffle.n_min:,} to {shuffle.max_reports:,} "
+        f"reports, released after {shuffle.max_wait_seconds:g} s once {shuffle.n_min:,} are in)",
     )
     shuffler.run(stop_on_signals(), idle_timeout=args.idle_exit)
     return 0

@@ -179,7 +179,7 @@ def test_aggregator_exports_its_checkpoints_and_store_commits(running: RunningPi
 
 def test_query_serve_exports_the_top_estimates(running: RunningPipeline) -> None:
     pipe, port = running.pipe, running.ports["query"]
-    pipe.start("query", ["query", "--serve", "--port", str(port), "--top", "5"])
+    pipe.start("query", ["query", "--serve", "--metrics-port", str(port), "--top", "5"])
     samples = wait_for_scrape(
         pipe,
         port,

@@ -34,12 +34,11 @@ import json
 import logging
 import math
 import re
-import socket
 import sys
 import threading
 from collections.abc import Callable, Mapping
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any, cast
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
@@ -51,7 +50,7 @@ from aggregator.exceptions import QueryError
 from aggregator.query import open_store, query_use_case
 from aggregator.store import SketchStore, StoreError, app_id
 from infra.common import select_use_case
-from infra.observability import HEALTH_PATHS, Readiness, health_answer
+from infra.observability import HEALTH_PATHS, BackgroundHTTPServer, Readiness, health_answer
 from schemas.config import PipelineConfig, UseCase
 from schemas.errors import LdpipeError
 from schemas.mechanisms.columns import CellCache
@@ -428,12 +427,10 @@ class _Handler(BaseHTTPRequestHandler):
         self._error(status, message or status.phrase)
 
 
-class QueryApiServer(ThreadingHTTPServer):
-    """The API's server: ``port`` is the bound port (useful after asking for port 0);
-    ``stop()`` shuts it down and closes its socket."""
+class QueryApiServer(BackgroundHTTPServer):
+    """The API's server (``BackgroundHTTPServer``: ``port``, ``start()``, ``stop()``)."""
 
-    daemon_threads = True
-    block_on_close = False
+    thread_name = "ldpipe-query-api"
 
     def __init__(
         self,
@@ -446,9 +443,6 @@ class QueryApiServer(ThreadingHTTPServer):
         cache: CellCache | None = None,
         readiness: Readiness | None = None,
     ) -> None:
-        host, port = address
-        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM)
-        self.address_family = infos[0][0]  # IPv4 or IPv6, as the address says
         super().__init__(address, _Handler)
         self._config = config
         self.registry = registry
@@ -456,27 +450,10 @@ class QueryApiServer(ThreadingHTTPServer):
         self.cache = cache  # hash columns of the dictionaries, shared with the refresh loop
         self.queries = threading.BoundedSemaphore(max_queries)
         self.readiness = readiness  # /readyz; None: ready at once
-        self._thread: threading.Thread | None = None
-
-    @property
-    def port(self) -> int:
-        return int(self.server_address[1])
 
     def config(self) -> PipelineConfig:
         """The configuration, re-read at every request when given as a loader."""
         return self._config if isinstance(self._config, PipelineConfig) else self._config()
-
-    def start(self) -> None:
-        self._thread = threading.Thread(
-            target=self.serve_forever, name="ldpipe-query-api", daemon=True
-        )
-        self._thread.start()
-
-    def stop(self) -> None:
-        self.shutdown()
-        self.server_close()
-        if self._thread is not None:
-            self._thread.join()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         if isinstance(sys.exc_info()[1], ConnectionError):  # the client left mid-answer

@@ -35,6 +35,7 @@ from prometheus_client.exposition import choose_encoder
 
 __all__ = [
     "HEALTH_PATHS",
+    "BackgroundHTTPServer",
     "MetricsServer",
     "Readiness",
     "health_answer",
@@ -173,25 +174,20 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(status, f"{line}\n".encode(), TEXT_TYPE)
 
 
-class MetricsServer(ThreadingHTTPServer):
-    """A service's metrics and health endpoint: ``port`` is the bound port (useful after asking
-    for port 0); ``stop()`` shuts it down and closes its socket."""
+class BackgroundHTTPServer(ThreadingHTTPServer):
+    """An HTTP server on its own daemon thread, for IPv4 or IPv6 as its address says: ``port``
+    is the bound port (useful after asking for port 0); ``start()`` serves, ``stop()`` shuts it
+    down and closes its socket. The metrics endpoint and the query API are both one."""
 
     daemon_threads = True
     block_on_close = False
+    thread_name = "ldpipe-http"
 
-    def __init__(
-        self,
-        address: tuple[str, int],
-        registry: CollectorRegistry,
-        readiness: Readiness | None = None,
-    ) -> None:
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
         host, port = address
         infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM)
         self.address_family = infos[0][0]  # IPv4 or IPv6, as the address says
-        super().__init__(address, _Handler)
-        self.registry = registry
-        self.readiness = readiness
+        super().__init__(address, handler)
         self._thread: threading.Thread | None = None
 
     @property
@@ -200,7 +196,7 @@ class MetricsServer(ThreadingHTTPServer):
 
     def start(self) -> None:
         self._thread = threading.Thread(
-            target=self.serve_forever, name="ldpipe-metrics", daemon=True
+            target=self.serve_forever, name=self.thread_name, daemon=True
         )
         self._thread.start()
 
@@ -209,6 +205,22 @@ class MetricsServer(ThreadingHTTPServer):
         self.server_close()
         if self._thread is not None:
             self._thread.join()
+
+
+class MetricsServer(BackgroundHTTPServer):
+    """A service's metrics and health endpoint (``/metrics``, ``/healthz``, ``/readyz``)."""
+
+    thread_name = "ldpipe-metrics"
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        registry: CollectorRegistry,
+        readiness: Readiness | None = None,
+    ) -> None:
+        super().__init__(address, _Handler)
+        self.registry = registry
+        self.readiness = readiness
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         log.debug("request from %s failed", client_address, exc_info=True)

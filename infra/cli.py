@@ -83,6 +83,57 @@ COMMANDS: tuple[Command, ...] = (
 )  # fmt: skip
 _BY_NAME = {command.name: command for command in COMMANDS}
 
+# each command's --help ends with these; tests/infra/test_cli_groups.py parses every one
+EXAMPLES: dict[str, tuple[str, ...]] = {
+    "demo": ("ldpipe demo", "ldpipe demo --mechanism hcms --n 50000 --top 5 --json",
+             "ldpipe demo --protocol sfp"),
+    "init": ("ldpipe init my-deployment",),
+    "broker": ("ldpipe broker --config pipeline.toml", "ldpipe broker --port 9092"),
+    "shuffler": ("ldpipe shuffler --config pipeline.toml --use-case emoji --metrics-port 9101",),
+    "aggregator": (
+        "ldpipe aggregator --config pipeline.toml --use-case emoji --metrics-port 9102",
+        "ldpipe aggregator --config pipeline.toml --member emoji-b --metrics-port 9103",
+    ),
+    "query": (
+        "ldpipe query --config pipeline.toml --top 20",
+        "ldpipe query --config pipeline.toml --items 'GRINNING FACE,PILE OF POO' --json",
+        "ldpipe query --config pipeline.toml --serve --top 50 --metrics-port 9108",
+    ),
+    "discovery-shuffler": ("ldpipe discovery-shuffler --config pipeline.toml --use-case words",),
+    "discovery-aux": ("ldpipe discovery-aux --config pipeline.toml --use-case words",),
+    "discovery-server": ("ldpipe discovery-server --config pipeline.toml --use-case words",),
+    "sfp-discover": ("ldpipe sfp-discover --config pipeline.toml --use-case newwords",
+                     "ldpipe sfp-discover --config pipeline.toml --every 3600 --metrics-port 9105"),
+    "keys": ("ldpipe keys generate --out keys --name emoji --key-id 1",
+             "ldpipe keys generate --out shuffler-keys --name emoji-shuffler --key-id 11 "
+             "--role shuffler",
+             "ldpipe keys tag --out keys/tag --name words --key-id 31"),
+    "params": ("ldpipe params --epsilon 4 --n 1000000 --d 2600 --target-range 0.01,0.05 "
+               "--compare",),
+    "privacy": ("ldpipe privacy amplification --epsilon0 4 --n 100000 --delta 1e-9",
+                "ldpipe privacy report --config pipeline.toml --json"),
+    "produce": ("ldpipe produce --config pipeline.toml --dataset dictionary:a=1.1 --n 100000",
+                "ldpipe produce --config pipeline.toml --use-case words --dataset file:words.txt"),
+    "store": ("ldpipe store list --config pipeline.toml",
+              "ldpipe store compact --config pipeline.toml --vacuum",
+              "ldpipe store retain --config pipeline.toml --dry-run",
+              "ldpipe store verify --config pipeline.toml"),
+    "replay": ("ldpipe replay --config pipeline.toml --store store/rerun --window-seconds 300",),
+    "adapt": ("ldpipe adapt --config pipeline.toml --target-range 0.005,0.05 --dry-run",
+              "ldpipe adapt --config pipeline.toml --auto --every 86400"),
+    "dlq": ("ldpipe dlq --config pipeline.toml",
+            "ldpipe dlq --config pipeline.toml --stage aggregator --show 5 --json"),
+    "discoveries": ("ldpipe discoveries --config pipeline.toml --use-case words --windows",),
+    "simulate": ("ldpipe simulate --mechanism cms --epsilon 4 --dataset zipf:d=2600,a=1.1 "
+                 "--n 100000 --trials 5 --top 10",
+                 "ldpipe simulate --mechanism oue --epsilon 2 --dataset zipf:d=5000,a=1.5 "
+                 "--n 100000 --calibrate powerlaw --json"),
+    "discover-sim": ("ldpipe discover-sim --protocol aux --dataset zipf:d=5000,a=1.1 --n 20000 "
+                     "--epsilon 2 --seed 7",
+                     "ldpipe discover-sim --protocol sfp --dataset file:words.txt --n 20000 "
+                     "--epsilon 8 --seed 3"),
+}  # fmt: skip
+
 _EXAMPLES = """\
 examples:
   ldpipe demo                                       the whole pipeline, in memory, in a minute
@@ -166,6 +217,10 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     for command in COMMANDS:
         if argv is None or command is chosen:
             command.load().add_parser(sub)
+            child = sub.choices[command.name]
+            if child.epilog is None:  # after the options: what a first run looks like
+                shown = "\n".join(f"  {line}" for line in EXAMPLES[command.name])
+                child.epilog = f"examples:\n{shown}\n\nreference: docs/cli.md"
         else:  # a name argparse knows (for its "invalid choice" list), loaded only when run
             sub.add_parser(command.name, add_help=False)
     return parser

@@ -21,13 +21,6 @@ from schemas.config import UseCase, load_config
 
 __all__ = ["add_parser", "run"]
 
-_EXAMPLES = """examples:
-  ldpipe store list --config infra/example.toml
-  ldpipe store compact --config infra/example.toml --vacuum
-  ldpipe store retain --config infra/example.toml --dry-run
-  ldpipe store verify --config infra/example.toml
-"""
-
 
 def add_parser(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
@@ -36,7 +29,6 @@ def add_parser(sub: Any) -> None:
         description="Look after the sketch store the aggregators seal windows into "
         "(docs/store.md). Every change is one atomic commit; queries running meanwhile see the "
         "store before or after it, never half of it.",
-        epilog=_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -82,3 +83,24 @@ def test_option_help_shows_defaults_once() -> None:
     assert "--refresh REFRESH --serve: seconds between updates (default: 10.0)" in text
     assert "(default: False)" not in text  # switches show no default
     assert text.count("(default: the only one configured)") == 1  # already said: not repeated
+
+
+@pytest.mark.parametrize("command", cli.COMMANDS, ids=lambda c: c.name)
+def test_each_command_has_examples_that_parse(command: cli.Command) -> None:
+    """The examples a command's --help ends with are valid command lines of that command."""
+    examples = cli.EXAMPLES[command.name]
+    assert examples
+    for example in examples:
+        words = shlex.split(example)
+        assert words[:2] == ["ldpipe", command.name], example
+        args = cli.build_parser(words[1:]).parse_args(words[1:])
+        assert args.command == command.name
+    sub = next(
+        a for a in cli.build_parser([command.name])._actions
+        if isinstance(a, argparse._SubParsersAction)
+    )  # fmt: skip
+    assert examples[0] in sub.choices[command.name].format_help()
+
+
+def test_every_example_names_a_command_of_the_table() -> None:
+    assert set(cli.EXAMPLES) == {command.name for command in cli.COMMANDS}

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -26,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.repo_files import copy_repository
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -104,21 +105,7 @@ def readme_blocks() -> list[str]:
 def fresh_copy(dest: Path) -> None:
     """The repository's files as on disk, without what .gitignore ignores (keys, snapshots,
     caches), and this repository's .venv linked in."""
-    if shutil.which("git") is None or not (ROOT / ".git").exists():
-        pytest.skip("needs git and a git checkout to list the repository's files")
-    listed = subprocess.run(
-        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-    ).stdout.decode()
-    for name in filter(None, listed.split("\0")):
-        source = ROOT / name
-        if not source.is_file():  # deleted in the working tree
-            continue
-        target = dest / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(source, target)
+    copy_repository(dest)
     venv = ROOT / ".venv"
     if not (venv / "bin" / "ldpipe").exists():
         pytest.skip("no .venv with ldpipe installed (./dev.sh setup)")

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
 import pytest
+
+from tests.repo_files import copy_repository
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -19,19 +20,8 @@ pytestmark = pytest.mark.slow  # pip builds in an isolated environment: setuptoo
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> zipfile.ZipFile:
     """A wheel built from a copy of the tree in which a README run left key files behind."""
-    if shutil.which("git") is None or not (ROOT / ".git").exists():
-        pytest.skip("needs git and a git checkout to list the repository's files")
     tree = tmp_path_factory.mktemp("tree")
-    listed = subprocess.run(
-        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-    ).stdout.decode()
-    for name in filter(None, listed.split("\0")):
-        if (ROOT / name).is_file():
-            (tree / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / name, tree / name)
+    copy_repository(tree)
     for planted in (
         "infra/keys/emoji-1.private.json",
         "infra/keys/emoji-1.public.json",

@@ -22,6 +22,17 @@ setup() {
     fi
 }
 
+# mypy cannot follow the editable install's import hook (the folders producers/ ... infra/ are
+# installed as ldpipe.producers ... ldpipe.infra), so it reads them through links named as
+# installed: build/typecheck/ldpipe/<folder> (pyproject.toml, [tool.mypy] mypy_path)
+typecheck_tree() {
+    local dir=build/typecheck/ldpipe
+    mkdir -p "$dir"
+    for package in producers shuffler aggregator discovery schemas infra; do
+        ln -sfn "../../../$package" "$dir/$package"
+    done
+}
+
 cmd="${1:-}"
 shift || true
 case "$cmd" in
@@ -37,13 +48,17 @@ case "$cmd" in
         fi
         echo "== ruff" >&2
         "$VENV/bin/ruff" check .
+        echo "== import layers (lint-imports)" >&2
+        "$VENV/bin/lint-imports" --no-cache
         echo "== mypy" >&2
+        typecheck_tree
         "$VENV/bin/mypy"
         echo "== pytest (default suite)" >&2
         exec "$VENV/bin/python" -m pytest -m "not slow" -n 2 "$@"
         ;;
     setup)
         setup
+        typecheck_tree
         ;;
     *)
         echo "usage: ./dev.sh demo | test [--slow] | setup" >&2

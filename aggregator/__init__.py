@@ -2,5 +2,5 @@
 (``snapshot``), deduplication and time windows, and the query worker (``query``).
 
 The server-side math of each mechanism (``accumulate``, ``estimate``) lives with it in
-``schemas.mechanisms``; ``docs/aggregator.md`` and ``docs/query.md`` are the guides.
+``ldpipe.schemas.mechanisms``; ``docs/aggregator.md`` and ``docs/query.md`` are the guides.
 """

@@ -1,8 +1,9 @@
-"""Errors of the aggregator and query worker (all derive from ``schemas.errors.LdpipeError``)."""
+"""Errors of the aggregator and query worker (all derive from
+``ldpipe.schemas.errors.LdpipeError``)."""
 
 from __future__ import annotations
 
-from schemas.errors import LdpipeError
+from ldpipe.schemas.errors import LdpipeError
 
 __all__ = ["AggregatorError", "QueryError"]
 

@@ -3,18 +3,18 @@
 ``ldpipe query --serve`` answers, on one address::
 
     GET /metrics        the Prometheus exposition of the gauges it refreshes
-    GET /healthz        200 ``ok``: the process is up and answers (``infra/observability.py``)
-    GET /readyz         200 ``ready`` after the refresh loop's first successful query; else 503
-    GET /v1/use-cases   the configured use cases (name, mechanism, epsilon, window, store uri)
-    GET /v1/windows     the windows sealed in a use case's store, and its committed offsets
-    GET /v1/estimates   estimates with standard errors and intervals of named items
-    GET /v1/top         the N highest estimates of the dictionary (and discovered items)
+    GET /healthz        200 ``ok``: the process is up and answers
+    (``infra/runtime/observability.py``) GET /readyz         200 ``ready`` after the refresh loop's
+    first successful query; else 503 GET /v1/use-cases   the configured use cases (name, mechanism,
+    epsilon, window, store uri) GET /v1/windows     the windows sealed in a use case's store, and
+    its committed offsets GET /v1/estimates   estimates with standard errors and intervals of named
+    items GET /v1/top         the N highest estimates of the dictionary (and discovered items)
 
 ``schemas/query-api.yaml`` (OpenAPI 3.1) specifies every parameter and response;
 ``docs/query.md`` ("HTTP JSON API") shows them with ``curl``.
 
 Every request answers from the sketch store as it is at that moment (no cache, no timer): the
-same code as ``ldpipe query --json`` (``aggregator.query.query_use_case``), which reads the
+same code as ``ldpipe query --json`` (``ldpipe.aggregator.query.query_use_case``), which reads the
 segment headers and streams the sum of the segments in range. Errors are one JSON object,
 ``{"error": "<one line naming the problem and the fix>"}``, never a traceback: 400 for a bad
 parameter, 404 for an unknown path, 405 for a method other than GET, 503 when the store has no
@@ -46,14 +46,18 @@ from deltalake import DeltaTable
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
-from aggregator.exceptions import QueryError
-from aggregator.query import open_store, query_use_case
-from aggregator.store import SketchStore, StoreError, app_id
-from infra.common import select_use_case
-from infra.observability import HEALTH_PATHS, BackgroundHTTPServer, Readiness, health_answer
-from schemas.config import PipelineConfig, UseCase
-from schemas.errors import LdpipeError
-from schemas.mechanisms.columns import CellCache
+from ldpipe.aggregator.exceptions import QueryError
+from ldpipe.aggregator.query import open_store, query_use_case
+from ldpipe.aggregator.store import SketchStore, StoreError, app_id
+from ldpipe.infra.runtime.observability import (
+    HEALTH_PATHS,
+    BackgroundHTTPServer,
+    Readiness,
+    health_answer,
+)
+from ldpipe.schemas.config import PipelineConfig, UseCase, select_use_case
+from ldpipe.schemas.errors import LdpipeError
+from ldpipe.schemas.mechanisms.columns import CellCache
 
 __all__ = ["ENDPOINTS", "QueryApiServer", "public_uri", "serve"]
 

@@ -30,8 +30,8 @@ import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.compute as pc  # type: ignore[import-untyped]
 
-from aggregator.store import SegmentData, SegmentInfo, SketchStore, StoreError
-from schemas.config import StoreConfig
+from ldpipe.aggregator.store import SegmentData, SegmentInfo, SketchStore, StoreError
+from ldpipe.schemas.config import StoreConfig
 
 __all__ = [
     "Change",

@@ -24,16 +24,22 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from aggregator.exceptions import QueryError
-from aggregator.snapshot import MergedSketch, WindowSketch
-from aggregator.store import SketchStore
-from discovery.found import store_directory
-from discovery.store import DiscoveryStore
-from schemas.calibrate import FitMethod, NoiseModel, PriorFamily, fit_prior, posterior_mean
-from schemas.config import UseCase
-from schemas.hashing import HashFamily, item_keys
-from schemas.mechanisms import Mechanism, SketchMechanism
-from schemas.mechanisms.columns import CellCache, column_sums
+from ldpipe.aggregator.exceptions import QueryError
+from ldpipe.aggregator.snapshot import MergedSketch, WindowSketch
+from ldpipe.aggregator.store import SketchStore
+from ldpipe.discovery.found import store_directory
+from ldpipe.discovery.store import DiscoveryStore
+from ldpipe.schemas.config import UseCase
+from ldpipe.schemas.hashing import HashFamily, item_keys
+from ldpipe.schemas.mechanisms import Mechanism, SketchMechanism
+from ldpipe.schemas.mechanisms.calibrate import (
+    FitMethod,
+    NoiseModel,
+    PriorFamily,
+    fit_prior,
+    posterior_mean,
+)
+from ldpipe.schemas.mechanisms.columns import CellCache, column_sums
 
 __all__ = [
     "ItemEstimate",

@@ -53,11 +53,11 @@ from confluent_kafka import (
 )
 from prometheus_client import CollectorRegistry
 
-from aggregator.dedupe import SeenReports, envelope_digest
-from aggregator.exceptions import AggregatorError
-from aggregator.metrics import AggregatorMetrics
-from aggregator.sealing import OpenSpans, WindowKey, due_windows
-from aggregator.snapshot import (
+from ldpipe.aggregator.dedupe import SeenReports, envelope_digest
+from ldpipe.aggregator.exceptions import AggregatorError
+from ldpipe.aggregator.metrics import AggregatorMetrics
+from ldpipe.aggregator.sealing import OpenSpans, WindowKey, due_windows
+from ldpipe.aggregator.snapshot import (
     SnapshotFile,
     WindowSketch,
     latest_snapshot,
@@ -66,10 +66,10 @@ from aggregator.snapshot import (
     prune,
     write_snapshot,
 )
-from aggregator.store import SegmentData, SketchStore, StaleCommitError
-from aggregator.windows import DecodedBatch, WindowedSketches, decode_epochs
-from infra.epochs_io import read_epochs
-from infra.kafka import (
+from ldpipe.aggregator.store import SegmentData, SketchStore, StaleCommitError
+from ldpipe.aggregator.windows import DecodedBatch, WindowedSketches, decode_epochs
+from ldpipe.infra.runtime.epochs_io import read_epochs
+from ldpipe.infra.runtime.kafka import (
     _READER,
     EXACTLY_ONCE_CONSUMER,
     KafkaSettings,
@@ -80,9 +80,9 @@ from infra.kafka import (
     read_range,
     require_topics,
 )
-from infra.observability import Readiness
-from schemas.config import UseCase
-from schemas.envelope import (
+from ldpipe.infra.runtime.observability import Readiness
+from ldpipe.schemas.config import UseCase
+from ldpipe.schemas.envelope import (
     ENC_LENGTH,
     ENVELOPE_VERSION,
     FIXED_HEADER_LENGTH,
@@ -90,8 +90,8 @@ from schemas.envelope import (
     TAG_LENGTH,
     PrivateKeyLookup,
 )
-from schemas.headers import dead_letter_headers, oversized_letter
-from schemas.mechanisms import Reports
+from ldpipe.schemas.headers import dead_letter_headers, oversized_letter
+from ldpipe.schemas.mechanisms import Reports
 
 __all__ = ["Aggregator", "AggregatorOptions", "DataLoss", "find_data_loss", "log_bounds"]
 

@@ -7,7 +7,7 @@ sketches count every report exactly once without trusting Kafka's committed offs
 layout, the checksum and the write protocol are specified in ``schemas/snapshot.md``.
 
 >>> import tempfile
->>> from schemas.mechanisms import Sketch
+>>> from ldpipe.schemas.mechanisms import Sketch
 >>> window = WindowSketch("emoji", "cms", {"k": 2, "m": 3}, 0, 0, 3600, Sketch.zeros(2, 3))
 >>> snapshot = SnapshotFile("agg-0", 1, {("ldp.emoji.shuffled", 0): 42}, (window,))
 >>> with tempfile.TemporaryDirectory() as directory:
@@ -39,9 +39,9 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa  # type: ignore[import-untyped]
 
-from schemas.durable import fsync_directory, publish_immutable
-from schemas.errors import SnapshotError, SnapshotExistsError
-from schemas.mechanisms import MECHANISMS, Mechanism, Sketch
+from ldpipe.schemas.durable import fsync_directory, publish_immutable
+from ldpipe.schemas.errors import SnapshotError, SnapshotExistsError
+from ldpipe.schemas.mechanisms import MECHANISMS, Mechanism, Sketch
 
 __all__ = [
     "DEFAULT_COMPRESSION",

@@ -17,7 +17,7 @@ the same application id, so of two writers racing on a partition exactly one win
 and not a manifest of our own: ``docs/store.md``; the table's layout: ``schemas/store.md``.
 
 >>> import tempfile
->>> from schemas.mechanisms import Sketch
+>>> from ldpipe.schemas.mechanisms import Sketch
 >>> with tempfile.TemporaryDirectory() as root:
 ...     store = SketchStore(root, "emoji")
 ...     sketch = Sketch.zeros(2, 3); sketch.counts[1] = 1; sketch.mark_modified()
@@ -48,9 +48,9 @@ from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from deltalake.fs import DeltaStorageHandler
 from deltalake.transaction import AddAction, RemoveAction
 
-from infra.secret_refs import resolve_all
-from schemas.errors import LdpipeError
-from schemas.mechanisms import Sketch
+from ldpipe.infra.runtime.secret_refs import resolve_all
+from ldpipe.schemas.errors import LdpipeError
+from ldpipe.schemas.mechanisms import Sketch
 
 __all__ = [
     "LEVELS",
@@ -166,8 +166,8 @@ class SketchStore:
     ``storage_options`` go to delta-rs (``AWS_ENDPOINT_URL``, credentials, ...;
     ``docs/store.md``). Object stores need an atomic put-if-absent for concurrent writers;
     for S3 it defaults to conditional puts (``conditional_put=etag``). Secret references in
-    them (``${env:NAME}``, ``${file:/path}``: ``infra/secret_refs.py``) are resolved here, once:
-    ``storage_options`` keeps them as written, only delta-rs sees the secrets.
+    them (``${env:NAME}``, ``${file:/path}``: ``infra/runtime/secret_refs.py``) are resolved here,
+    once: ``storage_options`` keeps them as written, only delta-rs sees the secrets.
     """
 
     def __init__(

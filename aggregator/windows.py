@@ -14,9 +14,9 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
-from schemas.envelope import EnvelopeError, PrivateKeyLookup, open_many
-from schemas.mechanisms import Mechanism, Reports, Sketch
-from schemas.payloads import PayloadCodec
+from ldpipe.schemas.envelope import EnvelopeError, PrivateKeyLookup, open_many
+from ldpipe.schemas.mechanisms import Mechanism, Reports, Sketch
+from ldpipe.schemas.payloads import PayloadCodec
 
 __all__ = ["DecodedBatch", "WindowedSketches", "decode_batch"]
 

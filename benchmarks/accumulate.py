@@ -56,7 +56,7 @@ import numpy.typing as npt
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import machine_facts, progress
-from schemas.mechanisms import CountMeanSketch, Reports, Sketch
+from ldpipe.schemas.mechanisms import CountMeanSketch, Reports, Sketch
 
 SEED = 20261125
 EPSILON, M = 4.0, 1_024

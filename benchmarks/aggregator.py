@@ -8,8 +8,8 @@
 Everything is measured in one run, so ratios compare like with like on a shared 2-core machine.
 Wall-clock rates move with other load (the 1-minute load average is printed per section);
 ratios use CPU time (``time.process_time``), which moves far less. Use cases come from
-``schemas.config.parse_config``: CMS, eps = 4, m = 1,024, and k = 65,536 (Apple's emoji shape)
-or k = 1,024. Envelopes are sealed beforehand (``DeviceClient.reports``: randomize, encode,
+``ldpipe.schemas.config.parse_config``: CMS, eps = 4, m = 1,024, and k = 65,536 (Apple's emoji
+shape) or k = 1,024. Envelopes are sealed beforehand (``DeviceClient.reports``: randomize, encode,
 seal) outside every timing; the payload is 134 bytes at both k.
 
 1. bare HPKE: ``Suite(X25519, HKDF_SHA256, CHACHA20_POLY1305).decrypt`` over the N envelopes'
@@ -72,26 +72,26 @@ from confluent_kafka import TIMESTAMP_CREATE_TIME, Message, Producer
 from cryptography.hazmat.primitives import hpke
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from aggregator.dedupe import SeenReports
-from aggregator.service import Aggregator, AggregatorOptions
-from aggregator.snapshot import (
+from ldpipe.aggregator.dedupe import SeenReports
+from ldpipe.aggregator.service import Aggregator, AggregatorOptions
+from ldpipe.aggregator.snapshot import (
     DEFAULT_COMPRESSION,
     Compression,
     SnapshotFile,
     WindowSketch,
     write_snapshot,
 )
-from aggregator.windows import WindowedSketches, decode_epochs
-from infra.broker import EmbeddedBroker
-from infra.kafka import KafkaSettings
-from infra.kafka import produce as kafka_produce
-from infra.pipeline import LocalPipeline, PipelineSettings
-from producers.client import DeviceClient
-from producers.emoji import emoji_dictionary
-from schemas.config import UseCase, parse_config
-from schemas.envelope import open_many, parse_header
-from schemas.keys import KeyPair, KeyRing
-from schemas.mechanisms import Sketch
+from ldpipe.aggregator.windows import WindowedSketches, decode_epochs
+from ldpipe.infra.cli.pipeline import LocalPipeline, PipelineSettings
+from ldpipe.infra.runtime.broker import EmbeddedBroker
+from ldpipe.infra.runtime.kafka import KafkaSettings
+from ldpipe.infra.runtime.kafka import produce as kafka_produce
+from ldpipe.producers.client import DeviceClient
+from ldpipe.schemas.config import UseCase, parse_config
+from ldpipe.schemas.emoji import emoji_dictionary
+from ldpipe.schemas.envelope import open_many, parse_header
+from ldpipe.schemas.keys import KeyPair, KeyRing
+from ldpipe.schemas.mechanisms import Sketch
 
 SUITE = hpke.Suite(hpke.KEM.X25519, hpke.KDF.HKDF_SHA256, hpke.AEAD.CHACHA20_POLY1305)
 EPSILON, M = 4.0, 1024

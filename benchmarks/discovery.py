@@ -37,17 +37,17 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.mechanisms import best_time
-from discovery.aux import AuxServer
-from discovery.client import DiscoveryClient
-from discovery.layers import DiscoveryConfig, parse_release
-from discovery.privacy import parameters_for
-from discovery.server import DiscoveryServer
-from discovery.tags import TagKey
-from producers.client import DeviceClient
-from producers.datasets import load_population
-from schemas.config import parse_config
-from schemas.envelope import open_many
-from schemas.keys import KeyPair, KeyRing
+from ldpipe.discovery.aux import AuxServer
+from ldpipe.discovery.client import DiscoveryClient
+from ldpipe.discovery.server import DiscoveryServer
+from ldpipe.producers.client import DeviceClient
+from ldpipe.producers.datasets import load_population
+from ldpipe.schemas.config import parse_config
+from ldpipe.schemas.discovery.layers import DiscoveryConfig, parse_release
+from ldpipe.schemas.discovery.privacy import parameters_for
+from ldpipe.schemas.discovery.tags import TagKey
+from ldpipe.schemas.envelope import open_many
+from ldpipe.schemas.keys import KeyPair, KeyRing
 
 EPSILON, DELTA = 2.0, 1e-9
 FREQUENCY_USE_CASE = """

@@ -10,7 +10,7 @@ partition, in windows of ``--window`` reports that all commit; contribution limi
 
 - **baseline**: the ledger before issue 11, written out below (``SetLedger``): per token
   digest, a Python ``set`` of ``(partition, offset)`` tuples, committed and pending;
-- **ledger**: ``shuffler.contributions.ContributionLedger``: a numpy hash table of digest →
+- **ledger**: ``ldpipe.shuffler.contributions.ContributionLedger``: a numpy hash table of digest →
   count for committed windows, positions only for the pending one.
 
 Figures, for each:
@@ -42,7 +42,7 @@ from typing import Protocol
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from shuffler.contributions import (
+from ldpipe.shuffler.contributions import (
     ContributionLedger,
     decode_entries,
     encode_entries,

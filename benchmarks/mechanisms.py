@@ -4,7 +4,7 @@
     python benchmarks/mechanisms.py --quick    # 2^13 reports per batch
     python benchmarks/mechanisms.py --json     # the same numbers as JSON on stdout
 
-For each mechanism (built with ``schemas.mechanisms.build_mechanism``) it measures, with
+For each mechanism (built with ``ldpipe.schemas.mechanisms.build_mechanism``) it measures, with
 ``time.perf_counter`` and the best of ``--repeats`` runs on one batch (more runs, up to 200 or
 0.2 s in all, for actions faster than that, identically for accumulate and ceiling):
 
@@ -54,7 +54,7 @@ import numpy.typing as npt
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from schemas.mechanisms import Mechanism, Reports, build_mechanism
+from ldpipe.schemas.mechanisms import Mechanism, Reports, build_mechanism
 
 CeilingLayout = Literal["row", "uniform"]
 

@@ -7,7 +7,7 @@ two bare HPKE seals, both measured in the same run.
     python benchmarks/nested.py --profile   # also cProfile the shuffler's path
 
 Use case ``emoji``: CMS, eps = 4, k = 1,024, m = 1,024, ``shuffle.layers = "nested"`` (parsed
-by ``schemas.config.parse_config``); Zipf(1.1) items over the built-in emoji dictionary.
+by ``ldpipe.schemas.config.parse_config``); Zipf(1.1) items over the built-in emoji dictionary.
 
 1. **Shuffler** (no Kafka), on N nested reports sealed beforehand, each with its own 16-byte
    client token as the Kafka key, in batches of 2,000 (``Shuffler.run`` consumes up to 2,000
@@ -63,17 +63,23 @@ from cryptography.hazmat.primitives import hpke
 
 from benchmarks.aggregator import profile_rows, table
 from benchmarks.mechanisms import sample_items
-from infra.kafka import KafkaSettings
-from producers.client import DeviceClient
-from producers.emoji import emoji_dictionary
-from schemas.config import UseCase, parse_config
-from schemas.envelope import ENC_LENGTH, NESTED_VERSION, TAG_LENGTH, EnvelopeError, EnvelopeHeader
-from schemas.keys import KeyPair, KeyRing
-from schemas.outer import OuterHeader, open_outer
-from shuffler.contributions import ContributionLedger
-from shuffler.inner import InnerCheck, payload_lengths
-from shuffler.service import Shuffler
-from shuffler.window import ShuffleWindow
+from ldpipe.infra.runtime.kafka import KafkaSettings
+from ldpipe.producers.client import DeviceClient
+from ldpipe.schemas.config import UseCase, parse_config
+from ldpipe.schemas.emoji import emoji_dictionary
+from ldpipe.schemas.envelope import (
+    ENC_LENGTH,
+    NESTED_VERSION,
+    TAG_LENGTH,
+    EnvelopeError,
+    EnvelopeHeader,
+)
+from ldpipe.schemas.keys import KeyPair, KeyRing
+from ldpipe.schemas.outer import OuterHeader, open_outer
+from ldpipe.shuffler.contributions import ContributionLedger
+from ldpipe.shuffler.inner import InnerCheck, payload_lengths
+from ldpipe.shuffler.service import Shuffler
+from ldpipe.shuffler.window import ShuffleWindow
 
 SUITE = hpke.Suite(hpke.KEM.X25519, hpke.KDF.HKDF_SHA256, hpke.AEAD.CHACHA20_POLY1305)
 USE_CASE = "emoji"

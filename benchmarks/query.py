@@ -107,7 +107,8 @@ import numpy.typing as npt
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from aggregator.snapshot import (
+from benchmarks.common import machine_facts, progress
+from ldpipe.aggregator.snapshot import (
     DEFAULT_COMPRESSION,
     Compression,
     SnapshotFile,
@@ -115,14 +116,13 @@ from aggregator.snapshot import (
     read_snapshot,
     write_snapshot,
 )
-from benchmarks.common import machine_facts, progress
-from schemas.mechanisms import (
+from ldpipe.schemas.mechanisms import (
     CountMeanSketch,
     HadamardCountMeanSketch,
     Sketch,
     SketchMechanism,
 )
-from schemas.mechanisms.hcms import walsh_hadamard_rows
+from ldpipe.schemas.mechanisms.hcms import walsh_hadamard_rows
 
 MIB = 1 << 20
 GIB = 1 << 30

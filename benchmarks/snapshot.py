@@ -42,14 +42,14 @@ import numpy.typing as npt
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from aggregator.snapshot import (
+from ldpipe.aggregator.snapshot import (
     Compression,
     SnapshotFile,
     WindowSketch,
     read_snapshot,
     write_snapshot,
 )
-from schemas.mechanisms import Sketch, build_mechanism
+from ldpipe.schemas.mechanisms import Sketch, build_mechanism
 
 K, M, EPSILON = 65536, 1024, 4.0
 DICTIONARY_SIZE = 2600

@@ -78,16 +78,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from confluent_kafka import Producer
 
-from aggregator.store import SketchStore
 from benchmarks.common import machine_facts, progress
-from infra.broker import EmbeddedBroker
-from infra.kafka import KafkaSettings, ensure_topics
-from infra.kafka import produce as kafka_produce
-from infra.topics import config_topics
-from producers.client import DeviceClient
-from producers.datasets import dictionary_population
-from schemas.config import UseCase, load_config
-from schemas.keys import KeyPair, save_key_pair
+from ldpipe.aggregator.store import SketchStore
+from ldpipe.infra.runtime.broker import EmbeddedBroker
+from ldpipe.infra.runtime.kafka import KafkaSettings, ensure_topics
+from ldpipe.infra.runtime.kafka import produce as kafka_produce
+from ldpipe.infra.runtime.topics import config_topics
+from ldpipe.producers.client import DeviceClient
+from ldpipe.producers.datasets import dictionary_population
+from ldpipe.schemas.config import UseCase, load_config
+from ldpipe.schemas.keys import KeyPair, save_key_pair
 
 ROOT = Path(__file__).resolve().parents[1]
 USE_CASE = "bench"
@@ -332,7 +332,7 @@ class Monitor(threading.Thread):
 
 # ---- processes -------------------------------------------------------------------------------
 def ldpipe(*args: str) -> list[str]:
-    return [sys.executable, "-m", "infra.cli", *args]
+    return [sys.executable, "-m", "ldpipe.infra.cli", *args]
 
 
 def child_env() -> dict[str, str]:

@@ -37,7 +37,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from schemas.headers import WINDOW_HEADER, Headers, WindowMark, header_value, parse_window_header
+from ldpipe.schemas.headers import (
+    WINDOW_HEADER,
+    Headers,
+    WindowMark,
+    header_value,
+    parse_window_header,
+)
 
 __all__ = ["AssembledWindow", "Rejected", "WindowAssembler", "released_ids"]
 

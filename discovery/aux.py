@@ -8,13 +8,13 @@ For one shuffled window of outer envelopes, :meth:`AuxServer.process_window`
 3. runs :func:`stability_histogram`: draws ``L ~ Laplace(b)`` per bucket from the OS CSPRNG,
    keeps the buckets with ``c + L >= T``, and picks one of each kept bucket's reports
    uniformly at random;
-4. returns, per kept bucket, a :class:`~discovery.layers.ReleasedBucket` (tag key id, tag, the
-   chosen inner envelope and the integer noisy count ``c + rint(L)``), in tag order, plus how
-   many reports it received, accepted and rejected by reason.
+4. returns, per kept bucket, a :class:`~ldpipe.schemas.discovery.layers.ReleasedBucket` (tag key id,
+   tag, the chosen inner envelope and the integer noisy count ``c + rint(L)``), in tag order, plus
+   how many reports it received, accepted and rejected by reason.
 
 Nothing else leaves the function and nothing is kept between windows: no counts of buckets
 below the threshold, not the number of buckets, no other ciphertext. The privacy of what is
-returned is Theorem 4 as ``discovery/privacy.py`` states it. Why integers and not ``c + L``:
+returned is Theorem 4 as ``schemas/discovery/privacy.py`` states it. Why integers and not ``c + L``:
 ``discovery/noise.py``.
 
 The function is pure given its randomness, so the service that will run it on the pipeline only
@@ -34,12 +34,12 @@ from typing import Final, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from discovery.exceptions import DiscoveryError
-from discovery.layers import DiscoveryConfig, ReleasedBucket, parse_outer_payload
-from discovery.noise import RandomSource, SystemRandomSource, laplace_noise, uniform_below
-from discovery.privacy import ReleaseParameters
-from discovery.tags import TAG_LENGTH
-from schemas.envelope import BytesLike, EnvelopeError, PrivateKeyLookup, open_envelope
+from ldpipe.discovery.noise import RandomSource, SystemRandomSource, laplace_noise, uniform_below
+from ldpipe.schemas.discovery.exceptions import DiscoveryError
+from ldpipe.schemas.discovery.layers import DiscoveryConfig, ReleasedBucket, parse_outer_payload
+from ldpipe.schemas.discovery.privacy import ReleaseParameters
+from ldpipe.schemas.discovery.tags import TAG_LENGTH
+from ldpipe.schemas.envelope import BytesLike, EnvelopeError, PrivateKeyLookup, open_envelope
 
 __all__ = [
     "BUCKET_KEY_LENGTH",

@@ -2,17 +2,17 @@
 
 It consumes the discovery shufflers' output (read_committed, one partition) and treats the
 records of one shuffler transaction as one window. Every record carries its window's id and size
-(``ldpipe.window``), and :class:`~discovery.assembly.WindowAssembler` collects them, so
+(``ldpipe.window``), and :class:`~ldpipe.discovery.assembly.WindowAssembler` collects them, so
 several shufflers' interleaved transactions come apart. Each complete window is one Kafka
 transaction (numbered, the order matters):
 
-1. :meth:`~discovery.aux.AuxServer.process_window` over the window's outer envelopes;
+1. :meth:`~ldpipe.discovery.aux.AuxServer.process_window` over the window's outer envelopes;
 2. produce one release record per kept bucket to ``ldp.<uc>.discovery.released``, each with the
    header ``ldpipe.release`` (JSON: window id, release time, bucket count, T, b, epsilon,
    delta, neighbours) so the server knows when it has the whole release;
-3. produce a :class:`~schemas.ledger.DiscoveryRelease` (epsilon, delta of Theorem 4, the window
-   and the number released) to the use case's privacy ledger — for every window, also one that
-   released nothing;
+3. produce a :class:`~ldpipe.schemas.privacy.ledger.DiscoveryRelease` (epsilon, delta of Theorem 4,
+   the window and the number released) to the use case's privacy ledger — for every window, also one
+   that released nothing;
 4. produce the dead letters held so far (records without a valid mark, windows that can never
    complete) to ``ldp.<uc>.discovery.dlq``;
 5. ``send_offsets_to_transaction`` with the offset the assembler allows (past everything taken,
@@ -46,14 +46,12 @@ from confluent_kafka import (
 )
 from prometheus_client import CollectorRegistry
 
-from discovery.assembly import AssembledWindow, Rejected, WindowAssembler, released_ids
-from discovery.aux import AuxRelease, AuxServer
-from discovery.exceptions import DiscoveryServiceError
-from discovery.metrics import AuxMetrics
-from discovery.noise import RandomSource
-from discovery.privacy import Neighbours, release_guarantee
-from discovery.runtime import discovery_config, discovery_settings, release_parameters
-from infra.kafka import (
+from ldpipe.discovery.assembly import AssembledWindow, Rejected, WindowAssembler, released_ids
+from ldpipe.discovery.aux import AuxRelease, AuxServer
+from ldpipe.discovery.metrics import AuxMetrics
+from ldpipe.discovery.noise import RandomSource
+from ldpipe.discovery.runtime import discovery_config, discovery_settings, release_parameters
+from ldpipe.infra.runtime.kafka import (
     EXACTLY_ONCE_CONSUMER,
     KafkaSettings,
     message_position,
@@ -61,11 +59,13 @@ from infra.kafka import (
     read_tail,
     require_topics,
 )
-from infra.observability import Readiness
-from schemas.config import UseCase
-from schemas.headers import RELEASE_HEADER, dead_letter_headers
-from schemas.keys import KeyRing
-from schemas.ledger import (
+from ldpipe.infra.runtime.observability import Readiness
+from ldpipe.schemas.config import UseCase
+from ldpipe.schemas.discovery.exceptions import DiscoveryServiceError
+from ldpipe.schemas.discovery.privacy import Neighbours, release_guarantee
+from ldpipe.schemas.headers import RELEASE_HEADER, dead_letter_headers
+from ldpipe.schemas.keys import KeyRing
+from ldpipe.schemas.privacy.ledger import (
     DiscoveryRelease,
     LedgerFormatError,
     decode_record,

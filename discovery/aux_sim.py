@@ -1,18 +1,19 @@
 """``ldpipe discover-sim --protocol aux``: the aux-server protocol in memory (GCMS §5, §7.5).
 
 Per trial, with the same classes the services run: every device encodes its item
-(:class:`~discovery.client.DiscoveryClient`, Alg. 5); the window is shuffled (a seeded
-permutation stands in for the shuffler); the :class:`~discovery.aux.AuxServer` releases buckets
-(Alg. 6); the :class:`~discovery.server.DiscoveryServer` opens and validates them; the result is
-scored (``discovery/evaluation.py``).
+(:class:`~ldpipe.discovery.client.DiscoveryClient`, Alg. 5); the window is shuffled (a seeded
+permutation stands in for the shuffler); the :class:`~ldpipe.discovery.aux.AuxServer` releases
+buckets (Alg. 6); the :class:`~ldpipe.discovery.server.DiscoveryServer` opens and validates them;
+the result is scored (``discovery/evaluation.py``).
 
 Reproducibility: the Laplace noise and the choice of released report come from
 ``SeededRandomSource([seed, trial])`` and the tag key is derived from the seed, so a seed fixes
 the discovered items and counts (services use the OS CSPRNG and a random tag key; a seeded
 source is never accepted from configuration). HPKE ephemeral keys stay random; they do not
 change any result. ``skip_encryption`` runs the identical tag, histogram, noise and sampling code
-(:func:`~discovery.aux.stability_histogram`) on the devices' tags directly, without the two HPKE
-layers (about 4,000 reports/s per core with them): same seed, same discoveries, for large sweeps.
+(:func:`~ldpipe.discovery.aux.stability_histogram`) on the devices' tags directly, without the two
+HPKE layers (about 4,000 reports/s per core with them): same seed, same discoveries, for large
+sweeps.
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from discovery.aux import AuxServer, bucket_keys, stability_histogram
-from discovery.client import DiscoveryClient
-from discovery.evaluation import (
+from ldpipe.discovery.aux import AuxServer, bucket_keys, stability_histogram
+from ldpipe.discovery.client import DiscoveryClient
+from ldpipe.discovery.evaluation import (
     DEFAULT_DELTA,
     DiscoveredItem,
     DiscoverySimRequest,
@@ -35,10 +36,12 @@ from discovery.evaluation import (
     ground_truth,
     score,
 )
-from discovery.exceptions import PrivacyParameterError
-from discovery.layers import DiscoveryConfig
-from discovery.noise import SeededRandomSource
-from discovery.privacy import (
+from ldpipe.discovery.noise import SeededRandomSource
+from ldpipe.discovery.server import DiscoveryServer
+from ldpipe.producers.datasets import load_population
+from ldpipe.schemas.discovery.exceptions import PrivacyParameterError
+from ldpipe.schemas.discovery.layers import DiscoveryConfig
+from ldpipe.schemas.discovery.privacy import (
     NEIGHBOURS,
     Neighbours,
     ReleaseGuarantee,
@@ -46,10 +49,8 @@ from discovery.privacy import (
     parameters_for,
     release_guarantee,
 )
-from discovery.server import DiscoveryServer
-from discovery.tags import TagKey
-from producers.datasets import load_population
-from schemas.keys import KeyPair, KeyRing
+from ldpipe.schemas.discovery.tags import TagKey
+from ldpipe.schemas.keys import KeyPair, KeyRing
 
 __all__ = ["SIM_USE_CASE", "resolve_parameters", "simulate"]
 

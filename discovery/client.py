@@ -1,7 +1,7 @@
 """The device side of discovery (GCMS paper §5.1, Alg. 5): ``v = E_aux(E_server(d) || H(d))``.
 
-1. normalize and bound the item (``discovery/item.py``);
-2. ``H(d)``: the keyed tag (``discovery/tags.py``);
+1. normalize and bound the item (``schemas/discovery/item.py``);
+2. ``H(d)``: the keyed tag (``schemas/discovery/tags.py``);
 3. ``E_server(d)``: the padded item payload sealed to the server's public key as an envelope of
    use case ``<uc>.disc.srv``;
 4. ``E_aux(...)``: the outer payload (tag key id, tag, inner envelope) sealed to the aux
@@ -11,7 +11,7 @@ The result is what a device publishes to the discovery reports topic; the shuffl
 like any envelope. Every call draws two fresh HPKE ephemeral keys, so equal items give unrelated
 bytes; every report of a use case has the same length (the item is padded).
 
->>> from schemas.keys import KeyPair
+>>> from ldpipe.schemas.keys import KeyPair
 >>> server, aux = KeyPair.generate(key_id=1), KeyPair.generate(key_id=2)
 >>> client = DiscoveryClient(
 ...     DiscoveryConfig("words"), server_key=server.public, aux_key=aux.public,
@@ -25,13 +25,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from discovery.exceptions import DiscoveryError
-from discovery.item import normalize_item
-from discovery.layers import DiscoveryConfig, encode_item_payload, encode_outer_payload
-from discovery.tags import TagKey
-from schemas.envelope import seal
-from schemas.keys import PublicKey
-from schemas.outer import seal_outer
+from ldpipe.schemas.discovery.exceptions import DiscoveryError
+from ldpipe.schemas.discovery.item import normalize_item
+from ldpipe.schemas.discovery.layers import (
+    DiscoveryConfig,
+    encode_item_payload,
+    encode_outer_payload,
+)
+from ldpipe.schemas.discovery.tags import TagKey
+from ldpipe.schemas.envelope import seal
+from ldpipe.schemas.keys import PublicKey
+from ldpipe.schemas.outer import seal_outer
 
 __all__ = ["DiscoveryClient", "DiscoveryConfig", "TagKey"]
 
@@ -39,7 +43,7 @@ __all__ = ["DiscoveryClient", "DiscoveryConfig", "TagKey"]
 class DiscoveryClient:
     """Makes discovery reports for one use case (GCMS Alg. 5); holds only public material.
 
-    The tag key is needed by every device (``discovery/tags.py`` says what that implies).
+    The tag key is needed by every device (``schemas/discovery/tags.py`` says what that implies).
     """
 
     def __init__(

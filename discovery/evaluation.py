@@ -7,12 +7,12 @@ and score themselves with :func:`score`, so their JSON is one contract
 ``simulate(request: DiscoverySimRequest) -> DiscoverySimResult``.
 
 **Scores, exactly.** Let ``truth`` map each normalized item (the protocol's normalization, e.g.
-``discovery.item.normalize_item``) to the number of devices holding it (:func:`ground_truth`:
-devices whose items normalize alike are merged; items that cannot be normalized are dropped and
-counted), ``T`` the relevance threshold (for the aux server its threshold T), ``D`` the set of
-distinct items the protocol's server output in one trial (an item output twice counts once), and
-``R = {d : truth[d] >= T}`` (for a fractional ``T``: ``truth[d] >= ceil(T)``). Then
-``precision = |D & R| / |D|`` (1 if D is empty), ``recall = |D & R| / |R|`` (1 if R is
+``ldpipe.schemas.discovery.item.normalize_item``) to the number of devices holding it
+(:func:`ground_truth`: devices whose items normalize alike are merged; items that cannot be
+normalized are dropped and counted), ``T`` the relevance threshold (for the aux server its threshold
+T), ``D`` the set of distinct items the protocol's server output in one trial (an item output twice
+counts once), and ``R = {d : truth[d] >= T}`` (for a fractional ``T``: ``truth[d] >= ceil(T)``).
+Then ``precision = |D & R| / |D|`` (1 if D is empty), ``recall = |D & R| / |R|`` (1 if R is
 empty), ``f1 = 2 P R / (P + R)`` (0 if both are 0). An item of D below T counts as a false
 positive even though it exists: with noise, buckets just below T are sometimes released, and
 that is what precision measures. Reported ``precision``, ``recall`` and ``f1`` are means over
@@ -30,9 +30,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from discovery.exceptions import DiscoveryError
-from discovery.item import ItemRules, normalize_item
-from producers.datasets import Population
+from ldpipe.producers.datasets import Population
+from ldpipe.schemas.discovery.exceptions import DiscoveryError
+from ldpipe.schemas.discovery.item import ItemRules, normalize_item
 
 __all__ = [
     "DEFAULT_DELTA",

@@ -4,7 +4,7 @@ A discoveries store (``discovery/store.py``) has one file per released window. D
 people ask the other way round: which items were found, in how many windows, since when, and
 how large their noisy counts were. :func:`found_items` folds the windows into that.
 
->>> from discovery.server import Discovery
+>>> from ldpipe.discovery.server import Discovery
 >>> def window(i, found):
 ...     return DiscoveryWindow("words", f"w{i}", 100.0 * i, 20.0, 1.0, 2.0, 1e-9, "replace-one",
 ...                            tuple(Discovery(item, n, 1, bytes(16)) for item, n in found))
@@ -20,10 +20,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from discovery.runtime import discovery_store_directory
-from discovery.sfp_service import sfp_store_directory
-from discovery.store import DiscoveryWindow
-from schemas.config import UseCase
+from ldpipe.discovery.runtime import discovery_store_directory
+from ldpipe.discovery.sfp_service import sfp_store_directory
+from ldpipe.discovery.store import DiscoveryWindow
+from ldpipe.schemas.config import UseCase
 
 __all__ = ["FoundItem", "found_items", "store_directory"]
 

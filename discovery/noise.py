@@ -23,10 +23,10 @@ its deviations from an ideal Laplace(b) are:
 Released values are never raw floats: the aux server compares ``L >= T - c`` and publishes the
 integer ``c + rint(L)`` (``discovery/aux.py``), so the output depends on ``L`` only through
 which of at most ``2 * (37 b + 2)`` intervals it falls in. Its distribution is then within total
-variation :func:`discovery.privacy.float_total_variation` of the ideal mechanism's, which
-``discovery/privacy.py`` adds to delta. Releasing ``c + L`` as a float would leak ``c`` through
-the low-order bits (Mironov, "On significance of the least significant bits for differential
-privacy", CCS 2012); the integer release is what defeats that attack.
+variation :func:`ldpipe.schemas.discovery.privacy.float_total_variation` of the ideal mechanism's,
+which ``schemas/discovery/privacy.py`` adds to delta. Releasing ``c + L`` as a float would leak
+``c`` through the low-order bits (Mironov, "On significance of the least significant bits for
+differential privacy", CCS 2012); the integer release is what defeats that attack.
 
 **Uniform choices** (:func:`uniform_below`): 8 bytes per draw, ``w mod n``: the bias is at most
 ``n / 2^64`` in total variation (1e-13 for a bucket of a million reports). It only decides which

@@ -1,11 +1,9 @@
 """What the discovery services derive from a configured use case (``[use_case.discovery]``).
 
-* :func:`discovery_config` — the :class:`~discovery.layers.DiscoveryConfig` devices, aux server
-  and server agree on (use case id = the use case's name, the table's epoch and item rules);
+* :func:`discovery_config` — the :class:`~ldpipe.schemas.discovery.layers.DiscoveryConfig`
+  devices, aux server and server agree on (use case id = the use case's name, the table's epoch and
+  item rules);
 * :func:`release_parameters` — (T, b), given or from a target (epsilon, delta) (Theorem 4);
-* :func:`discovery_shuffle_use_case` — the use case the discovery shuffler runs as: the same
-  shuffler code on the discovery topics, named ``<uc>.discovery`` so its consumer group,
-  transactional id, contribution state and window ledger are its own;
 * tag key files: ``{"format": "ldpipe-tag-key", "version": 1, "key_id": ..., "secret": b64}``,
   written 0600 (:func:`save_tag_key`, :func:`load_tag_key`; ``ldpipe keys tag`` names them
   ``<name>-<key id>.tag.json``); :func:`load_tag_keys` reads the current key and the older ones
@@ -22,7 +20,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import dataclasses
 import hmac
 import json
 import os
@@ -30,19 +27,16 @@ import stat
 from pathlib import Path
 from typing import Final, cast
 
-from discovery.item import ItemMode, ItemRules
-from discovery.layers import ITEM_FIXED_LENGTH, OUTER_FIXED_LENGTH, DiscoveryConfig
-from discovery.privacy import Neighbours, ReleaseParameters, parameters_for
-from discovery.tags import TagKey
-from schemas.config import ConfigError, DiscoverySettings, Topics, UseCase
-from schemas.envelope import ENC_LENGTH, ENVELOPE_VERSION, FIXED_HEADER_LENGTH, TAG_LENGTH
-from shuffler.inner import InnerCheck
+from ldpipe.schemas.config import ConfigError, DiscoverySettings, UseCase
+from ldpipe.schemas.discovery.item import ItemMode, ItemRules
+from ldpipe.schemas.discovery.layers import DiscoveryConfig
+from ldpipe.schemas.discovery.privacy import Neighbours, ReleaseParameters, parameters_for
+from ldpipe.schemas.discovery.tags import TagKey
 
 __all__ = [
     "TAG_KEY_SUFFIX",
     "discovery_config",
     "discovery_settings",
-    "discovery_shuffle_use_case",
     "discovery_store_directory",
     "load_tag_key",
     "load_tag_keys",
@@ -82,32 +76,6 @@ def discovery_store_directory(use_case: UseCase) -> Path:
     """Where the server records discoveries: ``store``, else ``<snapshot dir>/discoveries``."""
     d = discovery_settings(use_case)
     return d.store if d.store is not None else use_case.snapshot.directory / "discoveries"
-
-
-def discovery_shuffle_use_case(use_case: UseCase) -> UseCase:
-    """The use case a :class:`~shuffler.service.Shuffler` runs as for discovery reports."""
-    t = discovery_settings(use_case).topics
-    topics = Topics(
-        reports=t.reports,
-        shuffled=t.shuffled,
-        dlq=t.dlq,
-        shuffler_state=t.shuffler_state,
-        params="",
-        partitions=use_case.topics.partitions,
-    )
-    return dataclasses.replace(use_case, name=f"{use_case.name}.discovery", topics=topics)
-
-
-def discovery_inner_check(use_case: UseCase) -> InnerCheck:
-    """What the discovery shuffler checks of the ``E_aux`` envelopes it publishes: a v1
-    envelope of ``<uc>.disc.aux`` and the discovery epoch, of the one length every report of
-    the use case has (the item is padded to ``max_bytes``, ``schemas/discovery.md``)."""
-    config = discovery_config(use_case)
-    inner = FIXED_HEADER_LENGTH + len(config.inner_use_case) + ENC_LENGTH
-    inner += ITEM_FIXED_LENGTH + config.rules.max_bytes + TAG_LENGTH
-    return InnerCheck(
-        config.outer_use_case, ENVELOPE_VERSION, {config.epoch: OUTER_FIXED_LENGTH + inner}
-    )
 
 
 def save_tag_key(key: TagKey, path: str | os.PathLike[str]) -> Path:

@@ -1,6 +1,6 @@
 """The server side of discovery (GCMS paper §5.1, phase 4): open and validate released buckets.
 
-For each release record (``discovery/layers.py``) the server
+For each release record (``schemas/discovery/layers.py``) the server
 
 1. parses it, if given bytes (``release_*`` reasons);
 2. looks up the tag key by id (``unknown_tag_key``);
@@ -25,11 +25,16 @@ from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from discovery.exceptions import DiscoveryError, DiscoveryRejection
-from discovery.item import normalize_item
-from discovery.layers import DiscoveryConfig, ReleasedBucket, parse_item_payload, parse_release
-from discovery.tags import TagKey
-from schemas.envelope import BytesLike, EnvelopeError, PrivateKeyLookup, open_envelope
+from ldpipe.schemas.discovery.exceptions import DiscoveryError, DiscoveryRejection
+from ldpipe.schemas.discovery.item import normalize_item
+from ldpipe.schemas.discovery.layers import (
+    DiscoveryConfig,
+    ReleasedBucket,
+    parse_item_payload,
+    parse_release,
+)
+from ldpipe.schemas.discovery.tags import TagKey
+from ldpipe.schemas.envelope import BytesLike, EnvelopeError, PrivateKeyLookup, open_envelope
 
 __all__ = ["Discovery", "DiscoveryServer", "Refusal", "ServerResult"]
 

@@ -6,7 +6,7 @@ publishes a window's release records in one transaction, each carrying the windo
 contiguous and the header says how many there are. Per complete window (numbered):
 
 1. if the store holds the window already (a replay after a crash between 4 and 5), skip to 5;
-2. :meth:`~discovery.server.DiscoveryServer.open_release` with the server's private keys and
+2. :meth:`~ldpipe.discovery.server.DiscoveryServer.open_release` with the server's private keys and
    tag keys — the current one and the older ones of ``tag_keys`` (validation: normal form, tag
    matches the bucket);
 3. send every refused record to the dead-letter topic ``ldp.<uc>.discovery.dlq``: the value as
@@ -14,7 +14,7 @@ contiguous and the header says how many there are. Per complete window (numbered
    ``ldpipe.layer`` (``release``, ``envelope`` or ``item``: whose rule it broke),
    ``ldpipe.source`` (``topic:partition:offset``) and its own ``ldpipe.release`` if it had one;
    then wait until they are delivered;
-4. :meth:`~discovery.store.DiscoveryStore.append` of the window's discoveries, with the
+4. :meth:`~ldpipe.discovery.store.DiscoveryStore.append` of the window's discoveries, with the
    release's T, b, epsilon, delta — refused if the window is recorded already;
 5. commit the consumer offset after the window.
 
@@ -36,29 +36,33 @@ from typing import Final
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 from prometheus_client import CollectorRegistry
 
-from discovery.aux_service import ReleaseHeader
-from discovery.exceptions import DiscoveryExistsError, DiscoveryRejection, DiscoveryServiceError
-from discovery.metrics import ServerMetrics
-from discovery.runtime import (
+from ldpipe.discovery.aux_service import ReleaseHeader
+from ldpipe.discovery.metrics import ServerMetrics
+from ldpipe.discovery.runtime import (
     discovery_config,
     discovery_settings,
     discovery_store_directory,
     load_tag_keys,
 )
-from discovery.server import DiscoveryServer
-from discovery.store import DiscoveryStore, DiscoveryWindow, window_file_name
-from infra.kafka import (
+from ldpipe.discovery.server import DiscoveryServer
+from ldpipe.discovery.store import DiscoveryStore, DiscoveryWindow, window_file_name
+from ldpipe.infra.runtime.kafka import (
     EXACTLY_ONCE_CONSUMER,
     KafkaSettings,
     message_position,
     produce,
     require_topics,
 )
-from infra.observability import Readiness
-from schemas.config import UseCase
-from schemas.envelope import EnvelopeRejection
-from schemas.headers import RELEASE_HEADER, dead_letter_headers, header_value
-from schemas.keys import KeyRing
+from ldpipe.infra.runtime.observability import Readiness
+from ldpipe.schemas.config import UseCase
+from ldpipe.schemas.discovery.exceptions import (
+    DiscoveryExistsError,
+    DiscoveryRejection,
+    DiscoveryServiceError,
+)
+from ldpipe.schemas.envelope import EnvelopeRejection
+from ldpipe.schemas.headers import RELEASE_HEADER, dead_letter_headers, header_value
+from ldpipe.schemas.keys import KeyRing
 
 __all__ = ["DEAD_LETTER_STAGE", "DiscoveryRecorder"]
 

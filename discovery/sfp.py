@@ -21,8 +21,8 @@ keeps the candidates whose word-sketch estimate passes the word threshold.
 Encodings (everything a client and server must agree on besides the two hash families):
 
 * **word**: Unicode NFC, surrounding whitespace stripped, then (``lowercase=True``) ``str.lower``
-  and NFC again (the order ``discovery/item.py`` uses); the first ``word_length`` code points
-  kept, right-padded with ``pad`` to ``word_length``; the word item is its UTF-8.
+  and NFC again (the order ``schemas/discovery/item.py`` uses); the first ``word_length`` code
+  points kept, right-padded with ``pad`` to ``word_length``; the word item is its UTF-8.
   ``decode_word`` strips trailing ``pad``. Words with characters outside the alphabet are sent
   like any other but cannot be discovered (the server enumerates the alphabet only).
 * **piece**: ``SHA-256(b"ldpipe/sfp-piece/v1\\x00" || word item)[0] >> (8 - piece_bits)``.
@@ -40,22 +40,20 @@ b'moana     '
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import logging
 import math
 import time
-import unicodedata
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 from functools import lru_cache
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from discovery.evaluation import (
+from ldpipe.discovery.evaluation import (
     DiscoveredItem,
     DiscoverySimRequest,
     DiscoverySimResult,
@@ -63,34 +61,35 @@ from discovery.evaluation import (
     TrialOutcome,
     score,
 )
-from producers.datasets import Population, load_population
-from schemas.hashing import item_keys
-from schemas.mechanisms import Reports, Sketch, SketchMechanism, build_mechanism
-from schemas.mechanisms.base import as_int
+from ldpipe.producers.datasets import Population, load_population
+from ldpipe.schemas.discovery.sfp_words import (
+    APPLE_FRAGMENT_SHARE,
+    SfpParams,
+    clean_word,
+    fragment_item,
+    int_in,
+    normalize_word,
+    piece_of,
+)
+from ldpipe.schemas.hashing import item_keys
+from ldpipe.schemas.mechanisms import Reports, Sketch, SketchMechanism
 
 __all__ = [
     "SfpCodes",
     "SfpDiscovery",
-    "SfpParams",
     "SfpReports",
     "SfpResult",
     "SfpSketches",
     "SfpSpelling",
     "SfpSpellingWarning",
     "SfpTrial",
-    "SketchName",
     "accumulate",
     "check_spelling",
-    "decode_word",
     "discover",
-    "encode_word",
     "encode_words",
-    "fragment_item",
     "new_sketches",
-    "parse_fragment_item",
     "perturb_fragments",
     "perturb_words",
-    "piece_of",
     "randomize_words",
     "simulate",
     "simulate_request",
@@ -98,209 +97,9 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-SketchName = Literal["cms", "hcms"]
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
 KeyArray = npt.NDArray[np.uint64]
-
-_PIECE_DOMAIN = b"ldpipe/sfp-piece/v1\x00"
-_SEPARATOR = b"|"
-_MAX_CANDIDATES = 1 << 22  # (piece, fragment) pairs estimated per position
-_APPLE_FRAGMENT_SHARE = 6.0 / 8.0  # Apple §6.1: eps' = 6 of a device's 8
-
-
-def _int_in(value: object, name: str, low: int, high: int, hint: str = "") -> int:
-    """``value`` as an int in ``[low, high]`` (bools and floats refused), else a clear error."""
-    number = as_int(value, name)
-    if not low <= number <= high:
-        raise ValueError(f"{name} must be in [{low}, {high}], got {number}{hint}")
-    return number
-
-
-def _positive(value: float, name: str) -> None:
-    if isinstance(value, bool) or not (
-        isinstance(value, int | float) and math.isfinite(value) and value > 0
-    ):
-        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
-
-
-@dataclass(frozen=True)
-class SfpParams:
-    """Every SFP setting; defaults are Apple's new-words deployment (§6.1).
-
-    Apple §6.1 gives ``(eps, eps') = (2, 6)``, ``(k, k') = (2048, 2048)``, ``(m, m') = (1024,
-    1024)`` where the unprimed values are the word (sequence) sketch and the primed ones the
-    fragment sketch (Alg. 9 line 3), words of 10 characters, fragments of 2 at the odd positions
-    1, 3, 5, 7, 9 (here 0-based starts 0, 2, 4, 6, 8), and an 8-bit puzzle piece.
-
-    >>> SfpParams(fragment_k=256).fragment_oracle().k
-    256
-
-    Thresholds: a fragment is kept when its estimate is at least ``fragment_z`` null standard
-    errors (at most ``fragment_top`` per position, Apple's 𝒯 of Alg. 10 line 10); a candidate
-    word when its estimate is at least ``word_z`` null standard errors (or a count threshold
-    given to :func:`discover`). ``max_words_per_piece`` bounds the cartesian product per piece.
-    """
-
-    epsilon_fragment: float = 6.0
-    epsilon_word: float = 2.0
-    word_length: int = 10
-    fragment_length: int = 2
-    piece_bits: int = 8
-    alphabet: str = "abcdefghijklmnopqrstuvwxyz"
-    pad: str = " "
-    lowercase: bool = True
-    fragment_mechanism: SketchName = "cms"
-    fragment_k: int = 2048
-    fragment_m: int = 1024
-    fragment_hash_seed: int = 0x5F9F
-    word_mechanism: SketchName = "cms"
-    word_k: int = 2048
-    word_m: int = 1024
-    word_hash_seed: int = 0x5F9E
-    fragment_z: float = 4.5
-    word_z: float = 4.0
-    fragment_top: int = 1024
-    max_words_per_piece: int = 4096
-    _fragment_oracle: SketchMechanism = field(init=False, repr=False, compare=False)
-    _word_oracle: SketchMechanism = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        _positive(self.epsilon_fragment, "epsilon_fragment")
-        _positive(self.epsilon_word, "epsilon_word")
-        _int_in(self.word_length, "word_length", 1, 64)
-        _int_in(self.fragment_length, "fragment_length", 1, self.word_length)
-        if self.word_length % self.fragment_length:
-            raise ValueError(
-                f"word_length ({self.word_length}) must be a multiple of fragment_length "
-                f"({self.fragment_length}) so the fragments tile the word (Apple: 10 and 2)"
-            )
-        _int_in(self.piece_bits, "piece_bits", 1, 8, " (Apple's puzzle piece has 8 bits)")
-        if not isinstance(self.pad, str) or len(self.pad) != 1:
-            raise ValueError(f"pad must be a single character, got {self.pad!r}")
-        if not isinstance(self.alphabet, str) or not self.alphabet:
-            raise ValueError(f"alphabet must be a non-empty string, got {self.alphabet!r}")
-        if len(set(self.alphabet)) != len(self.alphabet) or self.pad in self.alphabet:
-            raise ValueError(
-                f"alphabet must list distinct characters and not the pad {self.pad!r} (the pad "
-                f"is added to it), got {self.alphabet!r}"
-            )
-        if self.alphabet != unicodedata.normalize("NFC", self.alphabet):
-            raise ValueError("alphabet must be in Unicode NFC (words are normalized to NFC)")
-        if self.candidates_per_position > _MAX_CANDIDATES:
-            raise ValueError(
-                f"2^piece_bits x |alphabet + pad|^fragment_length = "
-                f"{self.candidates_per_position:,} candidates per position is above "
-                f"{_MAX_CANDIDATES:,}; use fewer piece_bits, a smaller alphabet or shorter "
-                f"fragments"
-            )
-        for name in ("fragment_mechanism", "word_mechanism"):
-            if getattr(self, name) not in ("cms", "hcms"):
-                raise ValueError(f"{name} must be 'cms' or 'hcms', got {getattr(self, name)!r}")
-        _positive(self.fragment_z, "fragment_z")
-        _positive(self.word_z, "word_z")
-        _int_in(self.fragment_top, "fragment_top", 1, _MAX_CANDIDATES)
-        _int_in(self.max_words_per_piece, "max_words_per_piece", 1, 1 << 24)
-        object.__setattr__(self, "_fragment_oracle", self._oracle("fragment"))
-        object.__setattr__(self, "_word_oracle", self._oracle("word"))
-
-    def _oracle(self, which: Literal["fragment", "word"]) -> SketchMechanism:
-        name = getattr(self, f"{which}_mechanism")
-        k, m = getattr(self, f"{which}_k"), getattr(self, f"{which}_m")
-        try:
-            mech = build_mechanism(
-                name,
-                epsilon=getattr(self, f"epsilon_{which}"),
-                k=k,
-                m=m,
-                seed=getattr(self, f"{which}_hash_seed"),
-            )
-        except (TypeError, ValueError) as exc:
-            raise type(exc)(f"SFP {which} sketch ({name}, k={k}, m={m}): {exc}") from exc
-        assert isinstance(mech, SketchMechanism)
-        return mech
-
-    def fragment_oracle(self) -> SketchMechanism:
-        """The fragment frequency oracle (Apple's ``A_client-CMS(r; eps', H')``)."""
-        return self._fragment_oracle
-
-    def word_oracle(self) -> SketchMechanism:
-        """The word frequency oracle (Apple's ``A_client-CMS(s; eps, H)``)."""
-        return self._word_oracle
-
-    @property
-    def positions(self) -> int:
-        """Number of fragment positions (Apple: 5, the odd indices 1..9)."""
-        return self.word_length // self.fragment_length
-
-    @property
-    def symbols(self) -> str:
-        """The server's enumeration alphabet Ω: ``alphabet`` plus the pad."""
-        return self.alphabet + self.pad
-
-    @property
-    def candidates_per_position(self) -> int:
-        """``2^piece_bits x |Ω|^fragment_length``: what Alg. 10 line 10 estimates per position."""
-        return int((1 << self.piece_bits) * len(self.symbols) ** self.fragment_length)
-
-    @property
-    def total_epsilon(self) -> float:
-        """ε a device spends per collection: fragment plus word report (Apple Thm 4.5)."""
-        return float(self._fragment_oracle.effective_epsilon + self._word_oracle.effective_epsilon)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Every setting by name (what a result records as 'the parameters used')."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.init}
-
-
-# ---- encodings ------------------------------------------------------------------------------
-
-
-def _clean(word: str, params: SfpParams) -> str:
-    """NFC, surrounding whitespace stripped, then (``lowercase``) lower-cased and NFC again."""
-    if not isinstance(word, str):
-        raise TypeError(f"a word must be a str, got {type(word).__name__}")
-    text = unicodedata.normalize("NFC", word).strip()
-    if params.lowercase:
-        text = unicodedata.normalize("NFC", text.lower())
-    return text
-
-
-def _normalize(word: str, params: SfpParams) -> str:
-    text = _clean(word, params)[: params.word_length]
-    return text + params.pad * (params.word_length - len(text))
-
-
-def encode_word(word: str, params: SfpParams) -> bytes:
-    """The word item a device reports: normalized, truncated/padded to ``word_length``, UTF-8."""
-    return _normalize(word, params).encode("utf-8")
-
-
-def decode_word(item: bytes, params: SfpParams) -> str:
-    """The word a word item stands for: UTF-8 decoded, trailing pad removed."""
-    return item.decode("utf-8").rstrip(params.pad)
-
-
-def piece_of(word_items: Sequence[bytes], bits: int) -> IntArray:
-    """The puzzle piece ``h(s)`` of each word item (Alg. 9 line 2): a ``bits``-bit hash."""
-    shift = 8 - _int_in(bits, "piece_bits", 1, 8)
-    return np.fromiter(
-        (hashlib.sha256(_PIECE_DOMAIN + item).digest()[0] >> shift for item in word_items),
-        dtype=np.int64,
-        count=len(word_items),
-    )
-
-
-def fragment_item(piece: int, fragment: str) -> bytes:
-    """``h(s) || s[l : l + len]`` as bytes: one piece byte, ``b"|"``, the fragment's UTF-8."""
-    return bytes((_int_in(piece, "piece", 0, 255),)) + _SEPARATOR + fragment.encode("utf-8")
-
-
-def parse_fragment_item(item: bytes) -> tuple[int, str]:
-    """Inverse of :func:`fragment_item`: ``(piece, fragment)``."""
-    if len(item) < 2 or item[1:2] != _SEPARATOR:
-        raise ValueError(f"not a fragment item (piece byte, b'|', UTF-8 fragment): {item!r}")
-    return item[0], item[2:].decode("utf-8")
 
 
 @dataclass(frozen=True, eq=False)
@@ -322,7 +121,7 @@ class SfpCodes:
 
 def encode_words(words: Sequence[str], params: SfpParams) -> SfpCodes:
     """Encode a batch of words: one SHA-256 per word item and per fragment item."""
-    padded = [_normalize(word, params) for word in words]
+    padded = [normalize_word(word, params) for word in words]
     items = [word.encode("utf-8") for word in padded]
     pieces = piece_of(items, params.piece_bits)
     size = params.fragment_length
@@ -629,7 +428,7 @@ def discover(
 class SfpTrial:
     """One simulated collection: discoveries ``(item, true_count, estimated_count)`` and scores.
 
-    ``scores`` follow ``discovery.evaluation.score`` against the words whose true count is at
+    ``scores`` follow ``ldpipe.discovery.evaluation.score`` against the words whose true count is at
     least ``word_threshold``; ``absent`` counts the discovered words no device holds (a word held
     by fewer devices than the threshold, but by some, is a false positive for precision, yet
     not ``absent``).
@@ -731,7 +530,7 @@ class SfpSpelling:
     (the word threshold, or the ``word_z`` detection cut at the true counts), and
     ``heavy_unspellable`` how many of them are unspellable.
 
-    >>> from producers.datasets import Population
+    >>> from ldpipe.producers.datasets import Population
     >>> pop = Population(("moana", "zipf-01", "supercalifragilistic", "supercalifragile"),
     ...                  np.array([50, 30, 10, 10]))
     >>> s = check_spelling(pop, SfpParams(), threshold=20)
@@ -827,9 +626,9 @@ def check_spelling(
     unspellable = unspellable_devices = 0
     example: tuple[int, str] | None = None
     for item, count in held:
-        word = _normalize(item, params)
+        word = normalize_word(item, params)
         bad = not set(word) <= symbols
-        cleaned.add(_clean(item, params))
+        cleaned.add(clean_word(item, params))
         word_count[word] = word_count.get(word, 0) + count
         word_bad[word] = bad
         if bad:
@@ -884,19 +683,19 @@ def simulate(
         params or SfpParams(), epsilon_fragment=epsilon_fragment, epsilon_word=epsilon_word
     )
     if threshold is not None:
-        threshold = _int_in(threshold, "threshold", 0, 1 << 62)
+        threshold = int_in(threshold, "threshold", 0, 1 << 62)
     return _run(population, used, threshold, seed, trials)
 
 
 def _run(
     population: Population, used: SfpParams, threshold: float | None, seed: int, trials: int
 ) -> SfpResult:
-    trials = _int_in(trials, "trials", 1, 1_000_000)
+    trials = int_in(trials, "trials", 1, 1_000_000)
     started = time.perf_counter()
     # distinct normalized words, their true counts, and each device's word among them
     slot: dict[str, int] = {}
     item_slot = np.array(
-        [slot.setdefault(_normalize(item, used), len(slot)) for item in population.items],
+        [slot.setdefault(normalize_word(item, used), len(slot)) for item in population.items],
         dtype=np.int64,
     )
     codes = encode_words(list(slot), used)  # normalizing a padded word is the identity
@@ -975,7 +774,7 @@ def simulate_request(
                 f"{flag} is for --protocol aux; SFP's privacy is its epsilon alone (one fragment "
                 f"and one word report per device)"
             )
-    share = _APPLE_FRAGMENT_SHARE
+    share = APPLE_FRAGMENT_SHARE
     used = replace(
         params or SfpParams(),
         lowercase=request.rules.lowercase,

@@ -4,7 +4,7 @@ The word reports of an SFP use case are aggregated as the use case itself and th
 reports as ``<name>.fragments`` (``discovery/sfp_wire.py``), by the ordinary aggregators. This
 module reads the segments of both from the sketch store (``aggregator/store.py``), sums each
 time window's segments, splits the fragments sketch into Apple's
-``M_l``, runs :func:`discovery.sfp.discover` and records the words found in the use case's
+``M_l``, runs :func:`ldpipe.discovery.sfp.discover` and records the words found in the use case's
 discoveries store (``discovery/store.py``, ``protocol = "sfp"``), where ``ldpipe query`` picks
 them up (GCMS §6.2 joint use: the word sketch is the use case's frequency sketch).
 
@@ -23,15 +23,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from aggregator.snapshot import mechanism_params
-from aggregator.store import SegmentInfo, SketchStore
-from discovery.exceptions import DiscoveryExistsError, DiscoveryServiceError
-from discovery.server import Discovery
-from discovery.sfp import SfpDiscovery, SfpParams, discover
-from discovery.sfp_wire import fragment_wire_mechanism, wire_sketches
-from discovery.store import DiscoveryStore, DiscoveryWindow
-from schemas.config import PipelineConfig, UseCase
-from schemas.mechanisms import Sketch, SketchMechanism
+from ldpipe.aggregator.snapshot import mechanism_params
+from ldpipe.aggregator.store import SegmentInfo, SketchStore
+from ldpipe.discovery.server import Discovery
+from ldpipe.discovery.sfp import SfpDiscovery, discover
+from ldpipe.discovery.sfp_wire import fragment_wire_mechanism, wire_sketches
+from ldpipe.discovery.store import DiscoveryStore, DiscoveryWindow
+from ldpipe.schemas.config import PipelineConfig, UseCase
+from ldpipe.schemas.discovery.exceptions import DiscoveryExistsError, DiscoveryServiceError
+from ldpipe.schemas.discovery.sfp_words import SfpParams
+from ldpipe.schemas.mechanisms import Sketch, SketchMechanism
 
 __all__ = ["SfpSettingsMismatchError", "SfpWindowResult", "reconstruct", "sfp_store_directory"]
 

@@ -9,7 +9,8 @@ replays need nothing SFP-specific; the position travels in the row, as in the cl
 (it is uniform, independent of the word). Row ``l k' + j`` is hashed by the fragment family's
 function ``j``: every block uses the family ``H'``, as in Apple.
 
->>> from discovery.sfp import SfpParams, randomize_words
+>>> from ldpipe.discovery.sfp import randomize_words
+>>> from ldpipe.schemas.discovery.sfp_words import SfpParams
 >>> import numpy as np
 >>> params = SfpParams(fragment_k=4, fragment_m=8, word_k=4, word_m=8)
 >>> sent = randomize_words(["hello", "world"], params, np.random.default_rng(1))
@@ -25,8 +26,9 @@ True
 
 from __future__ import annotations
 
-from discovery.sfp import IntArray, SfpParams, SfpSketches
-from schemas.mechanisms import Reports, Sketch, SketchMechanism, build_mechanism
+from ldpipe.discovery.sfp import IntArray, SfpSketches
+from ldpipe.schemas.discovery.sfp_words import SfpParams
+from ldpipe.schemas.mechanisms import Reports, Sketch, SketchMechanism, build_mechanism
 
 __all__ = ["fragment_wire_mechanism", "split_fragments", "stack_fragments", "wire_sketches"]
 

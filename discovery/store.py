@@ -40,11 +40,11 @@ from typing import Any, Final
 import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
-from discovery.exceptions import DiscoveryExistsError, DiscoveryStoreError
-from discovery.layers import MAX_DISCOVERY_USE_CASE_LENGTH
-from discovery.server import Discovery
-from discovery.tags import TAG_LENGTH
-from schemas.durable import fsync_directory, publish_immutable
+from ldpipe.discovery.server import Discovery
+from ldpipe.schemas.discovery.exceptions import DiscoveryExistsError, DiscoveryStoreError
+from ldpipe.schemas.discovery.layers import MAX_DISCOVERY_USE_CASE_LENGTH
+from ldpipe.schemas.discovery.tags import TAG_LENGTH
+from ldpipe.schemas.durable import fsync_directory, publish_immutable
 
 __all__ = [
     "PROTOCOLS",

@@ -9,9 +9,9 @@ the randomized report (``schemas/payloads.md`` inside ``schemas/envelope.md``). 
 2), sealed once more to the shuffler (``schemas/outer.py``): what the device publishes then
 never appears on the shuffled topic.
 
->>> from schemas.keys import KeyPair, KeyRing
->>> from schemas.envelope import open_envelope
->>> from schemas.mechanisms import build_mechanism
+>>> from ldpipe.schemas.keys import KeyPair, KeyRing
+>>> from ldpipe.schemas.envelope import open_envelope
+>>> from ldpipe.schemas.mechanisms import build_mechanism
 >>> pair = KeyPair.generate(key_id=7)
 >>> client = DeviceClient("emoji", 3, pair.public, build_mechanism("hcms", epsilon=4.0, k=16, m=16))
 >>> header, payload = open_envelope(client.report("smile"), KeyRing([pair]))
@@ -26,12 +26,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from schemas.config import ConfigError, UseCase
-from schemas.envelope import ENVELOPE_VERSION, NESTED_VERSION, EnvelopeHeader, seal
-from schemas.keys import PublicKey, load_public_key
-from schemas.mechanisms import Mechanism, Reports, secure_rng
-from schemas.outer import seal_outer
-from schemas.payloads import PayloadCodec
+from ldpipe.schemas.config import ConfigError, UseCase
+from ldpipe.schemas.envelope import ENVELOPE_VERSION, NESTED_VERSION, EnvelopeHeader, seal
+from ldpipe.schemas.keys import PublicKey, load_public_key
+from ldpipe.schemas.mechanisms import Mechanism, Reports, secure_rng
+from ldpipe.schemas.outer import seal_outer
+from ldpipe.schemas.payloads import PayloadCodec
 
 __all__ = ["DeviceClient", "shuffler_public_key"]
 
@@ -57,8 +57,9 @@ class DeviceClient:
     def __post_init__(self) -> None:
         if not isinstance(self.public_key, PublicKey):
             raise ValueError(
-                f"public_key must be a schemas.keys.PublicKey (it carries the key id), got "
-                f"{type(self.public_key).__name__}; load one with schemas.keys.load_public_key"
+                "public_key must be a ldpipe.schemas.keys.PublicKey (it carries the key id), "
+                f"got {type(self.public_key).__name__}; "
+                "load one with ldpipe.schemas.keys.load_public_key"
             )
         if self.public_key.role != "analyzer":
             raise ValueError(

@@ -12,12 +12,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from discovery.client import DiscoveryClient
-from discovery.exceptions import DiscoveryError
-from discovery.runtime import discovery_config, load_tag_key
-from producers.loadgen import Stream
-from schemas.config import ConfigError, UseCase
-from schemas.keys import PublicKey, load_public_key
+from ldpipe.discovery.client import DiscoveryClient
+from ldpipe.discovery.runtime import discovery_config, load_tag_key
+from ldpipe.producers.loadgen import Stream
+from ldpipe.schemas.config import ConfigError, UseCase
+from ldpipe.schemas.discovery.exceptions import DiscoveryError
+from ldpipe.schemas.keys import PublicKey, load_public_key
 
 __all__ = ["discovery_stream"]
 

@@ -18,9 +18,9 @@ import numpy as np
 from confluent_kafka import KafkaError, Message, Producer
 from tqdm import tqdm
 
-from infra.kafka import KafkaSettings, produce
-from producers.client import DeviceClient
-from producers.datasets import Population
+from ldpipe.infra.runtime.kafka import KafkaSettings, produce
+from ldpipe.producers.client import DeviceClient
+from ldpipe.producers.datasets import Population
 
 __all__ = ["ProduceResult", "Stream", "client_streams", "produce_population"]
 

@@ -5,8 +5,8 @@ report for the SFP use case itself (its sketch is the word oracle), the fragment
 ``<name>.fragments`` with the position in the row (``discovery/sfp_wire.py``). The two are
 randomized independently, at ε and ε′, so a device spends ε + ε′ per collection.
 
->>> from schemas.config import parse_config
->>> from schemas.keys import KeyPair
+>>> from ldpipe.schemas.config import parse_config
+>>> from ldpipe.schemas.keys import KeyPair
 >>> cfg = parse_config('''
 ... [[use_case]]
 ... name = "newwords"
@@ -26,14 +26,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from discovery.sfp import SfpParams, encode_word, encode_words, perturb_fragments
-from discovery.sfp_wire import fragment_wire_mechanism, stack_fragments
-from producers.client import DeviceClient
-from producers.loadgen import Stream
-from schemas.config import ConfigError, PipelineConfig, UseCase
-from schemas.hashing import item_keys
-from schemas.keys import PublicKey
-from schemas.mechanisms import secure_rng
+from ldpipe.discovery.sfp import encode_words, perturb_fragments
+from ldpipe.discovery.sfp_wire import fragment_wire_mechanism, stack_fragments
+from ldpipe.producers.client import DeviceClient
+from ldpipe.producers.loadgen import Stream
+from ldpipe.schemas.config import ConfigError, PipelineConfig, UseCase
+from ldpipe.schemas.discovery.sfp_words import SfpParams, encode_word
+from ldpipe.schemas.hashing import item_keys
+from ldpipe.schemas.keys import PublicKey
+from ldpipe.schemas.mechanisms import secure_rng
 
 __all__ = ["SfpDeviceClient"]
 

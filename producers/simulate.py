@@ -6,8 +6,8 @@ services do, and records the error of every evaluated item. ``theoretical_varian
 mechanism's variance over randomizers and hash draws (``ContributionModel.variance``) at the
 true counts, with ``S = sum_{d' != d} f(d')^2`` of the population.
 
->>> from schemas.mechanisms import build_mechanism
->>> from producers.datasets import load_population
+>>> from ldpipe.schemas.mechanisms import build_mechanism
+>>> from ldpipe.producers.datasets import load_population
 >>> pop = load_population("zipf:d=200,a=1.5", n=2000, seed=3)
 >>> result = simulate(build_mechanism("rrcms", epsilon=2.0, k=512), pop, trials=3, seed=3)
 >>> result.trials, len(result.items)
@@ -26,10 +26,10 @@ import numpy as np
 import numpy.typing as npt
 from tqdm import tqdm
 
-from producers.datasets import Population
-from schemas.calibrate import FitMethod, NoiseModel, PriorFamily
-from schemas.calibrate import calibrate as calibrate_counts
-from schemas.mechanisms import Mechanism, SketchMechanism
+from ldpipe.producers.datasets import Population
+from ldpipe.schemas.mechanisms import Mechanism, SketchMechanism
+from ldpipe.schemas.mechanisms.calibrate import FitMethod, NoiseModel, PriorFamily
+from ldpipe.schemas.mechanisms.calibrate import calibrate as calibrate_counts
 
 __all__ = ["ItemResult", "SimulationResult", "evaluation_indices", "simulate"]
 
@@ -133,8 +133,8 @@ def simulate(
 
     With ``calibrate`` (a prior family), each trial also estimates every item of the population
     (calibration fits its prior to the whole distribution of estimates), calibrates them
-    (``schemas.calibrate``, fitted by ``calibrate_fit``) and records each evaluated item's
-    calibrated squared error.
+    (``ldpipe.schemas.mechanisms.calibrate``, fitted by ``calibrate_fit``) and records each
+    evaluated item's calibrated squared error.
     """
     if trials < 1:
         raise ValueError(f"trials must be >= 1, got {trials}")

@@ -22,14 +22,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from schemas.epochs import EpochSet, ParameterEpoch
-from schemas.errors import LdpipeError
-from schemas.mechanisms import MECHANISMS, Mechanism, SketchMechanism, build_mechanism
-
-if TYPE_CHECKING:
-    from discovery.sfp import SfpParams
+from ldpipe.schemas.discovery.exceptions import PrivacyParameterError
+from ldpipe.schemas.discovery.item import ItemRules
+from ldpipe.schemas.discovery.layers import MAX_DISCOVERY_USE_CASE_LENGTH
+from ldpipe.schemas.discovery.privacy import NEIGHBOURS, ReleaseParameters, parameters_for
+from ldpipe.schemas.discovery.sfp_words import SfpParams, encode_word
+from ldpipe.schemas.emoji import emoji_dictionary
+from ldpipe.schemas.epochs import EpochSet, ParameterEpoch
+from ldpipe.schemas.errors import LdpipeError
+from ldpipe.schemas.mechanisms import MECHANISMS, Mechanism, SketchMechanism, build_mechanism
 
 __all__ = [
     "ConfigError",
@@ -44,6 +47,7 @@ __all__ = [
     "UseCase",
     "load_config",
     "parse_config",
+    "select_use_case",
 ]
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,50}$")  # <= 51 bytes: the envelope's limit
@@ -172,7 +176,7 @@ class DiscoverySettings:
     """The ``[use_case.discovery]`` table: the aux-server protocol (GCMS §5) on the pipeline.
 
     The release is set either by ``threshold`` and ``laplace_scale`` (T, b) or by a target
-    ``epsilon`` and ``delta`` (Theorem 4 inverted, ``discovery/privacy.py``), never both.
+    ``epsilon`` and ``delta`` (Theorem 4 inverted, ``schemas/discovery/privacy.py``), never both.
     The server opens the inner layer with the use case's own keys; the aux server has its
     own (``aux_public_key`` for devices, ``aux_private_keys`` for the aux server). Devices tag
     with ``tag_key``; the server also accepts the older keys of ``tag_keys`` (files or
@@ -271,7 +275,6 @@ class UseCase:
                 f"use_case.{self.name}: not an SFP use case; add a [use_case.sfp] table "
                 f'(docs/sfp.md, "On the pipeline")'
             )
-        from discovery.sfp import SfpParams
 
         return SfpParams(**self.sfp.params)
 
@@ -280,7 +283,6 @@ class UseCase:
         for SFP each word normalized and padded as Apple's devices send it (``encode_word``)."""
         if self.sfp is None:
             return list(items)
-        from discovery.sfp import encode_word
 
         params = self.sfp_params
         return [encode_word(item, params) for item in items]
@@ -291,8 +293,6 @@ class UseCase:
         if self.dictionary is None:
             return None
         if self.dictionary == "builtin:emoji":
-            from producers.emoji import emoji_dictionary
-
             return emoji_dictionary()
         path = Path(self.dictionary)
         if not path.is_file():
@@ -455,7 +455,7 @@ def _use_case(raw: Mapping[str, Any], index: int, base: Path) -> tuple[UseCase, 
     if "hash_seed" in raw:
         options["seed"] = _get(where, raw, "hash_seed", int)
     elif sfp_on:
-        options["seed"] = _SFP_WORD_SEED  # the word family H of discovery.sfp.SfpParams
+        options["seed"] = _SFP_WORD_SEED  # the word family H of ldpipe.discovery.sfp.SfpParams
     epoch = _get(where, raw, "epoch", int, 1)
     if not 0 <= epoch < 2**32:
         raise ConfigError(f"{where}.epoch: must be in [0, 2^32), got {epoch}")
@@ -553,7 +553,6 @@ def _sfp(
     word: UseCase, table: Mapping[str, Any], raw: Mapping[str, Any], base: Path
 ) -> tuple[UseCase, UseCase]:
     """An SFP use case (``[use_case.sfp]``): the word use case and its derived fragments one."""
-    from discovery.sfp import SfpParams  # the puzzle's own validation names the bad setting
 
     where = f"use_case.{word.name}.sfp"
     _check_keys(where, table, _SFP_KEYS)
@@ -690,10 +689,6 @@ def _discovery(
     _check_keys(dw, dr, _DISCOVERY_KEYS)
     if not _get(dw, dr, "enabled", bool, True):
         return None
-    from discovery.exceptions import PrivacyParameterError
-    from discovery.item import ItemRules
-    from discovery.layers import MAX_DISCOVERY_USE_CASE_LENGTH
-    from discovery.privacy import NEIGHBOURS, ReleaseParameters, parameters_for
 
     if len(name) > MAX_DISCOVERY_USE_CASE_LENGTH:
         raise ConfigError(
@@ -820,3 +815,16 @@ def load_config(path: str | Path) -> PipelineConfig:
     if not path.is_file():
         raise ConfigError(f"configuration file {path} does not exist; see infra/example.toml")
     return parse_config(path.read_text(encoding="utf-8"), base=path.parent, source=path)
+
+
+def select_use_case(config: PipelineConfig, name: str | None) -> UseCase:
+    """The use case named, else the only one declared (an SFP use case's fragments half is
+    derived, not declared: it is chosen by name only)."""
+    if name is not None:
+        return config.use_case(name)
+    if len(config.declared) != 1:
+        names = ", ".join(uc.name for uc in config.use_cases)
+        raise ValueError(
+            f"the configuration has several use cases ({names}); pick one with --use-case"
+        )
+    return config.declared[0]

@@ -14,7 +14,7 @@ The suite is DHKEM(X25519, HKDF-SHA256), HKDF-SHA256, ChaCha20-Poly1305 in mode 
 ``info`` enters the key schedule (§5.1), so a changed header byte derives another key and nonce
 and the tag check fails.
 
->>> from schemas.keys import KeyPair, KeyRing
+>>> from ldpipe.schemas.keys import KeyPair, KeyRing
 >>> pair = KeyPair.generate(key_id=7)
 >>> sealed = seal(EnvelopeHeader("emoji", epoch=3, key_id=7), b"payload", pair.public)
 >>> sealed[:18].hex()
@@ -32,7 +32,6 @@ import re
 import struct
 from collections.abc import Container, Iterable
 from dataclasses import dataclass
-from enum import StrEnum
 from functools import cached_property, lru_cache
 from typing import Final, NamedTuple, Protocol
 
@@ -40,8 +39,8 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hpke
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
-from schemas.errors import EnvelopeError
-from schemas.keys import PublicKey
+from ldpipe.schemas.errors import EnvelopeError, EnvelopeRejection
+from ldpipe.schemas.keys import PublicKey
 
 __all__ = [
     "AEAD_ID",
@@ -92,28 +91,6 @@ _U32_SPAN: Final = 1 << 32
 BytesLike = bytes | bytearray | memoryview
 
 _SUITE: Final = hpke.Suite(hpke.KEM.X25519, hpke.KDF.HKDF_SHA256, hpke.AEAD.CHACHA20_POLY1305)
-
-
-class EnvelopeRejection(StrEnum):
-    """Why an envelope is refused; checked in this order, the first broken rule wins.
-
-    Values are stable ASCII tokens (the dead-letter header, next to
-    ``schemas.payloads.PayloadRejection``); new ones may be added, existing ones never change
-    meaning. ``wrong_use_case``, ``single_layer``/``unexpected_nested`` and ``wrong_epoch``
-    apply only when the reader states what it expects.
-    """
-
-    TOO_SHORT = "too_short"
-    BAD_MAGIC = "bad_magic"
-    UNSUPPORTED_VERSION = "unsupported_version"
-    TRUNCATED = "truncated"
-    BAD_USE_CASE = "bad_use_case"
-    WRONG_USE_CASE = "wrong_use_case"
-    SINGLE_LAYER = "single_layer"
-    UNEXPECTED_NESTED = "unexpected_nested"
-    WRONG_EPOCH = "wrong_epoch"
-    UNKNOWN_KEY_ID = "unknown_key_id"
-    DECRYPTION_FAILED = "decryption_failed"
 
 
 @dataclass(frozen=True)
@@ -170,7 +147,7 @@ class OpenedEnvelope(NamedTuple):
 
 
 class PrivateKeyLookup(Protocol):
-    """Private keys by key id: ``schemas.keys.KeyRing``, or a plain ``dict``."""
+    """Private keys by key id: ``ldpipe.schemas.keys.KeyRing``, or a plain ``dict``."""
 
     def get(self, key_id: int, /) -> X25519PrivateKey | None: ...
 
@@ -179,8 +156,8 @@ def seal(header: EnvelopeHeader, payload: bytes, public_key: X25519PublicKey | P
     """The envelope of ``payload`` for the holder of ``public_key`` (RFC 9180 §6.1 SealBase).
 
     A fresh ephemeral key is drawn for every call, so sealing the same payload twice gives two
-    different envelopes. ``public_key`` may be a ``schemas.keys.PublicKey``, whose key id must
-    then equal ``header.key_id``.
+    different envelopes. ``public_key`` may be a ``ldpipe.schemas.keys.PublicKey``, whose key id
+    must then equal ``header.key_id``.
     """
     if isinstance(public_key, PublicKey):
         if public_key.key_id != header.key_id:
@@ -346,7 +323,7 @@ def _parse(data: bytes) -> tuple[EnvelopeHeader, int]:
         raise EnvelopeError(
             EnvelopeRejection.BAD_MAGIC,
             f"envelope starts with {magic!r}, not {MAGIC!r}: this is not an ldpipe envelope; "
-            f"publish the output of schemas.envelope.seal",
+            f"publish the output of ldpipe.schemas.envelope.seal",
         )
     if version not in _VERSIONS:
         raise EnvelopeError(

@@ -20,9 +20,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from schemas.errors import LdpipeError
-from schemas.mechanisms import Mechanism, build_mechanism
-from schemas.payloads import PayloadCodec
+from ldpipe.schemas.errors import LdpipeError
+from ldpipe.schemas.mechanisms import Mechanism, build_mechanism
+from ldpipe.schemas.payloads import PayloadCodec
 
 __all__ = ["EpochError", "EpochSet", "ParameterEpoch"]
 

@@ -29,7 +29,7 @@ from typing import Any, Final, Literal
 
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
-from schemas.errors import KeyFileError
+from ldpipe.schemas.errors import KeyFileError
 
 __all__ = [
     "KEM_NAME",

@@ -18,8 +18,8 @@ epoch their inner envelope shows on the shuffled topic); epochs with payloads of
 lengths still differ in outer length, which is why the shuffler's anonymity set is counted per
 epoch (``shuffler/inner.py``).
 
->>> from schemas.envelope import EnvelopeHeader, seal
->>> from schemas.keys import KeyPair, KeyRing
+>>> from ldpipe.schemas.envelope import EnvelopeHeader, seal
+>>> from ldpipe.schemas.keys import KeyPair, KeyRing
 >>> analyzer, shuffler = KeyPair.generate(key_id=1), KeyPair.generate(key_id=9, role="shuffler")
 >>> inner = seal(EnvelopeHeader("emoji", 3, 1, version=2), b"payload", analyzer.public)
 >>> outer = seal_outer("emoji", inner, shuffler.public)
@@ -40,7 +40,7 @@ from typing import Final, NamedTuple
 
 from cryptography.hazmat.primitives import hpke
 
-from schemas.envelope import (
+from ldpipe.schemas.envelope import (
     ENC_LENGTH,
     MAGIC,
     TAG_LENGTH,
@@ -51,7 +51,7 @@ from schemas.envelope import (
     as_bytes,
     hpke_open,
 )
-from schemas.keys import PublicKey
+from ldpipe.schemas.keys import PublicKey
 
 __all__ = [
     "MAX_OUTER_USE_CASE_LENGTH",
@@ -210,7 +210,7 @@ def _parse(data: bytes) -> tuple[OuterHeader, int]:
         raise EnvelopeError(
             EnvelopeRejection.BAD_MAGIC,
             f"report starts with {magic!r}, not {OUTER_MAGIC!r}: this is not an ldpipe nested "
-            f"report; publish the output of schemas.outer.seal_outer",
+            f"report; publish the output of ldpipe.schemas.outer.seal_outer",
         )
     if version != OUTER_VERSION:
         raise EnvelopeError(

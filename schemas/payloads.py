@@ -9,7 +9,7 @@ little-endian and has one fixed length per parameter set::
 The body is ``bits u8[ceil(m/8)]`` (cms, oue), ``column u32 | sign u8`` (hcms), or
 ``indices u32[s]`` strictly ascending (gcms, ocms; rrcms sends one value, s = 1).
 
->>> from schemas.mechanisms import build_mechanism
+>>> from ldpipe.schemas.mechanisms import build_mechanism
 >>> codec = PayloadCodec.for_mechanism(build_mechanism("hcms", epsilon=2.0, k=16, m=16))
 >>> payload = codec.encode_one(Reports(np.array([3]), np.array([[5, -1]])))
 >>> payload.hex()
@@ -23,7 +23,6 @@ from __future__ import annotations
 import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 from itertools import compress
 from types import MappingProxyType
 from typing import Any, Final, Literal, TypeGuard
@@ -31,10 +30,10 @@ from typing import Any, Final, Literal, TypeGuard
 import numpy as np
 import numpy.typing as npt
 
-from schemas.errors import PayloadError
-from schemas.mechanisms import MechanismName
-from schemas.mechanisms.base import IntArray, Mechanism, Reports, require
-from schemas.mechanisms.gcms import GeneralizedCountMeanSketch
+from ldpipe.schemas.errors import PayloadError, PayloadRejection
+from ldpipe.schemas.mechanisms import MechanismName
+from ldpipe.schemas.mechanisms.base import IntArray, Mechanism, Reports, require
+from ldpipe.schemas.mechanisms.gcms import GeneralizedCountMeanSketch
 
 __all__ = [
     "FORMAT_VERSION",
@@ -65,23 +64,6 @@ _BODIES: Final[Mapping[str, _Body]] = {
     "rrcms": "indices",
 }
 _UINT32_SPAN: Final = 1 << 32
-
-
-class PayloadRejection(StrEnum):
-    """Why a payload is refused; rules are checked in this order and the first broken one wins.
-
-    Values are stable ASCII tokens (usable as a dead-letter header); new ones may be added,
-    existing ones never change meaning.
-    """
-
-    UNSUPPORTED_VERSION = "unsupported_version"
-    WRONG_MECHANISM = "wrong_mechanism"
-    WRONG_LENGTH = "wrong_length"
-    ROW_OUT_OF_RANGE = "row_out_of_range"
-    INDEX_OUT_OF_RANGE = "index_out_of_range"
-    INDICES_NOT_ASCENDING = "indices_not_ascending"
-    BAD_SIGN = "bad_sign"
-    NONZERO_PADDING = "nonzero_padding"
 
 
 # the vectorized checks return 0 for a valid record, else 1 + the position of the rule here

@@ -1,8 +1,8 @@
-"""Errors of the shuffler service (all derive from ``schemas.errors.LdpipeError``)."""
+"""Errors of the shuffler service (all derive from ``ldpipe.schemas.errors.LdpipeError``)."""
 
 from __future__ import annotations
 
-from schemas.errors import LdpipeError
+from ldpipe.schemas.errors import LdpipeError
 
 __all__ = ["ShufflerError"]
 

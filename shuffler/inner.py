@@ -13,8 +13,8 @@ hides only among reports that look the same. So the shuffler
   the smallest class, and the amplified epsilon is computed for that many reports (GCMS Thm 1
   with n = the anonymity set; ``docs/privacy.md``, "Whom each figure holds against").
 
->>> from schemas.envelope import EnvelopeHeader, seal
->>> from schemas.keys import KeyPair
+>>> from ldpipe.schemas.envelope import EnvelopeHeader, seal
+>>> from ldpipe.schemas.keys import KeyPair
 >>> check = InnerCheck("emoji", version=2, lengths={1: 30})
 >>> inner = seal(EnvelopeHeader("emoji", 1, 5, version=2), bytes(30), KeyPair.generate(5).public)
 >>> check.classify(inner)
@@ -29,14 +29,14 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from schemas.envelope import (
+from ldpipe.schemas.envelope import (
     ENC_LENGTH,
     FIXED_HEADER_LENGTH,
     TAG_LENGTH,
     EnvelopeError,
     parse_header,
 )
-from schemas.payloads import PayloadCodec
+from ldpipe.schemas.payloads import PayloadCodec
 
 __all__ = ["InnerCheck", "InnerClass", "Rejection", "payload_lengths"]
 

@@ -42,8 +42,8 @@ from confluent_kafka import (
 )
 from prometheus_client import CollectorRegistry
 
-from infra.epochs_io import load_epochs
-from infra.kafka import (
+from ldpipe.infra.runtime.epochs_io import load_epochs
+from ldpipe.infra.runtime.kafka import (
     EXACTLY_ONCE_CONSUMER,
     KafkaSettings,
     PipelineKafkaError,
@@ -52,17 +52,19 @@ from infra.kafka import (
     read_to_end,
     require_topics,
 )
-from infra.observability import Readiness
-from schemas.config import UseCase
-from schemas.envelope import ENVELOPE_VERSION, NESTED_VERSION, EnvelopeError
-from schemas.headers import (
+from ldpipe.infra.runtime.observability import Readiness
+from ldpipe.schemas.config import UseCase
+from ldpipe.schemas.envelope import ENVELOPE_VERSION, NESTED_VERSION, EnvelopeError
+from ldpipe.schemas.headers import (
     WINDOW_HEADER,
     dead_letter_headers,
     oversized_letter,
     window_header,
 )
-from schemas.keys import KeyRing
-from schemas.ledger import (
+from ldpipe.schemas.keys import KeyRing
+from ldpipe.schemas.outer import open_outer, outer_length
+from ldpipe.schemas.privacy.formulas import AmplificationBounds, amplification_bounds
+from ldpipe.schemas.privacy.ledger import (
     HOLDS_AGAINST_ALL_BUT_SHUFFLER,
     HOLDS_AGAINST_SHUFFLED_READERS,
     WindowRecord,
@@ -70,13 +72,11 @@ from schemas.ledger import (
     ledger_topic,
     window_id,
 )
-from schemas.outer import open_outer, outer_length
-from schemas.privacy import AmplificationBounds, amplification_bounds
-from shuffler.contributions import ContributionLedger
-from shuffler.exceptions import ShufflerError
-from shuffler.inner import InnerCheck, payload_lengths
-from shuffler.metrics import ShufflerMetrics
-from shuffler.window import ShuffleWindow
+from ldpipe.shuffler.contributions import ContributionLedger
+from ldpipe.shuffler.exceptions import ShufflerError
+from ldpipe.shuffler.inner import InnerCheck, payload_lengths
+from ldpipe.shuffler.metrics import ShufflerMetrics
+from ldpipe.shuffler.window import ShuffleWindow
 
 __all__ = ["CrashPoint", "Shuffler"]
 

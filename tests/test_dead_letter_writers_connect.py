@@ -7,9 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from infra.kafka import KafkaSettings
-from schemas.config import parse_config
-from shuffler.service import Shuffler
+from ldpipe.infra.runtime.kafka import KafkaSettings
+from ldpipe.schemas.config import parse_config
+from ldpipe.shuffler.service import Shuffler
 from tests.aggregator.test_dead_letter_accounting import TOPIC, _aggregator
 from tests.fake_kafka import StubMessage, StubProducer
 from tests.shuffler.test_window_headers import CONFIG, FakeConsumer, FakeProducer

@@ -11,15 +11,15 @@ import pytest
 @pytest.mark.parametrize(
     "module",
     [
-        "schemas.envelope",
-        "schemas.outer",
-        "schemas.keys",
-        "schemas.ledger",
-        "schemas.headers",
-        "shuffler.inner",
-        "producers.client",
-        "infra.secret_refs",
-        "infra.observability",
+        "ldpipe.schemas.envelope",
+        "ldpipe.schemas.outer",
+        "ldpipe.schemas.keys",
+        "ldpipe.schemas.privacy.ledger",
+        "ldpipe.schemas.headers",
+        "ldpipe.shuffler.inner",
+        "ldpipe.producers.client",
+        "ldpipe.infra.runtime.secret_refs",
+        "ldpipe.infra.runtime.observability",
     ],
 )
 def test_docstring_examples(module: str) -> None:

@@ -1,8 +1,8 @@
 """Advisor predictions against simulation: every candidate of a few requests (docs/advisor.md).
 
 For each request, every candidate ``ldpipe params --compare`` lists is simulated with the
-pipeline's own randomizer and estimator (``producers.simulate``, fresh hash functions per trial)
-over the population the advice assumes: the queried item at ``f = at_frequency * n`` and the
+pipeline's own randomizer and estimator (``ldpipe.producers.simulate``, fresh hash functions per
+trial) over the population the advice assumes: the queried item at ``f = at_frequency * n`` and the
 others spread as ``others`` says. The empirical MSE of that item is compared with
 ``predicted_std_error^2``; the tolerance is ``4 sqrt((2 + kappa)/T)`` with kappa the error's
 excess kurtosis from collisions (``tests/schemas/test_advisor.py::error_kurtosis``).
@@ -25,10 +25,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from producers.datasets import Population
-from producers.simulate import simulate
-from schemas.advisor import AdvisorRequest, Candidate, advise, build_candidate
-from schemas.mechanisms import Mechanism, SketchMechanism
+from ldpipe.producers.datasets import Population
+from ldpipe.producers.simulate import simulate
+from ldpipe.schemas.mechanisms import Mechanism, SketchMechanism
+from ldpipe.schemas.tuning.advisor import AdvisorRequest, Candidate, advise, build_candidate
 
 REQUESTS = {
     "eps5-half-16bits": AdvisorRequest(

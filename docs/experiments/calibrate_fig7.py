@@ -4,7 +4,7 @@ Zipf with a = 1.5 over d = 5,000 items, n = 100,000 devices (``load_population``
 the items are held by nobody, the top item by 38,636 devices); the paper used Kosarak and Retail,
 which we do not have. For each epsilon in {1, ..., 5} and each of T rounds, every device's
 report is randomized and accumulated by the library (``mechanism.perturb``, ``accumulate``,
-``estimate_codes`` over all d items, as ``producers.simulate`` does), then:
+``estimate_codes`` over all d items, as ``ldpipe.producers.simulate`` does), then:
 
 * raw: the mechanism's unbiased estimates; estimation error = mean over the d items of the
   squared error (Calibrate eq. 5), averaged over rounds;
@@ -48,8 +48,9 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from producers.datasets import Population, load_population  # noqa: E402
-from schemas.calibrate import (  # noqa: E402
+from ldpipe.producers.datasets import Population, load_population  # noqa: E402
+from ldpipe.schemas.mechanisms import Mechanism, SketchMechanism, build_mechanism  # noqa: E402
+from ldpipe.schemas.mechanisms.calibrate import (  # noqa: E402
     NoiseModel,
     Prior,
     PriorCells,
@@ -60,7 +61,6 @@ from schemas.calibrate import (  # noqa: E402
     significance_threshold,
     zero_insignificant,
 )
-from schemas.mechanisms import Mechanism, SketchMechanism, build_mechanism  # noqa: E402
 
 DATASET = "zipf:d=5000,a=1.5"
 N_DEVICES = 100_000
@@ -72,7 +72,7 @@ MECHANISMS: dict[str, dict[str, Any]] = {
 }
 METHODS = ("raw", "zero", "calibrate_mv", "calibrate_ml", "gaussian_mv", "oracle")
 SOURCE_FILES = (
-    "schemas/calibrate.py",
+    "schemas/mechanisms/calibrate.py",
     "schemas/mechanisms/base.py",
     "schemas/mechanisms/variance.py",
     "schemas/mechanisms/oue.py",

@@ -7,10 +7,10 @@ Population: the ``--top`` most frequent English words of the ``wordfreq`` packag
 (``wordfreq.top_n_list("en", top)``), kept only if they fit SFP's word rules (lower-case
 a-z, at most 10 characters; the number dropped is printed and recorded), weighted by
 ``wordfreq.word_frequency(word, "en")``; ``--n`` devices draw one word each (multinomial,
-fixed ``--seed``) into a ``producers.datasets.Population``. Both protocols see the same
+fixed ``--seed``) into a ``ldpipe.producers.datasets.Population``. Both protocols see the same
 population, through the same in-memory simulators ``ldpipe discover-sim`` runs:
-``discovery.aux_sim.simulate`` (aux server, real HPKE unless ``--skip-encryption``) and
-``discovery.sfp.simulate_request`` (SFP, Apple's 3/4 : 1/4 split of epsilon between the
+``ldpipe.discovery.aux_sim.simulate`` (aux server, real HPKE unless ``--skip-encryption``) and
+``ldpipe.discovery.sfp.simulate_request`` (SFP, Apple's 3/4 : 1/4 split of epsilon between the
 fragment and word reports). Scores follow ``discovery/evaluation.py``: an item is relevant when
 its true count is at least the protocol's own threshold (aux: T; SFP: its word threshold).
 
@@ -46,9 +46,9 @@ try:
 except ImportError:  # pragma: no cover - evaluation-only extra
     sys.exit("this experiment needs the evaluation-only extra: pip install wordfreq matplotlib")
 
-from discovery import aux_sim, sfp  # noqa: E402
-from discovery.evaluation import DiscoverySimRequest, DiscoverySimResult  # noqa: E402
-from producers.datasets import Population  # noqa: E402
+from ldpipe.discovery import aux_sim, sfp  # noqa: E402
+from ldpipe.discovery.evaluation import DiscoverySimRequest, DiscoverySimResult  # noqa: E402
+from ldpipe.producers.datasets import Population  # noqa: E402
 
 SFP_WORD = re.compile(r"[a-z]{1,10}")
 

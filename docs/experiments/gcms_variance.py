@@ -1,7 +1,7 @@
 """Which GCMS variance is right: Theorem 3 as printed, or the corrected form of DESIGN.md?
 
-Runs the pipeline's own code path (``producers.simulate.simulate`` over a
-``producers.datasets.Population``, fresh hash functions every trial) and prints three tables:
+Runs the pipeline's own code path (``ldpipe.producers.simulate.simulate`` over a
+``ldpipe.producers.datasets.Population``, fresh hash functions every trial) and prints three tables:
 
 1. the DESIGN.md setting (k=50, m=20, n=20,000, p=0.8, s=4, f=6,000; epsilon = ln 16 from
    GCMS eq. 5) under several ways of spreading the other 14,000 reports, comparing the
@@ -37,11 +37,11 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from producers.datasets import Population  # noqa: E402
-from producers.simulate import simulate  # noqa: E402
-from schemas.hashing import collision_probability  # noqa: E402
-from schemas.mechanisms import build_mechanism  # noqa: E402
-from schemas.mechanisms.gcms import GeneralizedCountMeanSketch, subset_max_p  # noqa: E402
+from ldpipe.producers.datasets import Population  # noqa: E402
+from ldpipe.producers.simulate import simulate  # noqa: E402
+from ldpipe.schemas.hashing import collision_probability  # noqa: E402
+from ldpipe.schemas.mechanisms import build_mechanism  # noqa: E402
+from ldpipe.schemas.mechanisms.gcms import GeneralizedCountMeanSketch, subset_max_p  # noqa: E402
 
 # the DESIGN.md setting
 K, M, N, P, S_SIZE, F_TARGET = 50, 20, 20_000, 0.8, 4, 6_000

@@ -2,7 +2,7 @@
 
 Zipf with a = 2 over d = 100,000 items, n = 10,000 devices, evaluated on the 100 most frequent
 items, epsilon in {1, ..., 5}. Every trial runs the pipeline's randomizer and estimator
-(``producers.simulate.simulate``) with fresh hash functions and fresh device randomness.
+(``ldpipe.producers.simulate.simulate``) with fresh hash functions and fresh device randomness.
 Per (mechanism, epsilon) it reports the worst empirical MSE over the top 100 (Pan eq. 22), the
 worst theoretical variance (``Mechanism.variance``, collision term included), and the mean over
 items of empirical MSE / theoretical variance with its standard error, measured from
@@ -40,9 +40,9 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from producers.datasets import Population, load_population  # noqa: E402
-from producers.simulate import simulate  # noqa: E402
-from schemas.mechanisms import Mechanism, build_mechanism  # noqa: E402
+from ldpipe.producers.datasets import Population, load_population  # noqa: E402
+from ldpipe.producers.simulate import simulate  # noqa: E402
+from ldpipe.schemas.mechanisms import Mechanism, build_mechanism  # noqa: E402
 
 DATASET = "zipf:d=100000,a=2"
 N_DEVICES = 10_000

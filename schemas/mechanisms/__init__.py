@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from schemas.mechanisms.base import (
+from ldpipe.schemas.mechanisms.base import (
     FrequencyEstimates,
     Mechanism,
     Reports,
@@ -25,13 +25,13 @@ from schemas.mechanisms.base import (
     SketchMechanism,
     secure_rng,
 )
-from schemas.mechanisms.cms import CountMeanSketch
-from schemas.mechanisms.gcms import GeneralizedCountMeanSketch
-from schemas.mechanisms.hcms import HadamardCountMeanSketch
-from schemas.mechanisms.ocms import OptimalCountMeanSketch, optimal_parameters
-from schemas.mechanisms.oue import OptimizedUnaryEncoding
-from schemas.mechanisms.rrcms import RandomizedResponseCountMeanSketch, optimal_width
-from schemas.mechanisms.variance import ContributionModel
+from ldpipe.schemas.mechanisms.cms import CountMeanSketch
+from ldpipe.schemas.mechanisms.gcms import GeneralizedCountMeanSketch
+from ldpipe.schemas.mechanisms.hcms import HadamardCountMeanSketch
+from ldpipe.schemas.mechanisms.ocms import OptimalCountMeanSketch, optimal_parameters
+from ldpipe.schemas.mechanisms.oue import OptimizedUnaryEncoding
+from ldpipe.schemas.mechanisms.rrcms import RandomizedResponseCountMeanSketch, optimal_width
+from ldpipe.schemas.mechanisms.variance import ContributionModel
 
 __all__ = [
     "MECHANISMS",

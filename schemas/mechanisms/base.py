@@ -19,9 +19,9 @@ from typing import Any, ClassVar
 import numpy as np
 import numpy.typing as npt
 
-from schemas.hashing import HashFamily, field_elements, item_keys
-from schemas.mechanisms.columns import CellCache, column_sums
-from schemas.mechanisms.variance import ContributionModel
+from ldpipe.schemas.hashing import HashFamily, field_elements, item_keys
+from ldpipe.schemas.mechanisms.columns import CellCache, column_sums
+from ldpipe.schemas.mechanisms.variance import ContributionModel
 
 __all__ = [
     "FrequencyEstimates",

@@ -18,10 +18,10 @@ from typing import Any, ClassVar
 import numpy as np
 import numpy.typing as npt
 
-from schemas.mechanisms.base import FloatArray, Reports, Sketch, SketchMechanism
-from schemas.mechanisms.bernoulli import bernoulli_packed
-from schemas.mechanisms.columns import kernel
-from schemas.mechanisms.variance import ContributionModel
+from ldpipe.schemas.mechanisms.base import FloatArray, Reports, Sketch, SketchMechanism
+from ldpipe.schemas.mechanisms.bernoulli import bernoulli_packed
+from ldpipe.schemas.mechanisms.columns import kernel
+from ldpipe.schemas.mechanisms.variance import ContributionModel
 
 __all__ = ["CountMeanSketch", "pack_bits", "scatter_bits", "scatter_bits_reference", "unpack_bits"]
 
@@ -47,7 +47,7 @@ def scatter_bits(
     if kernel() == "numpy":
         scatter_bits_reference(sketch, rows, packed)
         return
-    from schemas.mechanisms import kernels  # numba loads on first use
+    from ldpipe.schemas.mechanisms import kernels  # numba loads on first use
 
     kernels.scatter_packed(sketch.flat_counts(), rows, packed, sketch.shape[1])
 

@@ -32,8 +32,8 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from schemas.hashing import MERSENNE_61, HashFamily, _mulmod, field_elements
-from schemas.mechanisms.hadamard import walsh_hadamard_rows
+from ldpipe.schemas.hashing import MERSENNE_61, HashFamily, _mulmod, field_elements
+from ldpipe.schemas.mechanisms.hadamard import walsh_hadamard_rows
 
 __all__ = [
     "KERNEL_ENV",
@@ -165,7 +165,9 @@ def column_sums(
     if kernel() == "numpy" or family.prime != MERSENNE_61:
         return column_sums_reference(family, matrices, keys_arr, hadamard=hadamard)
     checked = _check_matrices(family, matrices)
-    from schemas.mechanisms import kernels  # numba loads on the first estimate, not at import
+    from ldpipe.schemas.mechanisms import (
+        kernels,  # numba loads on the first estimate, not at import
+    )
 
     k, m, count = family.k, family.m, len(checked)
     cells = cache.cells(family, keys_arr) if cache is not None else None
@@ -261,7 +263,7 @@ def _digest(keys: npt.NDArray[np.uint64]) -> bytes:
 def _build_cells(
     family: HashFamily, keys: npt.NDArray[np.uint64], dtype: type[np.unsignedinteger[Any]]
 ) -> npt.NDArray[np.unsignedinteger[Any]]:
-    from schemas.mechanisms import kernels
+    from ldpipe.schemas.mechanisms import kernels
 
     out = np.empty((family.k, keys.size), dtype=dtype)
     parts = key_parts(keys)

@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 import numpy as np
 import numpy.typing as npt
 
-from schemas.mechanisms.base import (
+from ldpipe.schemas.mechanisms.base import (
     FloatArray,
     IntArray,
     Reports,
@@ -33,7 +33,7 @@ from schemas.mechanisms.base import (
     check_range,
     require,
 )
-from schemas.mechanisms.variance import ContributionModel
+from ldpipe.schemas.mechanisms.variance import ContributionModel
 
 __all__ = [
     "GeneralizedCountMeanSketch",

@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 import numpy as np
 import numpy.typing as npt
 
-from schemas.mechanisms.base import (
+from ldpipe.schemas.mechanisms.base import (
     FloatArray,
     IntArray,
     Reports,
@@ -27,8 +27,8 @@ from schemas.mechanisms.base import (
     check_range,
     require,
 )
-from schemas.mechanisms.hadamard import hadamard_entries, walsh_hadamard_rows
-from schemas.mechanisms.variance import ContributionModel
+from ldpipe.schemas.mechanisms.hadamard import hadamard_entries, walsh_hadamard_rows
+from ldpipe.schemas.mechanisms.variance import ContributionModel
 
 __all__ = ["HadamardCountMeanSketch", "hadamard_entries", "walsh_hadamard_rows"]
 

@@ -19,10 +19,10 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 from scipy.optimize import minimize_scalar
 
-from schemas.hashing import collision_probability
-from schemas.mechanisms.base import require
-from schemas.mechanisms.gcms import GeneralizedCountMeanSketch, subset_max_p, subset_min_s
-from schemas.mechanisms.variance import ContributionModel
+from ldpipe.schemas.hashing import collision_probability
+from ldpipe.schemas.mechanisms.base import require
+from ldpipe.schemas.mechanisms.gcms import GeneralizedCountMeanSketch, subset_max_p, subset_min_s
+from ldpipe.schemas.mechanisms.variance import ContributionModel
 
 __all__ = ["OptimalCountMeanSketch", "OptimizerMethod", "optimal_parameters", "paper_objective"]
 

@@ -5,7 +5,7 @@ probability 1/2, every other 1 with probability ``q = 1/(e^eps + 1)``. No hashin
 is a single row of d columns and no two items collide (``gamma = 0`` in ``variance.py``), so
 ``f_hat = (C - n q)/(1/2 - q)`` and ``Var = n q(1-q)/(1/2-q)^2 + f (1/4 - q(1-q))/(1/2-q)^2``.
 
-Items are compared in NFC (bytes decoded as UTF-8 first), as ``schemas.hashing.item_bytes``
+Items are compared in NFC (bytes decoded as UTF-8 first), as ``ldpipe.schemas.hashing.item_bytes``
 normalizes strings. Report values: ``uint8[n, ceil(d/8)]``, the d bits packed little-endian
 within each byte.
 """
@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 import numpy as np
 import numpy.typing as npt
 
-from schemas.mechanisms.base import (
+from ldpipe.schemas.mechanisms.base import (
     FloatArray,
     Mechanism,
     Reports,
@@ -29,8 +29,8 @@ from schemas.mechanisms.base import (
     check_epsilon,
     require,
 )
-from schemas.mechanisms.cms import pack_bits, unpack_bits
-from schemas.mechanisms.variance import ContributionModel
+from ldpipe.schemas.mechanisms.cms import pack_bits, unpack_bits
+from ldpipe.schemas.mechanisms.variance import ContributionModel
 
 __all__ = ["OptimizedUnaryEncoding", "canonical_text"]
 
@@ -42,7 +42,7 @@ _MAX_UINT16_ROWS = (1 << 16) - 1  # rows a uint16 column sum can hold
 def canonical_text(item: str | bytes) -> str:
     """An item as OUE compares it: NFC text, bytes decoded as UTF-8 first.
 
-    The same NFC normalization as ``schemas.hashing.item_bytes`` applies to strings; OUE's
+    The same NFC normalization as ``ldpipe.schemas.hashing.item_bytes`` applies to strings; OUE's
     dictionary is text, so bytes are decoded and normalized too (the hash keys leave bytes
     as they are).
     """

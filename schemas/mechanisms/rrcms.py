@@ -29,7 +29,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 import numpy.typing as npt
 
-from schemas.mechanisms.base import (
+from ldpipe.schemas.mechanisms.base import (
     FloatArray,
     Reports,
     Sketch,
@@ -38,7 +38,7 @@ from schemas.mechanisms.base import (
     check_range,
     require,
 )
-from schemas.mechanisms.variance import ContributionModel
+from ldpipe.schemas.mechanisms.variance import ContributionModel
 
 __all__ = ["Objective", "RandomizedResponseCountMeanSketch", "optimal_width"]
 

@@ -3,11 +3,11 @@
 Everything is built from ``schemas/discovery.md`` alone: the tag with ``hmac``/``hashlib``, the
 layouts with ``struct``, and both HPKE layers with the reference HPKE of
 ``make_envelope_vectors.py`` (RFC 9180 spelled out, checked against its Appendix A.2.1; never
-``cryptography``'s ``hpke`` module, never ``schemas.envelope`` or ``discovery``). Ephemeral keys
-are derived from fixed ``ikmE`` values (RFC 9180 §7.1.3 DeriveKeyPair), so every envelope is
+``cryptography``'s ``hpke`` module, never ``ldpipe.schemas.envelope`` or ``discovery``). Ephemeral
+keys are derived from fixed ``ikmE`` values (RFC 9180 §7.1.3 DeriveKeyPair), so every envelope is
 reproducible and running the script twice writes the same bytes. The normalization vectors are
-literal input/output pairs written from the spec; ``tests/discovery`` checks ``discovery.item``
-against them.
+literal input/output pairs written from the spec; ``tests/discovery`` checks
+``ldpipe.schemas.discovery.item`` against them.
 
     python schemas/vectors/make_discovery_vectors.py            # rewrite the file
     python schemas/vectors/make_discovery_vectors.py --check    # exit 1 unless the file is what
@@ -140,7 +140,7 @@ def read_release(
     data: bytes, use_case: str, epoch: int, capacity: int, *, check_normalized: bool = False
 ) -> tuple[str, int]:
     """(item, noisy count) of a release record, or ``RejectError(reason)``. Rule
-    ``item_not_normalized`` needs the normalization of discovery/item.py, so this reference
+    ``item_not_normalized`` needs the normalization of schemas/discovery/item.py, so this reference
     skips it (the vectors that need it say so; tests/discovery checks them)."""
     if len(data) < RELEASE.size + MIN_ENVELOPE:
         raise RejectError("release_too_short")
@@ -509,7 +509,7 @@ def verify(vectors: dict[str, Any]) -> list[str]:
     for entry in vectors["invalid_releases"]:
         try:
             read_release(bytes.fromhex(entry["record_hex"]), "words", 1, 64)
-            if entry["reason"] != "item_not_normalized":  # needs discovery/item.py's rules
+            if entry["reason"] != "item_not_normalized":  # needs schemas/discovery/item.py's rules
                 problems.append(f"invalid release {entry['name']}: accepted")
         except RejectError as exc:
             if exc.args[0] != entry["reason"]:

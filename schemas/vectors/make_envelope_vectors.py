@@ -4,11 +4,11 @@ Envelopes of format v1 (single layer) and v2 (the inner layer of a nested report
 reports (the shuffler layer ``LDS`` around a v2 inner envelope), are built by the reference
 below, written from ``schemas/envelope.md`` and RFC 9180 alone: the HPKE key schedule is
 spelled out with ``hmac``/``hashlib`` over the X25519 and ChaCha20-Poly1305 primitives of
-``cryptography`` (never its ``hpke`` module, never ``schemas.envelope`` or ``schemas.outer``),
-and is checked against RFC 9180 Appendix A.2.1 before anything is written. The ephemeral
-keys, which a real sender draws at random, are derived here from fixed ``ikmE`` values (RFC 9180
-§7.1.3 DeriveKeyPair), so every envelope is reproducible and running the script twice writes
-the same bytes.
+``cryptography`` (never its ``hpke`` module, never ``ldpipe.schemas.envelope`` or
+``ldpipe.schemas.outer``), and is checked against RFC 9180 Appendix A.2.1 before anything is
+written. The ephemeral keys, which a real sender draws at random, are derived here from fixed
+``ikmE`` values (RFC 9180 §7.1.3 DeriveKeyPair), so every envelope is reproducible and running the
+script twice writes the same bytes.
 
     python schemas/vectors/make_envelope_vectors.py            # rewrite the file
     python schemas/vectors/make_envelope_vectors.py --check    # exit 1 unless the file is what

@@ -1,7 +1,7 @@
 """Write ``schemas/vectors/hashing.json``: test vectors for the ldpipe hash family.
 
 Every expected value is computed by the pure-Python big-integer reference below, written from
-``schemas/hashing.md`` alone; it never imports ``schemas.hashing``, so the vectors check the
+``schemas/hashing.md`` alone; it never imports ``ldpipe.schemas.hashing``, so the vectors check the
 numpy implementation (and any other language's) independently. The output is deterministic:
 running this twice writes the same bytes.
 

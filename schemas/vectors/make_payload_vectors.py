@@ -1,8 +1,8 @@
 """Write ``schemas/vectors/payloads.json``: test vectors for the v1 client payload format.
 
 Every payload is built by the pure-Python reference below (``struct``), written from
-``schemas/payloads.md`` alone; it never imports ``schemas.payloads``, so the vectors check the
-numpy implementation (and any other language's) independently. Reports are drawn from a
+``schemas/payloads.md`` alone; it never imports ``ldpipe.schemas.payloads``, so the vectors check
+the numpy implementation (and any other language's) independently. Reports are drawn from a
 SHA-256 counter stream rather than numpy's generators, so the file changes only when the
 format or this script does: running it twice writes the same bytes.
 

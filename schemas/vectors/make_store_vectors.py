@@ -31,8 +31,8 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
-from aggregator.store import SegmentData, SketchStore  # noqa: E402
-from schemas.mechanisms import Sketch  # noqa: E402
+from ldpipe.aggregator.store import SegmentData, SketchStore  # noqa: E402
+from ldpipe.schemas.mechanisms import Sketch  # noqa: E402
 
 USE_CASE = "emoji"
 TOPIC = "ldp.emoji.shuffled"

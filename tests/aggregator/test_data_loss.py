@@ -16,12 +16,12 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, KafkaError
 from prometheus_client import CollectorRegistry
 
-from aggregator.exceptions import AggregatorError
-from aggregator.service import Aggregator, AggregatorOptions, DataLoss, find_data_loss
-from aggregator.store import SketchStore
-from infra.kafka import KafkaSettings
-from schemas.config import UseCase, parse_config
-from schemas.keys import KeyPair, KeyRing
+from ldpipe.aggregator.exceptions import AggregatorError
+from ldpipe.aggregator.service import Aggregator, AggregatorOptions, DataLoss, find_data_loss
+from ldpipe.aggregator.store import SketchStore
+from ldpipe.infra.runtime.kafka import KafkaSettings
+from ldpipe.schemas.config import UseCase, parse_config
+from ldpipe.schemas.keys import KeyPair, KeyRing
 from tests.fake_kafka import StubMessage, StubProducer
 from tests.store_helpers import seal_windows
 
@@ -170,7 +170,7 @@ def test_after_data_loss_resumes_only_the_lost_partitions_at_the_log_start(
     _committed_at(tmp_path, {0: 51_000, 1: 4000, 2: 10})
     agg = _aggregator(tmp_path, Bounds({0: (0, 5012), 1: (0, 5003), 2: (300, 900)}), after=True)
     assert not agg.dirty
-    with caplog.at_level("WARNING", logger="aggregator.service"):
+    with caplog.at_level("WARNING", logger="ldpipe.aggregator.service"):
         assigned = agg.take([0, 1, 2])
     assert [(tp.partition, tp.offset) for tp in assigned] == [(0, 0), (1, 4000), (2, 300)]
     assert agg.offsets == {0: 0, 1: 4000, 2: 300}

@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 from confluent_kafka import KafkaError
 
-from aggregator.exceptions import AggregatorError
-from aggregator.service import Aggregator, AggregatorOptions
-from infra.dead_letters import DeadLetter, tally
-from infra.kafka import KafkaSettings
-from schemas.config import UseCase, parse_config
-from schemas.headers import DIGEST_HEADER, REASON_HEADER, SIZE_HEADER
-from schemas.keys import KeyPair, KeyRing
+from ldpipe.aggregator.exceptions import AggregatorError
+from ldpipe.aggregator.service import Aggregator, AggregatorOptions
+from ldpipe.infra.runtime.dead_letters import DeadLetter, tally
+from ldpipe.infra.runtime.kafka import KafkaSettings
+from ldpipe.schemas.config import UseCase, parse_config
+from ldpipe.schemas.headers import DIGEST_HEADER, REASON_HEADER, SIZE_HEADER
+from ldpipe.schemas.keys import KeyPair, KeyRing
 from tests.fake_kafka import StubMessage, StubProducer
 from tests.store_helpers import seal_windows
 

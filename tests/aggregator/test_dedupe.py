@@ -4,8 +4,8 @@ from pathlib import Path
 
 import numpy as np
 
-from aggregator.dedupe import SeenReports, envelope_digest
-from aggregator.snapshot import SnapshotFile, read_snapshot, write_snapshot
+from ldpipe.aggregator.dedupe import SeenReports, envelope_digest
+from ldpipe.aggregator.snapshot import SnapshotFile, read_snapshot, write_snapshot
 
 
 def test_copies_are_dropped_within_the_horizon() -> None:
@@ -39,10 +39,10 @@ def test_snapshot_without_seen_reads_empty(tmp_path: Path) -> None:
 def test_a_copy_is_dropped_by_the_partitions_next_owner_too(tmp_path: Path) -> None:
     """Dedupe sets are per partition and rebuilt from the log before the position, so a copy
     published after a rebalance or a crash is dropped whoever owns the partition then."""
-    from aggregator.service import Aggregator, AggregatorOptions
-    from infra.kafka import KafkaSettings
-    from schemas.config import parse_config
-    from schemas.keys import KeyPair, KeyRing
+    from ldpipe.aggregator.service import Aggregator, AggregatorOptions
+    from ldpipe.infra.runtime.kafka import KafkaSettings
+    from ldpipe.schemas.config import parse_config
+    from ldpipe.schemas.keys import KeyPair, KeyRing
     from tests.fake_kafka import StubMessage
 
     uc = parse_config('[[use_case]]\nname = "emoji"\nmechanism = "cms"\nk = 16\nm = 32\n'

@@ -35,14 +35,14 @@ from prometheus_client import CollectorRegistry
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
-from aggregator import http_api
-from aggregator.http_api import ENDPOINTS, QueryApiServer, public_uri, serve
-from aggregator.metrics import QueryMetrics
-from aggregator.query import query_use_case
-from infra.observability import HEALTH_PATHS, Readiness
-from schemas.config import PipelineConfig, UseCase, load_config
-from schemas.mechanisms import Sketch
-from schemas.mechanisms.columns import CellCache
+from ldpipe.aggregator import http_api
+from ldpipe.aggregator.http_api import ENDPOINTS, QueryApiServer, public_uri, serve
+from ldpipe.aggregator.metrics import QueryMetrics
+from ldpipe.aggregator.query import query_use_case
+from ldpipe.infra.runtime.observability import HEALTH_PATHS, Readiness
+from ldpipe.schemas.config import PipelineConfig, UseCase, load_config
+from ldpipe.schemas.mechanisms import Sketch
+from ldpipe.schemas.mechanisms.columns import CellCache
 from tests.store_helpers import seal_windows
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -489,7 +489,7 @@ def test_an_unexpected_failure_is_500_without_a_traceback(
         raise RuntimeError("secret internals\n  at line 2")
 
     monkeypatch.setattr(http_api, "query_use_case", broken)
-    with caplog.at_level("ERROR", logger="aggregator.http_api"):
+    with caplog.at_level("ERROR", logger="ldpipe.aggregator.http_api"):
         answer = call(api.url + "/v1/top?use_case=emoji")
     assert answer.status == 500
     payload = check_against_spec("/v1/top", answer)
@@ -518,7 +518,15 @@ def test_a_query_without_a_dictionary_is_400(api: Api, tmp_path: Path) -> None:
 def test_query_serve_answers_metrics_and_json_on_one_port(api: Api, tmp_path: Path) -> None:
     config = write_config(tmp_path, EMOJI.replace('"store"', f'"{api.use_case.store.uri}"'))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    command = [sys.executable, "-m", "infra.cli", "query", "--config", str(config), "--serve"]
+    command = [
+        sys.executable,
+        "-m",
+        "ldpipe.infra.cli",
+        "query",
+        "--config",
+        str(config),
+        "--serve",
+    ]
     command += ["--port", "0", "--top", "3", "--refresh", "0.2"]
     process = subprocess.Popen(
         command, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True

@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from aggregator.snapshot import SnapshotFile, WindowSketch, read_snapshot, write_snapshot
-from aggregator.windows import WindowedSketches, increment_bound
-from schemas.mechanisms import Mechanism, build_mechanism
+from ldpipe.aggregator.snapshot import SnapshotFile, WindowSketch, read_snapshot, write_snapshot
+from ldpipe.aggregator.windows import WindowedSketches, increment_bound
+from ldpipe.schemas.mechanisms import Mechanism, build_mechanism
 
 ITEMS = [f"item-{i}" for i in range(40)]
 MECHANISMS = {

@@ -7,11 +7,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aggregator import query as query_module
-from aggregator.query import _epoch_estimates, top_order
-from aggregator.snapshot import MergedSketch, mechanism_params
-from schemas.mechanisms import Mechanism, build_mechanism
-from schemas.mechanisms.columns import CellCache
+from ldpipe.aggregator import query as query_module
+from ldpipe.aggregator.query import _epoch_estimates, top_order
+from ldpipe.aggregator.snapshot import MergedSketch, mechanism_params
+from ldpipe.schemas.mechanisms import Mechanism, build_mechanism
+from ldpipe.schemas.mechanisms.columns import CellCache
 
 ITEMS = [f"item-{j}" for j in range(400)]
 

@@ -12,11 +12,11 @@ from typing import Any
 
 from confluent_kafka import TopicPartition
 
-from aggregator.service import Aggregator, AggregatorOptions
-from aggregator.store import SketchStore
-from infra.kafka import KafkaSettings
-from schemas.config import parse_config
-from schemas.keys import KeyPair, KeyRing
+from ldpipe.aggregator.service import Aggregator, AggregatorOptions
+from ldpipe.aggregator.store import SketchStore
+from ldpipe.infra.runtime.kafka import KafkaSettings
+from ldpipe.schemas.config import parse_config
+from ldpipe.schemas.keys import KeyPair, KeyRing
 
 TOPIC = "ldp.emoji.shuffled"
 CONFIG = '[[use_case]]\nname = "emoji"\nmechanism = "cms"\nepsilon = 4.0\nk = 16\nm = 32\n'

@@ -15,8 +15,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-import aggregator.snapshot as snapshot_module
-from aggregator.snapshot import (
+import ldpipe.aggregator.snapshot as snapshot_module
+from ldpipe.aggregator.snapshot import (
     Compression,
     SnapshotFile,
     WindowSketch,
@@ -29,8 +29,8 @@ from aggregator.snapshot import (
     read_snapshot,
     write_snapshot,
 )
-from schemas.errors import LdpipeError, SnapshotError, SnapshotExistsError
-from schemas.mechanisms import Sketch, build_mechanism
+from ldpipe.schemas.errors import LdpipeError, SnapshotError, SnapshotExistsError
+from ldpipe.schemas.mechanisms import Sketch, build_mechanism
 
 REPO = Path(__file__).resolve().parents[2]
 HOUR = 3600
@@ -244,8 +244,8 @@ CRASH_SCRIPT = textwrap.dedent(
     import os, sys
     import numpy as np
     sys.path.insert(0, sys.argv[3])
-    from aggregator.snapshot import SnapshotFile, WindowSketch, write_snapshot
-    from schemas.mechanisms import Sketch
+    from ldpipe.aggregator.snapshot import SnapshotFile, WindowSketch, write_snapshot
+    from ldpipe.schemas.mechanisms import Sketch
 
     counts = np.arange(12, dtype=np.int64).reshape(3, 4)
     window = WindowSketch("emoji", "cms", {}, 1, 0, 3600, Sketch(counts, counts.sum(axis=1)))
@@ -460,7 +460,7 @@ def test_merge_refuses_mismatched_params_and_overlapping_windows(
 def test_plain_pyarrow_reads_and_verifies_the_documented_layout(
     tmp_path: Path, rng: np.random.Generator
 ) -> None:
-    """What another tool does, following schemas/snapshot.md without aggregator.snapshot."""
+    """What another tool does, following schemas/snapshot.md without ldpipe.aggregator.snapshot."""
     written = snapshot(rng, windows=(window(rng), window(rng, epoch=2, k=4, m=8)))
     path = write_snapshot(tmp_path, written, compression="zstd")
 

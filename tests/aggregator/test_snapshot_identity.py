@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import aggregator.snapshot as snapshot_module
-from aggregator.dedupe import envelope_digest
-from aggregator.service import Aggregator, AggregatorOptions
-from aggregator.snapshot import (
+import ldpipe.aggregator.snapshot as snapshot_module
+from ldpipe.aggregator.dedupe import envelope_digest
+from ldpipe.aggregator.service import Aggregator, AggregatorOptions
+from ldpipe.aggregator.snapshot import (
     SnapshotFile,
     SnapshotIdentityError,
     WindowSketch,
@@ -35,10 +35,10 @@ from aggregator.snapshot import (
     write_snapshot,
     writer_instance,
 )
-from infra.kafka import KafkaSettings
-from schemas.config import UseCase, load_config
-from schemas.errors import SnapshotError
-from schemas.keys import KeyPair, KeyRing
+from ldpipe.infra.runtime.kafka import KafkaSettings
+from ldpipe.schemas.config import UseCase, load_config
+from ldpipe.schemas.errors import SnapshotError
+from ldpipe.schemas.keys import KeyPair, KeyRing
 from tests.fake_kafka import StubMessage
 from tests.store_helpers import seal_windows
 
@@ -199,7 +199,7 @@ def test_a_truncated_snapshot_is_refused_with_a_warning_naming_it(
 
     with pytest.raises(SnapshotError, match=rf"^{path}: "):
         read_snapshot(path)
-    with caplog.at_level(logging.WARNING, logger="aggregator.snapshot"):
+    with caplog.at_level(logging.WARNING, logger="ldpipe.aggregator.snapshot"):
         latest = latest_snapshot(tmp_path, A)
     assert latest is not None and latest.sequence == 1
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -216,7 +216,7 @@ def test_a_writer_whose_every_file_is_refused_is_reported_missing(
         data[len(data) // 2] ^= 0x10
         path.write_bytes(data)
 
-    with caplog.at_level(logging.WARNING, logger="aggregator.snapshot"):
+    with caplog.at_level(logging.WARNING, logger="ldpipe.aggregator.snapshot"):
         scan = scan_snapshots(tmp_path)
     assert sorted(scan.latest) == [A] and scan.writers == [A, B]
     assert [path for path, _ in scan.missing[B]] == paths[::-1]  # newest first

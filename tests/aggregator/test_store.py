@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from aggregator.maintenance import compact, plan_retention, retain, verify
-from aggregator.store import SegmentData, SketchStore, StaleCommitError, StoreError
-from schemas.config import StoreConfig
-from schemas.mechanisms import Sketch
+from ldpipe.aggregator.maintenance import compact, plan_retention, retain, verify
+from ldpipe.aggregator.store import SegmentData, SketchStore, StaleCommitError, StoreError
+from ldpipe.schemas.config import StoreConfig
+from ldpipe.schemas.mechanisms import Sketch
 
 T = "ldp.emoji.shuffled"
 PARAMS = {"k": 8, "m": 16}

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from discovery.aux import AuxServer
-from discovery.client import DiscoveryClient
-from discovery.item import ItemRules
-from discovery.layers import DiscoveryConfig
-from discovery.noise import RandomSource, SeededRandomSource
-from discovery.privacy import ReleaseParameters
-from discovery.server import DiscoveryServer
-from discovery.tags import TagKey
-from schemas.keys import KeyPair, KeyRing
+from ldpipe.discovery.aux import AuxServer
+from ldpipe.discovery.client import DiscoveryClient
+from ldpipe.discovery.noise import RandomSource, SeededRandomSource
+from ldpipe.discovery.server import DiscoveryServer
+from ldpipe.schemas.discovery.item import ItemRules
+from ldpipe.schemas.discovery.layers import DiscoveryConfig
+from ldpipe.schemas.discovery.privacy import ReleaseParameters
+from ldpipe.schemas.discovery.tags import TagKey
+from ldpipe.schemas.keys import KeyPair, KeyRing
 
 __all__ = ["Parties", "ZeroNoise", "make_parties"]
 

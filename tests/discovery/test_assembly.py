@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from discovery.assembly import WindowAssembler, released_ids
-from schemas.headers import WINDOW_HEADER, window_header
+from ldpipe.discovery.assembly import WindowAssembler, released_ids
+from ldpipe.schemas.headers import WINDOW_HEADER, window_header
 
 
 def mark(producer: str, token: str, size: int) -> list[tuple[str, bytes]]:

@@ -13,19 +13,19 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from discovery.aux import AuxServer, bucket_keys, stability_histogram
-from discovery.exceptions import DiscoveryRejection
-from discovery.layers import encode_outer_payload
-from discovery.noise import (
+from ldpipe.discovery.aux import AuxServer, bucket_keys, stability_histogram
+from ldpipe.discovery.noise import (
     LAPLACE_TAIL_FACTOR,
     SeededRandomSource,
     SystemRandomSource,
     laplace_noise,
     uniform_below,
 )
-from discovery.privacy import ReleaseParameters, release_probability
-from schemas.envelope import EnvelopeHeader, EnvelopeRejection, seal
-from schemas.keys import KeyPair, KeyRing
+from ldpipe.schemas.discovery.exceptions import DiscoveryRejection
+from ldpipe.schemas.discovery.layers import encode_outer_payload
+from ldpipe.schemas.discovery.privacy import ReleaseParameters, release_probability
+from ldpipe.schemas.envelope import EnvelopeHeader, EnvelopeRejection, seal
+from ldpipe.schemas.keys import KeyPair, KeyRing
 from tests.discovery.aux_helpers import ZeroNoise, make_parties
 
 
@@ -152,7 +152,7 @@ def test_aux_never_sees_or_releases_an_item_in_the_clear() -> None:
 
 
 def _open(data: bytes, ring: KeyRing, use_case: str) -> tuple[EnvelopeHeader, bytes]:
-    from schemas.envelope import open_envelope
+    from ldpipe.schemas.envelope import open_envelope
 
     opened = open_envelope(data, ring, use_case=use_case)
     return opened.header, opened.payload

@@ -12,15 +12,15 @@ from typing import Any
 
 import pytest
 
-from discovery.evaluation import (
+from ldpipe.discovery.evaluation import (
     DiscoveredItem,
     DiscoverySimRequest,
     DiscoverySimResult,
     TrialOutcome,
     score,
 )
-from discovery.privacy import parameters_for, release_guarantee
-from infra.cli import main
+from ldpipe.infra.cli.main import main
+from ldpipe.schemas.discovery.privacy import parameters_for, release_guarantee
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -78,7 +78,7 @@ def test_given_threshold_and_scale(capsys: pytest.CaptureFixture[str]) -> None:
     args = [*BASE, "--protocol", "aux", "--epsilon", "2", "--json", "--skip-encryption"]
     code, out, _ = _run([*args, "--threshold", "30", "--laplace-scale", "1"], capsys)
     assert code == 0 and out["threshold"] == 30 and out["laplace_scale"] == 1
-    from discovery.privacy import ReleaseParameters
+    from ldpipe.schemas.discovery.privacy import ReleaseParameters
 
     g = release_guarantee(ReleaseParameters(30, 1), neighbours="replace-one")
     assert out["epsilon"] == pytest.approx(g.epsilon) and out["delta"] == pytest.approx(g.delta)
@@ -114,7 +114,7 @@ def test_text_output(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def _fake_sfp(simulate: Any) -> types.ModuleType:
-    module = types.ModuleType("discovery.sfp")
+    module = types.ModuleType("ldpipe.discovery.sfp")
     module.simulate_request = simulate  # type: ignore[attr-defined]
     return module
 
@@ -147,7 +147,7 @@ def test_sfp_dispatch_follows_the_contract(
             {"epsilon_word": 2},
         )
 
-    monkeypatch.setitem(sys.modules, "discovery.sfp", _fake_sfp(simulate))
+    monkeypatch.setitem(sys.modules, "ldpipe.discovery.sfp", _fake_sfp(simulate))
     code, out, _ = _run([*BASE, "--protocol", "sfp", "--epsilon", "8", "--json"], capsys)
     assert code == 0 and seen[0].protocol == "sfp" and seen[0].epsilon == 8
     assert out["protocol"] == "sfp" and out["delta"] is None and out["f1"] == 1.0
@@ -187,15 +187,15 @@ def test_score_definitions(
 @pytest.mark.parametrize(
     "module",
     [
-        "discovery.item",
-        "discovery.tags",
-        "discovery.layers",
-        "discovery.client",
-        "discovery.noise",
-        "discovery.privacy",
-        "discovery.store",
-        "discovery.evaluation",
-        "discovery.found",
+        "ldpipe.schemas.discovery.item",
+        "ldpipe.schemas.discovery.tags",
+        "ldpipe.schemas.discovery.layers",
+        "ldpipe.discovery.client",
+        "ldpipe.discovery.noise",
+        "ldpipe.schemas.discovery.privacy",
+        "ldpipe.discovery.store",
+        "ldpipe.discovery.evaluation",
+        "ldpipe.discovery.found",
     ],
 )
 def test_docstring_examples(module: str) -> None:
@@ -206,18 +206,18 @@ def test_docstring_examples(module: str) -> None:
 @pytest.mark.parametrize(
     "module",
     [
-        "discovery.item",
-        "discovery.tags",
-        "discovery.layers",
-        "discovery.client",
-        "discovery.aux",
-        "discovery.server",
-        "discovery.noise",
-        "discovery.privacy",
-        "discovery.store",
-        "discovery.evaluation",
-        "discovery.aux_sim",
-        "discovery.exceptions",
+        "ldpipe.schemas.discovery.item",
+        "ldpipe.schemas.discovery.tags",
+        "ldpipe.schemas.discovery.layers",
+        "ldpipe.discovery.client",
+        "ldpipe.discovery.aux",
+        "ldpipe.discovery.server",
+        "ldpipe.discovery.noise",
+        "ldpipe.schemas.discovery.privacy",
+        "ldpipe.discovery.store",
+        "ldpipe.discovery.evaluation",
+        "ldpipe.discovery.aux_sim",
+        "ldpipe.schemas.discovery.exceptions",
     ],
 )
 def test_public_surface(module: str) -> None:

@@ -1,4 +1,4 @@
-"""Item normalization and bounding (discovery/item.py): vectors, properties, fuzzing."""
+"""Item normalization and bounding (schemas/discovery/item.py): vectors, properties, fuzzing."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from discovery.exceptions import DiscoveryError, DiscoveryRejection
-from discovery.item import MAX_ITEM_BYTES, ItemRules, normalize_item, normalize_items
-from schemas.errors import LdpipeError
+from ldpipe.schemas.discovery.exceptions import DiscoveryError, DiscoveryRejection
+from ldpipe.schemas.discovery.item import MAX_ITEM_BYTES, ItemRules, normalize_item, normalize_items
+from ldpipe.schemas.errors import LdpipeError
 
 VECTORS = json.loads(
     (Path(__file__).parents[2] / "schemas" / "vectors" / "discovery.json").read_text("utf-8")

@@ -17,11 +17,12 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from discovery.aux import AuxServer
-from discovery.client import DiscoveryClient
-from discovery.exceptions import DiscoveryError, DiscoveryRejection
-from discovery.item import ItemRules
-from discovery.layers import (
+from ldpipe.discovery.aux import AuxServer
+from ldpipe.discovery.client import DiscoveryClient
+from ldpipe.discovery.server import DiscoveryServer
+from ldpipe.schemas.discovery.exceptions import DiscoveryError, DiscoveryRejection
+from ldpipe.schemas.discovery.item import ItemRules
+from ldpipe.schemas.discovery.layers import (
     DiscoveryConfig,
     ReleasedBucket,
     encode_item_payload,
@@ -30,11 +31,10 @@ from discovery.layers import (
     parse_outer_payload,
     parse_release,
 )
-from discovery.privacy import ReleaseParameters
-from discovery.server import DiscoveryServer
-from discovery.tags import TagKey
-from schemas.envelope import EnvelopeRejection, open_envelope
-from schemas.keys import KeyPair, KeyRing
+from ldpipe.schemas.discovery.privacy import ReleaseParameters
+from ldpipe.schemas.discovery.tags import TagKey
+from ldpipe.schemas.envelope import EnvelopeRejection, open_envelope
+from ldpipe.schemas.keys import KeyPair, KeyRing
 from tests.discovery.aux_helpers import ZeroNoise, make_parties
 
 ROOT = Path(__file__).parents[2]

@@ -1,5 +1,5 @@
-"""Theorem 4 (GCMS §5.2) as discovery/privacy.py states it: round trips, refusals, and an exact
-check of the DP inequality over the mechanism's whole output distribution.
+"""Theorem 4 (GCMS §5.2) as schemas/discovery/privacy.py states it: round trips, refusals, and an
+exact check of the DP inequality over the mechanism's whole output distribution.
 
 The exact check enumerates the output of one bucket — "not released", or released with the
 integer noisy count ``c + rint(L)`` — from the Laplace CDF, and computes the hockey-stick
@@ -18,8 +18,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from discovery.exceptions import PrivacyParameterError
-from discovery.privacy import (
+from ldpipe.schemas.discovery.exceptions import PrivacyParameterError
+from ldpipe.schemas.discovery.privacy import (
     ReleaseParameters,
     float_delta_slack,
     paper_theorem4,

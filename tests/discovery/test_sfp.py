@@ -17,28 +17,30 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import discovery.sfp as sfp
-from discovery.evaluation import DiscoverySimRequest
-from discovery.item import ItemRules
-from discovery.sfp import (
-    SfpParams,
-    SketchName,
+import ldpipe.discovery.sfp as sfp
+from ldpipe.discovery.evaluation import DiscoverySimRequest
+from ldpipe.discovery.sfp import (
     accumulate,
-    decode_word,
     discover,
-    encode_word,
     encode_words,
-    fragment_item,
     new_sketches,
-    parse_fragment_item,
     perturb_words,
-    piece_of,
     randomize_words,
     simulate,
     simulate_request,
 )
-from producers.datasets import Population
-from schemas.hashing import item_key, item_keys
+from ldpipe.producers.datasets import Population
+from ldpipe.schemas.discovery.item import ItemRules
+from ldpipe.schemas.discovery.sfp_words import (
+    SfpParams,
+    SketchName,
+    decode_word,
+    encode_word,
+    fragment_item,
+    parse_fragment_item,
+    piece_of,
+)
+from ldpipe.schemas.hashing import item_key, item_keys
 
 PLANTED = ("bruh", "tryna", "despacito", "moana", "wyd")
 
@@ -322,4 +324,4 @@ def test_public_surface_is_all() -> None:
         and (inspect.isclass(value) or inspect.isfunction(value))
         and value.__module__ == sfp.__name__
     }
-    assert defined | {"SketchName"} == set(sfp.__all__)
+    assert defined == set(sfp.__all__)

@@ -1,7 +1,7 @@
 """SFP reconstruction over the sketch store (``discovery/sfp_service.py``), without a broker.
 
 The pipeline's work is done by hand: 20,000 devices randomize their word with
-``discovery.sfp.randomize_words`` (Apple Alg. 9, §6.1 epsilons 2 and 6); the word reports are
+``ldpipe.discovery.sfp.randomize_words`` (Apple Alg. 9, §6.1 epsilons 2 and 6); the word reports are
 accumulated into the word use case's sketch and the stacked fragment reports
 (``stack_fragments``) into the fragments use case's, split across two writers covering
 disjoint partitions and two hourly windows, and committed to the sketch store
@@ -28,16 +28,17 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from aggregator.exceptions import QueryError
-from aggregator.query import discovered_items, query_use_case
-from aggregator.store import SketchStore
-from discovery.exceptions import DiscoveryServiceError
-from discovery.sfp import SfpParams, SfpReports, decode_word, encode_word, randomize_words
-from discovery.sfp_service import SfpWindowResult, reconstruct, sfp_store_directory
-from discovery.sfp_wire import stack_fragments
-from discovery.store import DiscoveryStore
-from schemas.config import PipelineConfig, UseCase, parse_config
-from schemas.mechanisms import Reports
+from ldpipe.aggregator.exceptions import QueryError
+from ldpipe.aggregator.query import discovered_items, query_use_case
+from ldpipe.aggregator.store import SketchStore
+from ldpipe.discovery.sfp import SfpReports, randomize_words
+from ldpipe.discovery.sfp_service import SfpWindowResult, reconstruct, sfp_store_directory
+from ldpipe.discovery.sfp_wire import stack_fragments
+from ldpipe.discovery.store import DiscoveryStore
+from ldpipe.schemas.config import PipelineConfig, UseCase, parse_config
+from ldpipe.schemas.discovery.exceptions import DiscoveryServiceError
+from ldpipe.schemas.discovery.sfp_words import SfpParams, decode_word, encode_word
+from ldpipe.schemas.mechanisms import Reports
 from tests.store_helpers import seal_windows
 
 N = 20_000

@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from aggregator.windows import decode_epochs
-from discovery.sfp import (
+from ldpipe.aggregator.windows import decode_epochs
+from ldpipe.discovery.sfp import (
     SfpParams,
     accumulate,
     encode_words,
@@ -20,17 +20,17 @@ from discovery.sfp import (
     perturb_fragments,
     randomize_words,
 )
-from discovery.sfp_wire import (
+from ldpipe.discovery.sfp_wire import (
     fragment_wire_mechanism,
     split_fragments,
     stack_fragments,
     wire_sketches,
 )
-from producers.sfp_client import SfpDeviceClient
-from schemas.config import parse_config
-from schemas.keys import KeyPair, KeyRing
-from schemas.mechanisms import Sketch
-from schemas.payloads import PayloadCodec
+from ldpipe.producers.sfp_client import SfpDeviceClient
+from ldpipe.schemas.config import parse_config
+from ldpipe.schemas.keys import KeyPair, KeyRing
+from ldpipe.schemas.mechanisms import Sketch
+from ldpipe.schemas.payloads import PayloadCodec
 
 WORDS = ["bruh", "tryna", "moana", "despacito", "wyd", "hello", "queso"]
 

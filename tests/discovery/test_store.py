@@ -9,9 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from discovery.exceptions import DiscoveryExistsError, DiscoveryStoreError
-from discovery.server import Discovery
-from discovery.store import DiscoveryStore, DiscoveryWindow, read_window, window_file_name
+from ldpipe.discovery.server import Discovery
+from ldpipe.discovery.store import DiscoveryStore, DiscoveryWindow, read_window, window_file_name
+from ldpipe.schemas.discovery.exceptions import DiscoveryExistsError, DiscoveryStoreError
 
 
 def _window(window_id: str, released_at: float, items: dict[str, int]) -> DiscoveryWindow:

@@ -14,9 +14,8 @@ import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.parquet as pq  # type: ignore[import-untyped]
 import pytest
 
-from discovery.exceptions import DiscoveryStoreError
-from discovery.server import Discovery
-from discovery.store import (
+from ldpipe.discovery.server import Discovery
+from ldpipe.discovery.store import (
     PROTOCOLS,
     STORE_FORMAT,
     STORE_VERSION,
@@ -25,7 +24,8 @@ from discovery.store import (
     read_window,
     window_file_name,
 )
-from discovery.tags import TAG_LENGTH
+from ldpipe.schemas.discovery.exceptions import DiscoveryStoreError
+from ldpipe.schemas.discovery.tags import TAG_LENGTH
 
 ZERO_TAG = bytes(TAG_LENGTH)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.cli import main
+from ldpipe.infra.cli.main import main
 
 MECHS = ["cms", "hcms", "gcms", "ocms", "rrcms", "oue"]
 
@@ -133,7 +133,7 @@ def test_demo_json(capsys: pytest.CaptureFixture[str]) -> None:
 def test_demo_sfp_json(capsys: pytest.CaptureFixture[str]) -> None:
     """The SFP demo at its default 50,000 devices: every planted word is found (each sits more
     than 5 standard errors above the word cut) and estimated within 4.5 standard errors."""
-    from infra.demo_sfp import PLANTED
+    from ldpipe.infra.cli.demo_sfp import PLANTED
 
     assert main(["demo", "--protocol", "sfp", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
@@ -151,7 +151,7 @@ def test_a_closed_pipe_ends_output_quietly() -> None:
     """``ldpipe simulate ... | head -1``: the reader leaves early; no traceback, status 141."""
     root = Path(__file__).resolve().parents[2]
     command = (
-        f"{sys.executable} -m infra.cli simulate --mechanism cms --epsilon 4 "
+        f"{sys.executable} -m ldpipe.infra.cli simulate --mechanism cms --epsilon 4 "
         f"--dataset zipf:d=5000,a=1.1 --n 5000 --trials 1 --seed 1 --top 5000 | head -1"
     )
     done = subprocess.run(

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from aggregator.exceptions import AggregatorError
-from aggregator.service import Aggregator, AggregatorOptions
-from infra.cli import main
-from infra.kafka import KafkaSettings
-from schemas.config import parse_config
-from schemas.errors import KeyFileError
-from schemas.keys import KeyPair, KeyRing, save_key_pair
+from ldpipe.aggregator.exceptions import AggregatorError
+from ldpipe.aggregator.service import Aggregator, AggregatorOptions
+from ldpipe.infra.cli.main import main
+from ldpipe.infra.runtime.kafka import KafkaSettings
+from ldpipe.schemas.config import parse_config
+from ldpipe.schemas.errors import KeyFileError
+from ldpipe.schemas.keys import KeyPair, KeyRing, save_key_pair
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "infra" / "example.toml"
 
@@ -101,7 +101,7 @@ def test_an_unwritable_checkpoint_directory_is_one_line(
         raise PermissionError(13, "Permission denied", str(directory))
 
     # as an unprivileged user would get in a directory it may not write (tests may run as root)
-    monkeypatch.setattr("aggregator.service.write_snapshot", refuse)
+    monkeypatch.setattr("ldpipe.aggregator.service.write_snapshot", refuse)
     with pytest.raises(AggregatorError) as info:
         agg.checkpoint()
     assert str(info.value) == (

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.cli import build_parser
+from ldpipe.infra.cli.main import build_parser
 
 REFERENCE = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from infra.dead_letters import DeadLetter, tally
+from ldpipe.infra.runtime.dead_letters import DeadLetter, tally
 
 
 def letter(offset: int, source: str | None, reason: str = "bad_magic", **kw: object) -> DeadLetter:

@@ -7,8 +7,8 @@ from typing import cast
 
 from confluent_kafka import TIMESTAMP_CREATE_TIME, Message
 
-from infra.dead_letters import UNKNOWN, DeadLetter, tally
-from schemas.headers import dead_letter_headers
+from ldpipe.infra.runtime.dead_letters import UNKNOWN, DeadLetter, tally
+from ldpipe.schemas.headers import dead_letter_headers
 
 
 class Letter:

@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from discovery import sfp
-from discovery.sfp import SfpParams, check_spelling
-from infra.cli import main
-from producers.datasets import Population, load_population
+from ldpipe.discovery import sfp
+from ldpipe.discovery.sfp import SfpParams, check_spelling
+from ldpipe.infra.cli.main import main
+from ldpipe.producers.datasets import Population, load_population
 
 WORDS = Path(__file__).resolve().parents[2] / "infra" / "words.txt"
 MIXED = {  # 2 unspellable items (400 devices); 2 items that share their first 10 characters
@@ -118,7 +118,7 @@ def test_params_alphabet_and_lowercase_decide_what_is_spellable() -> None:
 def test_simulate_request_warns_with_a_python_warning(tmp_path: Path) -> None:
     path = tmp_path / "mixed.txt"
     path.write_text("".join(f"{w},{c}\n" for w, c in MIXED.items()), encoding="utf-8")
-    from discovery.evaluation import DiscoverySimRequest
+    from ldpipe.discovery.evaluation import DiscoverySimRequest
 
     request = DiscoverySimRequest("sfp", f"file:{path}", None, 8.0, seed=1)
     small = SfpParams(fragment_k=64, piece_bits=4)

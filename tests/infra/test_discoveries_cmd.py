@@ -1,5 +1,5 @@
 """``ldpipe discoveries`` over a hand-written discoveries store (files only, no broker), and
-``discovery.found.found_items``, which folds a store's windows into items."""
+``ldpipe.discovery.found.found_items``, which folds a store's windows into items."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from discovery.found import found_items
-from discovery.server import Discovery
-from discovery.store import DiscoveryStore, DiscoveryWindow
-from infra.cli import main
+from ldpipe.discovery.found import found_items
+from ldpipe.discovery.server import Discovery
+from ldpipe.discovery.store import DiscoveryStore, DiscoveryWindow
+from ldpipe.infra.cli.main import main
 
 CONFIG = """
 [[use_case]]

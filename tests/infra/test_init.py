@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from discovery.runtime import load_tag_key
-from infra.cli import main
-from infra.init_cmd import STARTER_KEYS, init
-from schemas.config import load_config
-from schemas.keys import KeyRing, load_public_key
+from ldpipe.discovery.runtime import load_tag_key
+from ldpipe.infra.cli.init import STARTER_KEYS, init
+from ldpipe.infra.cli.main import main
+from ldpipe.schemas.config import load_config
+from ldpipe.schemas.keys import KeyRing, load_public_key
 
 
 def test_init_writes_a_deployment_whose_keys_all_load(tmp_path: Path) -> None:

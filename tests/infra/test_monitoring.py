@@ -17,9 +17,9 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from aggregator.metrics import AggregatorMetrics, QueryMetrics
-from discovery.metrics import AuxMetrics, ServerMetrics, SfpMetrics
-from shuffler.metrics import ShufflerMetrics
+from ldpipe.aggregator.metrics import AggregatorMetrics, QueryMetrics
+from ldpipe.discovery.metrics import AuxMetrics, ServerMetrics, SfpMetrics
+from ldpipe.shuffler.metrics import ShufflerMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
 MONITORING = ROOT / "infra" / "monitoring"

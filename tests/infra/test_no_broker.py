@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from infra.common import start_metrics
+from ldpipe.infra.cli.common import start_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMANDS = [
@@ -57,14 +57,22 @@ private_keys = ["keys"]
 """,
         encoding="utf-8",
     )
-    run = [sys.executable, "-m", "infra.cli", "keys", "generate", "--out", str(tmp_path / "keys")]
+    run = [
+        sys.executable,
+        "-m",
+        "ldpipe.infra.cli",
+        "keys",
+        "generate",
+        "--out",
+        str(tmp_path / "keys"),
+    ]
     subprocess.run([*run, "--name", "emoji", "--key-id", "1"], check=True, capture_output=True)
     return path
 
 
 def _start(args: list[str], cwd: Path) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "infra.cli", *args],
+        [sys.executable, "-m", "ldpipe.infra.cli", *args],
         cwd=cwd,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -1,5 +1,5 @@
-"""A service's metrics port (``infra/observability.py``, ``infra/common.py``): real HTTP against
-a real server on a free port, scrapes parsed with prometheus_client's own text parser."""
+"""A service's metrics port (``infra/runtime/observability.py``, ``infra/cli/common.py``): real HTTP
+against a real server on a free port, scrapes parsed with prometheus_client's own text parser."""
 
 from __future__ import annotations
 
@@ -16,9 +16,14 @@ from importlib import metadata
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from infra.common import start_metrics
-from infra.observability import MetricsServer, Readiness, serve_metrics, service_registry
-from shuffler.metrics import ShufflerMetrics
+from ldpipe.infra.cli.common import start_metrics
+from ldpipe.infra.runtime.observability import (
+    MetricsServer,
+    Readiness,
+    serve_metrics,
+    service_registry,
+)
+from ldpipe.shuffler.metrics import ShufflerMetrics
 
 
 @dataclass

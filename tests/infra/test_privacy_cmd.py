@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from infra.cli import main
-from schemas.privacy import numerical_amplification, shuffle_amplification
+from ldpipe.infra.cli.main import main
+from ldpipe.schemas.privacy.formulas import numerical_amplification, shuffle_amplification
 
 
 def test_amplification_json_keys(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,5 +1,6 @@
-"""Secret references (``infra/secret_refs.py``): ``${env:NAME}`` and ``${file:/path}`` resolve where
-Kafka clients and delta-rs are configured, and no error, ``repr`` or argv ever holds the secret."""
+"""Secret references (``infra/runtime/secret_refs.py``): ``${env:NAME}`` and ``${file:/path}``
+resolve where Kafka clients and delta-rs are configured, and no error, ``repr`` or argv ever holds
+the secret."""
 
 from __future__ import annotations
 
@@ -12,14 +13,14 @@ from typing import Any
 
 import pytest
 
-import aggregator.store
-from aggregator.store import SegmentData, SketchStore
-from infra.cli import main
-from infra.kafka import KafkaSettings, parse_extra
-from infra.secret_refs import is_reference, resolve, resolve_all
-from schemas.config import ConfigError, parse_config
-from schemas.errors import LdpipeError
-from schemas.mechanisms import Sketch
+import ldpipe.aggregator.store as store_module
+from ldpipe.aggregator.store import SegmentData, SketchStore
+from ldpipe.infra.cli.main import main
+from ldpipe.infra.runtime.kafka import KafkaSettings, parse_extra
+from ldpipe.infra.runtime.secret_refs import is_reference, resolve, resolve_all
+from ldpipe.schemas.config import ConfigError, parse_config
+from ldpipe.schemas.errors import LdpipeError
+from ldpipe.schemas.mechanisms import Sketch
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "hunter2-never-printed"
@@ -256,7 +257,7 @@ def _argv_once_exec_done(process: subprocess.Popen[str]) -> list[bytes]:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         argv = Path(f"/proc/{process.pid}/cmdline").read_bytes().split(b"\0")
-        if b"infra.cli" in argv:
+        if b"ldpipe.infra.cli" in argv:
             return argv
         time.sleep(0.001)  # poll the condition: exec is a matter of microseconds
     raise AssertionError(f"{process.args} did not exec within 30 s")
@@ -273,7 +274,7 @@ def test_ps_shows_only_the_reference(tmp_path: Path) -> None:
     config.write_text(CONFIG.format(port=_closed_port(), var="UNUSED"), encoding="utf-8")
     reference = f"${{file:{secret_file}}}"
     command = [
-        sys.executable, "-m", "infra.cli", "dlq", "--config", str(config),
+        sys.executable, "-m", "ldpipe.infra.cli", "dlq", "--config", str(config),
         "--connect-timeout", "1", "-X", f"sasl.password={reference}",
     ]  # fmt: skip
     process = subprocess.Popen(
@@ -299,7 +300,7 @@ def test_storage_options_resolve_before_delta_rs_sees_them(
     tmp_path: Path, secret_env: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     given: list[Any] = []
-    real_table, real_write = aggregator.store.DeltaTable, aggregator.store.write_deltalake
+    real_table, real_write = store_module.DeltaTable, store_module.write_deltalake
 
     def table(uri: str, *, storage_options: Any = None) -> Any:
         given.append(storage_options)
@@ -309,8 +310,8 @@ def test_storage_options_resolve_before_delta_rs_sees_them(
         given.append(storage_options)
         return real_write(*args, storage_options=storage_options, **kwargs)
 
-    monkeypatch.setattr(aggregator.store, "DeltaTable", table)
-    monkeypatch.setattr(aggregator.store, "write_deltalake", write)
+    monkeypatch.setattr(store_module, "DeltaTable", table)
+    monkeypatch.setattr(store_module, "write_deltalake", write)
     options = {"AWS_SECRET_ACCESS_KEY": f"${{env:{secret_env}}}", "AWS_REGION": "eu-west-1"}
     store = SketchStore(tmp_path, "emoji", storage_options=options)
     sketch = Sketch.zeros(2, 3)

@@ -1,5 +1,5 @@
-"""SFP on the command line (``infra.cli.main``): ``sfp-discover`` over hand-sealed windows, and
-the refusals of ``produce``, ``adapt`` and ``query`` for SFP use cases; no broker.
+"""SFP on the command line (``ldpipe.infra.cli.main.main``): ``sfp-discover`` over hand-sealed
+windows, and the refusals of ``produce``, ``adapt`` and ``query`` for SFP use cases; no broker.
 
 A tiny SFP use case keeps the puzzle fast: 16 puzzle pieces over the alphabet a-h (16 x 9^2
 pairs per position), k' = 64 fragment rows per position, a 256 x 1,024 word sketch. 4,000
@@ -15,16 +15,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from discovery.sfp import randomize_words
-from discovery.sfp_service import sfp_store_directory
-from discovery.sfp_wire import stack_fragments
-from discovery.store import DiscoveryStore
-from infra import produce_cmd
-from infra.cli import main
-from schemas.config import PipelineConfig, UseCase, load_config
-from schemas.epochs import EpochSet
-from schemas.keys import KeyPair, write_public_key
-from schemas.mechanisms import Reports
+from ldpipe.discovery.sfp import randomize_words
+from ldpipe.discovery.sfp_service import sfp_store_directory
+from ldpipe.discovery.sfp_wire import stack_fragments
+from ldpipe.discovery.store import DiscoveryStore
+from ldpipe.infra.cli import produce as produce_cmd
+from ldpipe.infra.cli.main import main
+from ldpipe.schemas.config import PipelineConfig, UseCase, load_config
+from ldpipe.schemas.epochs import EpochSet
+from ldpipe.schemas.keys import KeyPair, write_public_key
+from ldpipe.schemas.mechanisms import Reports
 from tests.store_helpers import seal_windows
 
 N = 4_000

@@ -16,7 +16,7 @@ import json
 import numpy as np
 import pytest
 
-from infra.cli import main
+from ldpipe.infra.cli.main import main
 
 FLAT = ["simulate", "--mechanism", "cms", "--epsilon", "4", "--dataset", "zipf:d=1000,a=0.8"]
 FLAT += ["--n", "4000", "--trials", "4", "--seed", "2"]

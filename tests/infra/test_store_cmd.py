@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from infra.cli import main
-from schemas.config import load_config
+from ldpipe.infra.cli.main import main
+from ldpipe.schemas.config import load_config
 from tests.aggregator.test_store import sketch
 from tests.store_helpers import seal_windows
 

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_version_is_the_declared_one() -> None:
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     done = subprocess.run(
-        [sys.executable, "-m", "infra.cli", "--version"],
+        [sys.executable, "-m", "ldpipe.infra.cli", "--version"],
         capture_output=True,
         text=True,
         cwd=ROOT,

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer
 
-from infra.broker import EmbeddedBroker
-from infra.kafka import KafkaSettings, TopicSpec, ensure_topics
+from ldpipe.infra.runtime.broker import EmbeddedBroker
+from ldpipe.infra.runtime.kafka import KafkaSettings, TopicSpec, ensure_topics
 
 EXTERNAL_ENV = "LDPIPE_TEST_BOOTSTRAP_SERVERS"
 

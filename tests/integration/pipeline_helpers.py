@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 from confluent_kafka import Producer
 
-from aggregator.query import load_merged, open_store
-from aggregator.windows import decode_batch
-from infra.pipeline import LocalPipeline, PipelineSettings
-from producers.datasets import Population, dictionary_population
-from schemas.config import UseCase
-from schemas.envelope import (
+from ldpipe.aggregator.query import load_merged, open_store
+from ldpipe.aggregator.windows import decode_batch
+from ldpipe.infra.cli.pipeline import LocalPipeline, PipelineSettings
+from ldpipe.producers.datasets import Population, dictionary_population
+from ldpipe.schemas.config import UseCase
+from ldpipe.schemas.envelope import (
     ENC_LENGTH,
     TAG_LENGTH,
     EnvelopeError,
@@ -23,10 +23,10 @@ from schemas.envelope import (
     parse_header,
     seal,
 )
-from schemas.keys import KeyPair, KeyRing
-from schemas.mechanisms import Sketch
-from schemas.outer import open_outer_many, seal_outer
-from schemas.payloads import PayloadCodec
+from ldpipe.schemas.keys import KeyPair, KeyRing
+from ldpipe.schemas.mechanisms import Sketch
+from ldpipe.schemas.outer import open_outer_many, seal_outer
+from ldpipe.schemas.payloads import PayloadCodec
 
 
 @dataclass

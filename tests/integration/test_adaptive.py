@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from aggregator.query import query_use_case
-from infra.cli import main
-from infra.epochs_io import load_epochs
-from infra.kafka import KafkaSettings
-from infra.pipeline import LocalPipeline
-from producers.datasets import dictionary_population
+from ldpipe.aggregator.query import query_use_case
+from ldpipe.infra.cli.main import main
+from ldpipe.infra.cli.pipeline import LocalPipeline
+from ldpipe.infra.runtime.epochs_io import load_epochs
+from ldpipe.infra.runtime.kafka import KafkaSettings
+from ldpipe.producers.datasets import dictionary_population
 from tests.integration.pipeline_helpers import make_pipeline, publish
 
 N_PHASE = 4000

@@ -31,8 +31,8 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     OffsetSpec,
 )
 
-from infra.broker import BrokerError, EmbeddedBroker, find_broker_binary
-from infra.kafka import (
+from ldpipe.infra.runtime.broker import BrokerError, EmbeddedBroker, find_broker_binary
+from ldpipe.infra.runtime.kafka import (
     CONSUMER_DEFAULTS,
     KafkaSettings,
     PipelineKafkaError,
@@ -430,7 +430,7 @@ def test_settings_precedence_defaults_extra_overrides() -> None:
 
 _RUN_BROKER_COMMAND = """
 import argparse, sys
-from infra import broker_cmd
+from ldpipe.infra.cli import broker as broker_cmd
 parser = argparse.ArgumentParser()
 broker_cmd.add_parser(parser.add_subparsers())
 args = parser.parse_args(sys.argv[1:])

@@ -1,7 +1,7 @@
 """The broker as a process: Tansu never outlives its wrapper, a busy port names its listener.
 
-Real processes throughout (``python -m infra.cli broker`` and ``EmbeddedBroker``); every wait is
-a condition checked against a deadline. docs/broker.md#when-the-wrapper-dies describes both.
+Real processes throughout (``python -m ldpipe.infra.cli broker`` and ``EmbeddedBroker``); every
+wait is a condition checked against a deadline. docs/broker.md#when-the-wrapper-dies describes both.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from confluent_kafka.admin import AdminClient
 
-import infra.broker as broker_module
-from infra.broker import EmbeddedBroker, PortInUseError, port_listener
+import ldpipe.infra.runtime.broker as broker_module
+from ldpipe.infra.runtime.broker import EmbeddedBroker, PortInUseError, port_listener
 
 REPO = Path(__file__).resolve().parents[2]
 LINUX = sys.platform.startswith("linux")
@@ -111,7 +111,7 @@ def cleanup() -> Iterator[set[int]]:
 def broker_command(*args: str) -> subprocess.CompletedProcess[str]:
     """``ldpipe broker ARGS`` run to its end (it fails fast in these tests)."""
     return subprocess.run(
-        [sys.executable, "-m", "infra.cli", "broker", *args],
+        [sys.executable, "-m", "ldpipe.infra.cli", "broker", *args],
         cwd=REPO,
         stdin=subprocess.DEVNULL,
         capture_output=True,
@@ -123,7 +123,7 @@ def broker_command(*args: str) -> subprocess.CompletedProcess[str]:
 # A Python program holding an EmbeddedBroker as the tests and the demo do, until killed.
 _CONTEXT_MANAGER = """
 import sys, threading
-from infra.broker import EmbeddedBroker
+from ldpipe.infra.runtime.broker import EmbeddedBroker
 with EmbeddedBroker(port=int(sys.argv[1]), log_dir=sys.argv[2]):
     threading.Event().wait()
 """
@@ -138,7 +138,15 @@ def test_sigkilled_wrapper_takes_the_broker_with_it(
     if wrapper_kind == "ldpipe-broker":
         config = tmp_path / "pipeline.toml"
         config.write_text(CONFIG.format(port=port))
-        command = ["-m", "infra.cli", "broker", "--config", str(config), "--log-dir", str(tmp_path)]
+        command = [
+            "-m",
+            "ldpipe.infra.cli",
+            "broker",
+            "--config",
+            str(config),
+            "--log-dir",
+            str(tmp_path),
+        ]
     else:
         command = ["-c", _CONTEXT_MANAGER, str(port), str(tmp_path)]
     with (tmp_path / "wrapper.out").open("wb") as out:

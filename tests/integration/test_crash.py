@@ -2,8 +2,8 @@
 
 After every kill the service is restarted; at the end the sketch store's sum must equal the
 sketch computed offline from the same envelopes, bit for bit: nothing lost, nothing counted
-twice. Crash points (``LDPIPE_CRASH_AT``, see ``infra/crash.py``) kill a process right before
-and right after the shuffler's transaction commit; before the aggregator's store commit,
+twice. Crash points (``LDPIPE_CRASH_AT``, see ``infra/runtime/crash.py``) kill a process right
+before and right after the shuffler's transaction commit; before the aggregator's store commit,
 between its segment file's write and its commit, and after it; and around its checkpoint's
 rename. Every kill of an aggregator is also a rebalance of the consumer group: the other
 member takes its partitions over after the session timeout and the restarted one joins again.
@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from infra.dead_letters import count_dead_letters
-from infra.kafka import KafkaSettings
-from infra.pipeline import LocalPipeline
+from ldpipe.infra.cli.pipeline import LocalPipeline
+from ldpipe.infra.runtime.dead_letters import count_dead_letters
+from ldpipe.infra.runtime.kafka import KafkaSettings
 from tests.integration.pipeline_helpers import (
     aggregator_refusals,
     assert_same_sketch,

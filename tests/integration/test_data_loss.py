@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from infra.broker import EmbeddedBroker
-from infra.pipeline import LocalPipeline
-from schemas.mechanisms import Sketch
+from ldpipe.infra.cli.pipeline import LocalPipeline
+from ldpipe.infra.runtime.broker import EmbeddedBroker
+from ldpipe.schemas.mechanisms import Sketch
 from tests.integration.conftest import EXTERNAL_ENV
 from tests.integration.pipeline_helpers import (
     assert_same_sketch,

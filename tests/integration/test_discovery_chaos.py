@@ -29,15 +29,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from aggregator.query import discovered_items
-from discovery.runtime import discovery_store_directory
-from discovery.store import DiscoveryStore
-from infra.dead_letters import count_dead_letters
-from infra.kafka import KafkaSettings, read_to_end
-from infra.ledger_io import read_ledger
-from infra.pipeline import LocalPipeline
-from schemas.headers import WINDOW_HEADER, parse_window_header
-from schemas.ledger import DiscoveryRelease, WindowRecord
+from ldpipe.aggregator.query import discovered_items
+from ldpipe.discovery.runtime import discovery_store_directory
+from ldpipe.discovery.store import DiscoveryStore
+from ldpipe.infra.cli.pipeline import LocalPipeline
+from ldpipe.infra.runtime.dead_letters import count_dead_letters
+from ldpipe.infra.runtime.kafka import KafkaSettings, read_to_end
+from ldpipe.infra.runtime.ledger_io import read_ledger
+from ldpipe.schemas.headers import WINDOW_HEADER, parse_window_header
+from ldpipe.schemas.privacy.ledger import DiscoveryRelease, WindowRecord
 from tests.integration.pipeline_helpers import make_pipeline, publish, wait_dead
 
 WINDOW = 200
@@ -56,7 +56,7 @@ BURSTS = 10
 def _start(pipe: LocalPipeline, name: str, crash_at: str | None = None) -> None:
     """Start ``name`` (again) as ``LocalPipeline.start_discovery`` does, logging at INFO (``-v``)
     so that the logs show what each kill interrupted; ``crash_at``: a crash point
-    (``infra/crash.py``) where the process kills itself with SIGKILL."""
+    (``infra/runtime/crash.py``) where the process kills itself with SIGKILL."""
     pipe.start(name, ["-v", name], env={"LDPIPE_CRASH_AT": crash_at} if crash_at else None)
 
 

@@ -11,15 +11,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from aggregator.query import discovered_items, query_use_case
-from discovery.runtime import discovery_store_directory
-from discovery.store import DiscoveryStore
-from infra.cli import main
-from infra.kafka import KafkaSettings
-from infra.ledger_io import read_ledger
-from infra.pipeline import LocalPipeline
-from producers.datasets import dictionary_population
-from schemas.ledger import DiscoveryRelease
+from ldpipe.aggregator.query import discovered_items, query_use_case
+from ldpipe.discovery.runtime import discovery_store_directory
+from ldpipe.discovery.store import DiscoveryStore
+from ldpipe.infra.cli.main import main
+from ldpipe.infra.cli.pipeline import LocalPipeline
+from ldpipe.infra.runtime.kafka import KafkaSettings
+from ldpipe.infra.runtime.ledger_io import read_ledger
+from ldpipe.producers.datasets import dictionary_population
+from ldpipe.schemas.privacy.ledger import DiscoveryRelease
 from tests.integration.pipeline_helpers import make_pipeline, publish
 
 N = 3000

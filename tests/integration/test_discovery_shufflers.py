@@ -17,16 +17,16 @@ from pathlib import Path
 import numpy as np
 from confluent_kafka import Producer
 
-from aggregator.query import discovered_items
-from discovery.runtime import discovery_config
-from infra.dead_letters import count_dead_letters
-from infra.kafka import KafkaSettings
-from infra.ledger_io import read_ledger
-from infra.pipeline import LocalPipeline
-from schemas.envelope import ENC_LENGTH, TAG_LENGTH, parse_header, seal
-from schemas.keys import KeyPair, KeyRing
-from schemas.ledger import DiscoveryRelease, WindowRecord
-from schemas.outer import open_outer, seal_outer
+from ldpipe.aggregator.query import discovered_items
+from ldpipe.discovery.runtime import discovery_config
+from ldpipe.infra.cli.pipeline import LocalPipeline
+from ldpipe.infra.runtime.dead_letters import count_dead_letters
+from ldpipe.infra.runtime.kafka import KafkaSettings
+from ldpipe.infra.runtime.ledger_io import read_ledger
+from ldpipe.schemas.envelope import ENC_LENGTH, TAG_LENGTH, parse_header, seal
+from ldpipe.schemas.keys import KeyPair, KeyRing
+from ldpipe.schemas.outer import open_outer, seal_outer
+from ldpipe.schemas.privacy.ledger import DiscoveryRelease, WindowRecord
 from tests.integration.pipeline_helpers import make_pipeline
 
 N = 4000

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
-from infra.cli import main
-from infra.dead_letters import count_dead_letters, read_dead_letters
-from infra.kafka import KafkaSettings, produce, read_range
-from infra.pipeline import LocalPipeline, PipelineSettings
+from ldpipe.infra.cli.main import main
+from ldpipe.infra.cli.pipeline import LocalPipeline, PipelineSettings
+from ldpipe.infra.runtime.dead_letters import count_dead_letters, read_dead_letters
+from ldpipe.infra.runtime.kafka import KafkaSettings, produce, read_range
 from tests.integration.pipeline_helpers import (
     aggregator_refusals,
     make_pipeline,

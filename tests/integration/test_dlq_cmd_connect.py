@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
-from infra.cli import main
-from infra.kafka import KafkaSettings, produce
-from schemas.headers import dead_letter_headers
+from ldpipe.infra.cli.main import main
+from ldpipe.infra.runtime.kafka import KafkaSettings, produce
+from ldpipe.schemas.headers import dead_letter_headers
 from tests.integration.pipeline_helpers import make_pipeline
 
 

@@ -19,9 +19,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from infra.kafka import KafkaSettings
-from infra.pipeline import LocalPipeline
-from schemas.privacy import shuffle_amplification
+from ldpipe.infra.cli.pipeline import LocalPipeline
+from ldpipe.infra.runtime.kafka import KafkaSettings
+from ldpipe.schemas.privacy.formulas import shuffle_amplification
 from tests.integration.pipeline_helpers import make_pipeline, make_workload, publish
 
 N = 300  # = max_reports: with a long max_wait the shuffler releases exactly one window

@@ -10,15 +10,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from aggregator.query import query_use_case
-from aggregator.service import Aggregator, AggregatorOptions
-from aggregator.store import SketchStore
-from infra.dead_letters import count_dead_letters
-from infra.kafka import KafkaSettings
-from schemas.envelope import EnvelopeHeader, seal
-from schemas.keys import KeyPair, KeyRing
-from schemas.outer import seal_outer
-from schemas.payloads import PayloadCodec
+from ldpipe.aggregator.query import query_use_case
+from ldpipe.aggregator.service import Aggregator, AggregatorOptions
+from ldpipe.aggregator.store import SketchStore
+from ldpipe.infra.runtime.dead_letters import count_dead_letters
+from ldpipe.infra.runtime.kafka import KafkaSettings
+from ldpipe.schemas.envelope import EnvelopeHeader, seal
+from ldpipe.schemas.keys import KeyPair, KeyRing
+from ldpipe.schemas.outer import seal_outer
+from ldpipe.schemas.payloads import PayloadCodec
 from tests.integration.pipeline_helpers import (
     assert_same_sketch,
     live_sketch,

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
-from infra.dead_letters import read_dead_letters
-from infra.kafka import KafkaSettings, read_to_end
-from schemas.headers import DIGEST_HEADER, SIZE_HEADER
+from ldpipe.infra.runtime.dead_letters import read_dead_letters
+from ldpipe.infra.runtime.kafka import KafkaSettings, read_to_end
+from ldpipe.schemas.headers import DIGEST_HEADER, SIZE_HEADER
 from tests.integration.pipeline_helpers import make_pipeline, make_workload, publish
 
 SIZES = (999_960, 1_000_100)  # just under and just over librdkafka's message.max.bytes

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from infra.cli import main
-from infra.kafka import KafkaSettings
-from infra.ledger_io import append_records, read_ledger
-from schemas.ledger import DiscoveryRelease, WindowRecord
-from schemas.privacy import amplification_bounds
+from ldpipe.infra.cli.main import main
+from ldpipe.infra.runtime.kafka import KafkaSettings
+from ldpipe.infra.runtime.ledger_io import append_records, read_ledger
+from ldpipe.schemas.privacy.formulas import amplification_bounds
+from ldpipe.schemas.privacy.ledger import DiscoveryRelease, WindowRecord
 from tests.integration.pipeline_helpers import make_pipeline, make_workload, publish
 
 N = 600

@@ -1,5 +1,5 @@
-"""``infra.kafka.read_tail`` on the embedded broker: it reads a topic backwards in doubling
-chunks, stops once the predicate holds, and reads each record exactly once, also across the
+"""``ldpipe.infra.runtime.kafka.read_tail`` on the embedded broker: it reads a topic backwards in
+doubling chunks, stops once the predicate holds, and reads each record exactly once, also across the
 offsets that transaction markers take."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 
 from confluent_kafka import Message, Producer
 
-from infra.kafka import KafkaSettings, read_tail
+from ldpipe.infra.runtime.kafka import KafkaSettings, read_tail
 
 N = 2000
 TRANSACTION = 50  # records per transaction: a marker offset after each

@@ -11,7 +11,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from infra.kafka import KafkaSettings
+from ldpipe.infra.runtime.kafka import KafkaSettings
 from tests.integration.pipeline_helpers import make_pipeline
 from tests.integration.test_metrics import free_port
 

@@ -16,13 +16,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from aggregator.query import discovered_items, query_use_case
-from discovery.sfp_service import reconstruct, sfp_store_directory
-from discovery.store import DiscoveryStore
-from infra.kafka import KafkaSettings
-from producers.datasets import Population
-from producers.loadgen import produce_population
-from producers.sfp_client import SfpDeviceClient
+from ldpipe.aggregator.query import discovered_items, query_use_case
+from ldpipe.discovery.sfp_service import reconstruct, sfp_store_directory
+from ldpipe.discovery.store import DiscoveryStore
+from ldpipe.infra.runtime.kafka import KafkaSettings
+from ldpipe.producers.datasets import Population
+from ldpipe.producers.loadgen import produce_population
+from ldpipe.producers.sfp_client import SfpDeviceClient
 from tests.integration.pipeline_helpers import make_pipeline
 
 N = 4000

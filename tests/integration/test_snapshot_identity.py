@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from aggregator.snapshot import list_snapshots, next_sequence, read_snapshot, snapshot_name
-from infra.cli import main
-from infra.kafka import KafkaSettings
-from infra.pipeline import LocalPipeline
-from schemas.errors import SnapshotError
+from ldpipe.aggregator.snapshot import list_snapshots, next_sequence, read_snapshot, snapshot_name
+from ldpipe.infra.cli.main import main
+from ldpipe.infra.cli.pipeline import LocalPipeline
+from ldpipe.infra.runtime.kafka import KafkaSettings
+from ldpipe.schemas.errors import SnapshotError
 from tests.integration.pipeline_helpers import make_pipeline, make_workload, publish
 
 N, MORE = 1200, 400

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from aggregator.maintenance import compact, verify
-from aggregator.store import SketchStore, StaleCommitError
-from infra.dead_letters import count_dead_letters
-from infra.kafka import KafkaSettings
+from ldpipe.aggregator.maintenance import compact, verify
+from ldpipe.aggregator.store import SketchStore, StaleCommitError
+from ldpipe.infra.runtime.dead_letters import count_dead_letters
+from ldpipe.infra.runtime.kafka import KafkaSettings
 from tests.aggregator.test_store import T, same, segment, total
 from tests.integration.pipeline_helpers import (
     assert_same_sketch,

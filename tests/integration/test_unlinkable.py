@@ -28,15 +28,15 @@ import pytest
 from confluent_kafka import Message
 from scipy.stats import poisson
 
-from infra.cli import main
-from infra.kafka import KafkaSettings, read_to_end
-from infra.ledger_io import read_ledger
-from infra.pipeline import LocalPipeline
-from schemas.envelope import EnvelopeError, parse_header
-from schemas.headers import WINDOW_HEADER
-from schemas.keys import KeyRing
-from schemas.ledger import WindowRecord
-from schemas.outer import open_outer_many
+from ldpipe.infra.cli.main import main
+from ldpipe.infra.cli.pipeline import LocalPipeline
+from ldpipe.infra.runtime.kafka import KafkaSettings, read_to_end
+from ldpipe.infra.runtime.ledger_io import read_ledger
+from ldpipe.schemas.envelope import EnvelopeError, parse_header
+from ldpipe.schemas.headers import WINDOW_HEADER
+from ldpipe.schemas.keys import KeyRing
+from ldpipe.schemas.outer import open_outer_many
+from ldpipe.schemas.privacy.ledger import WindowRecord
 from tests.integration.pipeline_helpers import make_pipeline
 
 N = 3000

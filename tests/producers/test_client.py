@@ -14,11 +14,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from producers.client import DeviceClient
-from schemas.envelope import EnvelopeHeader, OpenedEnvelope, open_envelope, open_many
-from schemas.keys import KeyPair, KeyRing
-from schemas.mechanisms import Mechanism, build_mechanism
-from schemas.payloads import PayloadCodec
+from ldpipe.producers.client import DeviceClient
+from ldpipe.schemas.envelope import EnvelopeHeader, OpenedEnvelope, open_envelope, open_many
+from ldpipe.schemas.keys import KeyPair, KeyRing
+from ldpipe.schemas.mechanisms import Mechanism, build_mechanism
+from ldpipe.schemas.payloads import PayloadCodec
 
 DICTIONARY = tuple(f"item-{i}" for i in range(10))
 MECHANISMS: dict[str, dict[str, Any]] = {

@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from producers.datasets import DatasetError, load_population, parse_spec
+from ldpipe.producers.datasets import DatasetError, load_population, parse_spec
 
 
 def test_zipf_population_is_reproducible_and_skewed() -> None:

@@ -1,6 +1,6 @@
 """The parameter advisor: feasibility, predictions against simulation, choices theory predicts.
 
-Prediction checks run the pipeline's randomizer and estimator (``producers.simulate``, fresh
+Prediction checks run the pipeline's randomizer and estimator (``ldpipe.producers.simulate``, fresh
 hash functions per trial) over a population built exactly as the advice assumes: one item at
 ``f = at_frequency * n`` and the others spread per ``others``. T trials of a near-normal error
 with variance sigma^2 give ``T * MSE / sigma^2 ~ chi2_T``, so
@@ -20,20 +20,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import schemas.advisor as advisor_module
-from infra.cli import main
-from infra.params_cmd import simulate_argv
-from producers.datasets import Population
-from producers.simulate import simulate
-from schemas.advisor import (
+import ldpipe.schemas.tuning.advisor as advisor_module
+from ldpipe.infra.cli.main import main
+from ldpipe.infra.cli.params import simulate_argv
+from ldpipe.producers.datasets import Population
+from ldpipe.producers.simulate import simulate
+from ldpipe.schemas.mechanisms import Mechanism, SketchMechanism
+from ldpipe.schemas.tuning.advisor import (
     Advice,
     AdvisorError,
     AdvisorRequest,
     Candidate,
     build_candidate,
 )
-from schemas.advisor import advise as advise_uncached
-from schemas.mechanisms import Mechanism, SketchMechanism
+from ldpipe.schemas.tuning.advisor import advise as advise_uncached
 
 SIMULATE_NAMES = {
     "cms": {"k", "m"},

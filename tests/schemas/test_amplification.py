@@ -19,10 +19,10 @@ import numpy.typing as npt
 import pytest
 from scipy.stats import binom
 
-import schemas.amplification as amplification_module
-import schemas.privacy as privacy_module
-from schemas.amplification import clone_divergence, numerical_amplification
-from schemas.privacy import amplification_bounds, shuffle_amplification
+import ldpipe.schemas.privacy.amplification as amplification_module
+import ldpipe.schemas.privacy.formulas as privacy_module
+from ldpipe.schemas.privacy.amplification import clone_divergence, numerical_amplification
+from ldpipe.schemas.privacy.formulas import amplification_bounds, shuffle_amplification
 
 Matrix = npt.NDArray[np.float64]
 

@@ -1,4 +1,5 @@
-"""Calibrate (``schemas/calibrate.py``): exactness, fits, MSE against OUE and OUE-Zero, CLIs.
+"""Calibrate (``schemas/mechanisms/calibrate.py``): exactness, fits, MSE against OUE and OUE-Zero,
+CLIs.
 
 Tolerances come from the sampling distributions:
 
@@ -27,10 +28,12 @@ import numpy as np
 import pytest
 from scipy import stats
 
-import schemas.calibrate as calibrate_module
-from infra.cli import main
-from producers.datasets import Population, dictionary_population, load_population
-from schemas.calibrate import (
+import ldpipe.schemas.mechanisms.calibrate as calibrate_module
+from ldpipe.infra.cli.main import main
+from ldpipe.producers.datasets import Population, dictionary_population, load_population
+from ldpipe.schemas.config import load_config
+from ldpipe.schemas.mechanisms import Sketch, build_mechanism
+from ldpipe.schemas.mechanisms.calibrate import (
     GaussianPrior,
     NoiseModel,
     PowerLawPrior,
@@ -45,8 +48,6 @@ from schemas.calibrate import (
     significance_threshold,
     zero_insignificant,
 )
-from schemas.config import load_config
-from schemas.mechanisms import Sketch, build_mechanism
 from tests.store_helpers import seal_windows
 
 

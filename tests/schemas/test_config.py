@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from schemas.config import ConfigError, load_config, parse_config
+from ldpipe.schemas.config import ConfigError, load_config, parse_config
 
 MINIMAL = """
 [[use_case]]

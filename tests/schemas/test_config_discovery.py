@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from discovery.layers import MAX_DISCOVERY_USE_CASE_LENGTH
-from schemas.config import ConfigError, DiscoverySettings, DiscoveryTopics, parse_config
+from ldpipe.schemas.config import ConfigError, DiscoverySettings, DiscoveryTopics, parse_config
+from ldpipe.schemas.discovery.layers import MAX_DISCOVERY_USE_CASE_LENGTH
 
 BASE = Path("/etc/ldpipe")
 TARGET = 'epsilon = 2.0\ndelta = 1e-9\ntag_key = "tag.key"\n'

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from aggregator.snapshot import mechanism_params
-from discovery.sfp import SfpParams
-from discovery.sfp_wire import fragment_wire_mechanism
-from schemas.config import ConfigError, ShuffleConfig, Topics, parse_config
+from ldpipe.aggregator.snapshot import mechanism_params
+from ldpipe.discovery.sfp import SfpParams
+from ldpipe.discovery.sfp_wire import fragment_wire_mechanism
+from ldpipe.schemas.config import ConfigError, ShuffleConfig, Topics, parse_config
 
 SFP = """
 [[use_case]]

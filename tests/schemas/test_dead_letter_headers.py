@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from schemas.headers import (
+from ldpipe.schemas.headers import (
     CONNECT_CLASS_HEADER,
     CONNECT_CONNECTOR_HEADER,
     CONNECT_EXCEPTION_HEADER,

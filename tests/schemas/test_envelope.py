@@ -31,8 +31,8 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import schemas.envelope as envelope_module
-from schemas.envelope import (
+import ldpipe.schemas.envelope as envelope_module
+from ldpipe.schemas.envelope import (
     ENC_LENGTH,
     FIXED_HEADER_LENGTH,
     MAX_USE_CASE_LENGTH,
@@ -48,8 +48,8 @@ from schemas.envelope import (
     parse_header,
     seal,
 )
-from schemas.errors import LdpipeError
-from schemas.keys import KeyPair, KeyRing
+from ldpipe.schemas.errors import LdpipeError
+from ldpipe.schemas.keys import KeyPair, KeyRing
 
 ROOT = Path(__file__).resolve().parents[2]
 VECTORS_DIR = ROOT / "schemas" / "vectors"
@@ -202,7 +202,13 @@ def test_reference_implementation_opens_what_the_library_seals() -> None:
 
 def test_generator_never_imports_the_library() -> None:
     source = (VECTORS_DIR / "make_envelope_vectors.py").read_text(encoding="utf-8")
-    for module in ("schemas.envelope", "schemas.outer", "schemas.keys", "import hpke", "hpke"):
+    for module in (
+        "ldpipe.schemas.envelope",
+        "ldpipe.schemas.outer",
+        "ldpipe.schemas.keys",
+        "import hpke",
+        "hpke",
+    ):
         assert f"import {module}" not in source and f"from {module}" not in source, module
     assert "primitives import hpke" not in source and "hpke." not in source
 
@@ -547,7 +553,7 @@ def test_the_version_must_be_an_integer_layering() -> None:
 
 
 def test_a_released_memoryview_is_too_short_not_a_crash() -> None:
-    from schemas.outer import open_outer
+    from ldpipe.schemas.outer import open_outer
 
     view = memoryview(b"LDP" + bytes(80))
     view.release()

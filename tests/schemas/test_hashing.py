@@ -1,7 +1,8 @@
 """The hash family (schemas/hashing.py) against its spec (schemas/hashing.md) and vectors.
 
 * the numpy implementation reproduces ``schemas/vectors/hashing.json``, and the vectors file is
-  what its generator (a big-integer implementation that never imports ``schemas.hashing``) writes;
+  what its generator (a big-integer implementation that never imports ``ldpipe.schemas.hashing``)
+  writes;
 * a second pure-Python reference here agrees on random and edge keys, and on edge coefficients
   (the worst operands of the 64-bit modular product);
 * parameters out of range are refused with messages that name them;
@@ -28,7 +29,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from schemas.hashing import (
+from ldpipe.schemas.hashing import (
     MERSENNE_61,
     HashFamily,
     collision_probability,

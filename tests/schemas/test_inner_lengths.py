@@ -4,8 +4,8 @@ epoch has one length (schemas/envelope.md, "Nested envelopes (version 2)").
 The shuffler refuses an inner envelope whose length is not its epoch's (``wrong_length``,
 ``shuffler/inner.py``) because one odd length would stand alone in its window on the shuffled
 topic. That is only harmless if honest devices never produce another length: for every mechanism
-of ``schemas.mechanisms.MECHANISMS``, whatever the item (short, long, non-ASCII, in or out of the
-dictionary) and whatever the randomness, every payload is ``codec.record_length`` bytes, so no
+of ``ldpipe.schemas.mechanisms.MECHANISMS``, whatever the item (short, long, non-ASCII, in or out of
+the dictionary) and whatever the randomness, every payload is ``codec.record_length`` bytes, so no
 padding is needed. Fixed seeds throughout.
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from schemas.envelope import (
+from ldpipe.schemas.envelope import (
     ENC_LENGTH,
     FIXED_HEADER_LENGTH,
     NESTED_VERSION,
@@ -26,10 +26,10 @@ from schemas.envelope import (
     open_envelope,
     seal,
 )
-from schemas.keys import KeyPair, KeyRing
-from schemas.mechanisms import MECHANISMS, Mechanism, build_mechanism
-from schemas.outer import open_outer, outer_length, seal_outer
-from schemas.payloads import PayloadCodec
+from ldpipe.schemas.keys import KeyPair, KeyRing
+from ldpipe.schemas.mechanisms import MECHANISMS, Mechanism, build_mechanism
+from ldpipe.schemas.outer import open_outer, outer_length, seal_outer
+from ldpipe.schemas.payloads import PayloadCodec
 
 DICTIONARY = tuple(f"item-{i}" for i in range(12))
 REPORTS = 2000  # per parameter set and seed

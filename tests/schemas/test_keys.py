@@ -1,4 +1,4 @@
-"""Recipient keys (schemas/keys.py) and ``ldpipe keys`` (infra/keys_cmd.py).
+"""Recipient keys (schemas/keys.py) and ``ldpipe keys`` (infra/cli/keys.py).
 
 * generation, the key file round trip, modes 0600/0644 written atomically, no overwrite;
 * every loading error is a ``KeyFileError`` that names the file and the fix (missing file,
@@ -20,11 +20,11 @@ from typing import Any
 
 import pytest
 
-import schemas.keys as keys_module
-from infra import keys_cmd
-from schemas.envelope import EnvelopeError, EnvelopeHeader, open_envelope, seal
-from schemas.errors import KeyFileError, LdpipeError
-from schemas.keys import (
+import ldpipe.schemas.keys as keys_module
+from ldpipe.infra.cli import keys as keys_cmd
+from ldpipe.schemas.envelope import EnvelopeError, EnvelopeHeader, open_envelope, seal
+from ldpipe.schemas.errors import KeyFileError, LdpipeError
+from ldpipe.schemas.keys import (
     KeyPair,
     KeyRing,
     PublicKey,
@@ -306,10 +306,10 @@ def test_cli_random_key_id_and_errors(tmp_path: Path, capsys: pytest.CaptureFixt
 
 
 def test_cli_through_ldpipe_main_when_registered(tmp_path: Path) -> None:
-    from infra import cli
+    from ldpipe.infra.cli import main as cli
 
     if not any(command.module == "keys_cmd" for command in getattr(cli, "COMMANDS", ())):
-        pytest.skip("infra/cli.py does not register infra.keys_cmd yet")
+        pytest.skip("infra/cli/main.py does not register ldpipe.infra.cli.keys yet")
     assert cli.main(["keys", "generate", "--out", str(tmp_path), "--key-id", "5"]) == 0
     assert cli.main(["keys", "generate", "--out", str(tmp_path), "--key-id", "5"]) == 2
 

@@ -8,12 +8,17 @@ import math
 
 import pytest
 
-import schemas.accounting as accounting_module
-import schemas.composition as composition_module
-import schemas.ledger as ledger_module
-from schemas.accounting import PrivacyReport, overlapping_windows, summarize_ledger
-from schemas.composition import advanced_composition, basic_composition, group_privacy
-from schemas.ledger import (
+import ldpipe.schemas.privacy.accounting as accounting_module
+import ldpipe.schemas.privacy.composition as composition_module
+import ldpipe.schemas.privacy.ledger as ledger_module
+from ldpipe.schemas.privacy.accounting import PrivacyReport, overlapping_windows, summarize_ledger
+from ldpipe.schemas.privacy.composition import (
+    advanced_composition,
+    basic_composition,
+    group_privacy,
+)
+from ldpipe.schemas.privacy.formulas import amplification_bounds
+from ldpipe.schemas.privacy.ledger import (
     DiscoveryRelease,
     LedgerFormatError,
     LedgerRecord,
@@ -23,7 +28,6 @@ from schemas.ledger import (
     ledger_topic,
     window_id,
 )
-from schemas.privacy import amplification_bounds
 
 
 def window(

@@ -29,8 +29,8 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import schemas.outer as outer_module
-from schemas.envelope import (
+import ldpipe.schemas.outer as outer_module
+from ldpipe.schemas.envelope import (
     ENC_LENGTH,
     NESTED_VERSION,
     TAG_LENGTH,
@@ -40,9 +40,9 @@ from schemas.envelope import (
     open_envelope,
     seal,
 )
-from schemas.errors import LdpipeError
-from schemas.keys import KeyPair, KeyRing
-from schemas.outer import (
+from ldpipe.schemas.errors import LdpipeError
+from ldpipe.schemas.keys import KeyPair, KeyRing
+from ldpipe.schemas.outer import (
     MAX_OUTER_USE_CASE_LENGTH,
     MIN_OUTER_LENGTH,
     OUTER_FIXED_LENGTH,
@@ -317,7 +317,12 @@ def test_every_reason_with_a_message_that_names_the_fix() -> None:
         (b"", {}, R.TOO_SHORT, "9-byte fixed header of the shuffler layer"),
         (None, {}, R.TOO_SHORT, f"at least {MIN_OUTER_LENGTH} bytes"),
         (inner(), {}, R.SINGLE_LAYER, "seal it again to shuffle.public_key"),
-        (b"LDT" + data[3:], {}, R.BAD_MAGIC, "publish the output of schemas.outer.seal_outer"),
+        (
+            b"LDT" + data[3:],
+            {},
+            R.BAD_MAGIC,
+            "publish the output of ldpipe.schemas.outer.seal_outer",
+        ),
         (data[:3] + b"\x01" + data[4:], {}, R.UNSUPPORTED_VERSION, "opens version 2"),
         (data[: end + ENC_LENGTH + TAG_LENGTH - 1], {}, R.TRUNCATED, "was cut"),
         (data[:9] + b"EMOJI" + data[14:], {}, R.BAD_USE_CASE, "[a-z0-9_.-]"),

@@ -3,20 +3,21 @@
 Payloads and envelopes are fuzzed in ``test_payloads.py`` and ``test_envelope.py``; this file
 covers the rest. For each parser only its typed error may escape, whatever the input:
 
-* ``schemas.config.parse_config``: arbitrary text, TOML token soup, and structured mutations of
-  valid configurations of every mechanism (values of the wrong type at every key, unknown keys,
+* ``ldpipe.schemas.config.parse_config``: arbitrary text, TOML token soup, and structured mutations
+  of valid configurations of every mechanism (values of the wrong type at every key, unknown keys,
   missing keys, out-of-range numbers, tables where scalars belong, dictionary files with random
   bytes): only ``ConfigError`` (the exact type), whose message names the field;
-* ``aggregator.snapshot.read_snapshot``: random bytes, byte-level mutations of valid files
+* ``ldpipe.aggregator.snapshot.read_snapshot``: random bytes, byte-level mutations of valid files
   (flip, set, truncate, extend, insert, delete, splice), read verified and unverified, and
   metadata mutations behind a recomputed (valid) checksum: only ``SnapshotError``; a verified
   read accepts nothing but the original bytes;
-* ``shuffler.contributions.decode_entries``: only ``ValueError``, and encode/decode round-trips;
-* ``producers.datasets.parse_spec`` / ``load_population``: only ``DatasetError`` (``file:`` specs
-  point only at files written here);
-* ``infra.kafka.parse_extra``: only ``ValueError``, and a later key wins;
-* ``aggregator.windows.decode_batch`` (envelope + payload): never raises, accepted and rejected
-  positions partition the batch, every valid envelope is accepted and decodes as sent.
+* ``ldpipe.shuffler.contributions.decode_entries``: only ``ValueError``, and encode/decode
+  round-trips;
+* ``ldpipe.producers.datasets.parse_spec`` / ``load_population``: only ``DatasetError`` (``file:``
+  specs point only at files written here);
+* ``ldpipe.infra.runtime.kafka.parse_extra``: only ``ValueError``, and a later key wins;
+* ``ldpipe.aggregator.windows.decode_batch`` (envelope + payload): never raises, accepted and
+  rejected positions partition the batch, every valid envelope is accepted and decodes as sent.
 
 Known bugs are strict-xfail tests at the end of the file ("Known bugs"). The fuzzers tolerate
 exactly those failures (exception type *and* the input that triggers it, see ``known_*_bug``)
@@ -52,18 +53,18 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from aggregator.snapshot import SnapshotFile, WindowSketch, read_snapshot, write_snapshot
-from aggregator.windows import decode_batch
-from infra.kafka import parse_extra
-from producers.client import DeviceClient
-from producers.datasets import DatasetError, load_population, parse_spec
-from schemas.config import ConfigError, ShuffleConfig, SnapshotConfig, parse_config
-from schemas.envelope import EnvelopeHeader, EnvelopeRejection, open_envelope, seal
-from schemas.errors import SnapshotError
-from schemas.keys import KeyPair, KeyRing
-from schemas.mechanisms import Sketch, build_mechanism
-from schemas.payloads import PayloadCodec, PayloadError, PayloadRejection
-from shuffler.contributions import decode_entries, encode_entries, token_digest
+from ldpipe.aggregator.snapshot import SnapshotFile, WindowSketch, read_snapshot, write_snapshot
+from ldpipe.aggregator.windows import decode_batch
+from ldpipe.infra.runtime.kafka import parse_extra
+from ldpipe.producers.client import DeviceClient
+from ldpipe.producers.datasets import DatasetError, load_population, parse_spec
+from ldpipe.schemas.config import ConfigError, ShuffleConfig, SnapshotConfig, parse_config
+from ldpipe.schemas.envelope import EnvelopeHeader, EnvelopeRejection, open_envelope, seal
+from ldpipe.schemas.errors import SnapshotError
+from ldpipe.schemas.keys import KeyPair, KeyRing
+from ldpipe.schemas.mechanisms import Sketch, build_mechanism
+from ldpipe.schemas.payloads import PayloadCodec, PayloadError, PayloadRejection
+from ldpipe.shuffler.contributions import decode_entries, encode_entries, token_digest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -932,7 +933,7 @@ def test_config_ocms_huge_m_is_refused_quickly() -> None:
         """
         import resource, sys
         resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
-        from schemas.config import ConfigError, ShuffleConfig, SnapshotConfig, parse_config
+        from ldpipe.schemas.config import ConfigError, ShuffleConfig, SnapshotConfig, parse_config
         try:
             parse_config(sys.argv[1])
         except ConfigError:

@@ -2,7 +2,7 @@
 
 * the codec reproduces ``schemas/vectors/payloads.json`` (every valid payload both ways, every
   invalid one with its reason), and the file is what its generator (a ``struct`` implementation
-  that never imports ``schemas.payloads``) writes;
+  that never imports ``ldpipe.schemas.payloads``) writes;
 * randomized reports of every mechanism round-trip, and codecs take the mechanism's parameters;
 * every rejection reason is triggered, the first broken rule wins, messages name the field;
   ``decode_batch`` keeps the order of good payloads and partitions its input;
@@ -27,10 +27,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import schemas.payloads as payloads_module
-from schemas.errors import LdpipeError
-from schemas.mechanisms import Mechanism, Reports, build_mechanism
-from schemas.payloads import (
+import ldpipe.schemas.payloads as payloads_module
+from ldpipe.schemas.errors import LdpipeError
+from ldpipe.schemas.mechanisms import Mechanism, Reports, build_mechanism
+from ldpipe.schemas.payloads import (
     FORMAT_VERSION,
     HEADER_LENGTH,
     MECHANISM_CODES,

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from schemas.privacy import shuffle_amplification
+from ldpipe.schemas.privacy.formulas import shuffle_amplification
 
 
 def test_closed_form_matches_gcms_eq_2() -> None:

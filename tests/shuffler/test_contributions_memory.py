@@ -8,7 +8,7 @@ from collections import defaultdict
 
 import pytest
 
-from shuffler.contributions import (
+from ldpipe.shuffler.contributions import (
     ContributionLedger,
     Position,
     decode_entries,

@@ -11,16 +11,16 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from aggregator.exceptions import AggregatorError
-from aggregator.service import Aggregator
-from infra.kafka import KafkaSettings
-from producers.client import DeviceClient, shuffler_public_key
-from schemas.config import ConfigError, parse_config
-from schemas.envelope import EnvelopeHeader, open_envelope, seal
-from schemas.keys import KeyPair, KeyRing, save_key_pair
-from schemas.outer import open_outer, seal_outer
-from shuffler.exceptions import ShufflerError
-from shuffler.service import Shuffler
+from ldpipe.aggregator.exceptions import AggregatorError
+from ldpipe.aggregator.service import Aggregator
+from ldpipe.infra.runtime.kafka import KafkaSettings
+from ldpipe.producers.client import DeviceClient, shuffler_public_key
+from ldpipe.schemas.config import ConfigError, parse_config
+from ldpipe.schemas.envelope import EnvelopeHeader, open_envelope, seal
+from ldpipe.schemas.keys import KeyPair, KeyRing, save_key_pair
+from ldpipe.schemas.outer import open_outer, seal_outer
+from ldpipe.shuffler.exceptions import ShufflerError
+from ldpipe.shuffler.service import Shuffler
 from tests.fake_kafka import StubMessage
 
 BASE = """

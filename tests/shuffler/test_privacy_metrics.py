@@ -4,18 +4,18 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
 
-from infra.kafka import KafkaSettings
-from schemas.config import parse_config
-from schemas.envelope import EnvelopeHeader, seal
-from schemas.keys import KeyPair, KeyRing
-from schemas.ledger import (
+from ldpipe.infra.runtime.kafka import KafkaSettings
+from ldpipe.schemas.config import parse_config
+from ldpipe.schemas.envelope import EnvelopeHeader, seal
+from ldpipe.schemas.keys import KeyPair, KeyRing
+from ldpipe.schemas.privacy.formulas import amplification_bounds
+from ldpipe.schemas.privacy.ledger import (
     HOLDS_AGAINST_ALL_BUT_SHUFFLER,
     HOLDS_AGAINST_SHUFFLED_READERS,
     WindowRecord,
     decode_record,
 )
-from schemas.privacy import amplification_bounds
-from shuffler.service import Shuffler
+from ldpipe.shuffler.service import Shuffler
 
 CONFIG = """
 [[use_case]]

@@ -7,16 +7,16 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from infra.kafka import KafkaSettings
-from schemas.config import parse_config
-from schemas.headers import (
+from ldpipe.infra.runtime.kafka import KafkaSettings
+from ldpipe.schemas.config import parse_config
+from ldpipe.schemas.headers import (
     WINDOW_HEADER,
     WindowMark,
     header_value,
     parse_window_header,
     window_header,
 )
-from shuffler.service import Shuffler
+from ldpipe.shuffler.service import Shuffler
 
 CONFIG = """
 [[use_case]]

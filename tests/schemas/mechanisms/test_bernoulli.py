@@ -14,8 +14,12 @@ import numpy.typing as npt
 import pytest
 from scipy import stats
 
-from schemas.mechanisms import bernoulli
-from schemas.mechanisms.bernoulli import bernoulli_packed, bernoulli_words, expected_random_bits
+from ldpipe.schemas.mechanisms import bernoulli
+from ldpipe.schemas.mechanisms.bernoulli import (
+    bernoulli_packed,
+    bernoulli_words,
+    expected_random_bits,
+)
 
 WIDTHS = [1, 7, 8, 9, 63, 64, 65, 1000, 1024]
 SIGMOID_E2 = 0.119202922022118  # 1 / (1 + e^2): CMS's flip probability at epsilon = 4

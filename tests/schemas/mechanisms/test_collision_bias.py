@@ -13,8 +13,8 @@ import math
 import numpy as np
 import pytest
 
-from schemas.hashing import HashFamily, item_keys
-from schemas.mechanisms import build_mechanism
+from ldpipe.schemas.hashing import HashFamily, item_keys
+from ldpipe.schemas.mechanisms import build_mechanism
 
 
 def test_bias_variance_over_families_matches_pan_thm_3_10() -> None:

@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schemas.hashing import MERSENNE_61, HashFamily
-from schemas.mechanisms import build_mechanism
-from schemas.mechanisms import columns as columns_module
-from schemas.mechanisms.cms import scatter_bits, scatter_bits_reference
-from schemas.mechanisms.columns import (
+from ldpipe.schemas.hashing import MERSENNE_61, HashFamily
+from ldpipe.schemas.mechanisms import build_mechanism
+from ldpipe.schemas.mechanisms import columns as columns_module
+from ldpipe.schemas.mechanisms.cms import scatter_bits, scatter_bits_reference
+from ldpipe.schemas.mechanisms.columns import (
     KERNEL_ENV,
     CellCache,
     column_sums,
@@ -185,7 +185,7 @@ def test_kernels_compile_in_memory_where_no_cache_can_be_written(
     ``cache=True`` at decoration there)."""
     import numba
 
-    from schemas.mechanisms import kernels
+    from ldpipe.schemas.mechanisms import kernels
 
     real = numba.njit
 

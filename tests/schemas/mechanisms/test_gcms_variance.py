@@ -12,9 +12,9 @@ import math
 import numpy as np
 import pytest
 
-from producers.datasets import Population
-from producers.simulate import simulate
-from schemas.mechanisms import GeneralizedCountMeanSketch, build_mechanism
+from ldpipe.producers.datasets import Population
+from ldpipe.producers.simulate import simulate
+from ldpipe.schemas.mechanisms import GeneralizedCountMeanSketch, build_mechanism
 
 
 def setting(heavy_others: bool) -> tuple[GeneralizedCountMeanSketch, Population]:

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from scipy.linalg import hadamard
 
-import schemas.mechanisms.hadamard as hadamard_module
-from schemas.mechanisms import HadamardCountMeanSketch, build_mechanism
-from schemas.mechanisms.hcms import hadamard_entries, walsh_hadamard_rows
+import ldpipe.schemas.mechanisms.hadamard as hadamard_module
+from ldpipe.schemas.mechanisms import HadamardCountMeanSketch, build_mechanism
+from ldpipe.schemas.mechanisms.hcms import hadamard_entries, walsh_hadamard_rows
 
 
 @pytest.mark.parametrize("m", [2, 8, 64])

@@ -7,10 +7,10 @@ import math
 import numpy as np
 import pytest
 
-from producers.datasets import Population
-from producers.simulate import simulate
-from schemas.mechanisms import OptimalCountMeanSketch, build_mechanism, optimal_parameters
-from schemas.mechanisms.gcms import subset_epsilon, subset_max_p
+from ldpipe.producers.datasets import Population
+from ldpipe.producers.simulate import simulate
+from ldpipe.schemas.mechanisms import OptimalCountMeanSketch, build_mechanism, optimal_parameters
+from ldpipe.schemas.mechanisms.gcms import subset_epsilon, subset_max_p
 
 CASES = [(eps, m, lam) for eps in (1.0, 2.0, 5.0) for m in (20, 256) for lam in (0.5, 0.1, 0.001)]
 

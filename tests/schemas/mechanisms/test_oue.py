@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from schemas.mechanisms import OptimizedUnaryEncoding, build_mechanism
-from schemas.mechanisms.cms import unpack_bits
-from schemas.mechanisms.oue import canonical_text
+from ldpipe.schemas.mechanisms import OptimizedUnaryEncoding, build_mechanism
+from ldpipe.schemas.mechanisms.cms import unpack_bits
+from ldpipe.schemas.mechanisms.oue import canonical_text
 
 E_ACUTE = "\u00e9"  # precomposed: the NFC form
 E_COMBINING = "e\u0301"  # e + combining acute: the same text, not NFC

@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from schemas.hashing import item_keys
-from schemas.mechanisms import Mechanism, Reports, build_mechanism
+from ldpipe.schemas.hashing import item_keys
+from ldpipe.schemas.mechanisms import Mechanism, Reports, build_mechanism
 
 DRAWS = 60_000
 

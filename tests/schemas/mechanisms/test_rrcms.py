@@ -7,9 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from schemas.hashing import HashFamily, collision_probability
-from schemas.mechanisms import Sketch, build_mechanism, optimal_width
-from schemas.mechanisms.base import SketchMechanism
+from ldpipe.schemas.hashing import HashFamily, collision_probability
+from ldpipe.schemas.mechanisms import Sketch, build_mechanism, optimal_width
+from ldpipe.schemas.mechanisms.base import SketchMechanism
 
 
 @pytest.mark.parametrize("eps", [1.0, 2.0, 3.0, 4.0, 5.0])

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-import schemas.mechanisms.gcms as gcms_module
-from schemas.mechanisms import Mechanism, Reports, Sketch, build_mechanism
+import ldpipe.schemas.mechanisms.gcms as gcms_module
+from ldpipe.schemas.mechanisms import Mechanism, Reports, Sketch, build_mechanism
 
 DERIVED: dict[str, dict[str, Any]] = {
     "rrcms": {"k": 16, "m": 6},

@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from producers.datasets import Population, load_population
-from producers.simulate import SimulationResult, evaluation_indices, simulate
-from schemas.mechanisms import Mechanism, build_mechanism
+from ldpipe.producers.datasets import Population, load_population
+from ldpipe.producers.simulate import SimulationResult, evaluation_indices, simulate
+from ldpipe.schemas.mechanisms import Mechanism, build_mechanism
 
 N_DEVICES = 4000
 TRIALS = 800

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from schemas.mechanisms import MECHANISMS, Sketch, build_mechanism
+from ldpipe.schemas.mechanisms import MECHANISMS, Sketch, build_mechanism
 
 
 @pytest.mark.parametrize("name", sorted(set(MECHANISMS) - {"oue"}))

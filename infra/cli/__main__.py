@@ -1,0 +1,5 @@
+"""``python -m ldpipe.infra.cli``: the ``ldpipe`` command."""
+
+from ldpipe.infra.cli.main import entry
+
+entry()

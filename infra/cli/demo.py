@@ -1,0 +1,403 @@
+"""``ldpipe demo``: the whole pipeline on this machine, end to end, in about a minute.
+
+It starts the embedded broker, generates a key pair in a temporary directory, creates the
+topics, starts a shuffler and two aggregators as real processes, has simulated devices report
+their favourite emoji (Zipf over the emoji names in Unicode's main blocks) plus a few malformed
+reports, waits until the sketch store holds every published report, queries the top items and prints
+each estimate with its 95% interval beside the true count. It stops everything it started.
+
+Discovery (GCMS §6.2) runs beside it: a few devices hold planted words that are not emoji names
+(``PLANTED``), every device also sends a discovery report for its item under the same client
+token, and the discovery shuffler, aux server and server record the words that pass the
+threshold. The demo prints the discovered words outside the dictionary with their noisy counts
+from the aux releases, their estimates from the frequency sketch and their true counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from confluent_kafka import Producer
+
+from ldpipe.aggregator.query import query_use_case
+from ldpipe.discovery.client import DiscoveryClient
+from ldpipe.discovery.runtime import (
+    discovery_config,
+    discovery_store_directory,
+    release_parameters,
+)
+from ldpipe.discovery.store import DiscoveryStore
+from ldpipe.infra.cli.demo_env import demo_broker, progress
+from ldpipe.infra.cli.pipeline import LocalPipeline, PipelineSettings
+from ldpipe.infra.runtime.dead_letters import count_dead_letters
+from ldpipe.infra.runtime.kafka import KafkaSettings, produce
+from ldpipe.infra.runtime.ledger_io import read_ledger
+from ldpipe.producers.client import DeviceClient
+from ldpipe.producers.datasets import Population, dictionary_population
+from ldpipe.producers.loadgen import ProduceResult
+from ldpipe.schemas.config import UseCase
+from ldpipe.schemas.discovery.item import normalize_item
+from ldpipe.schemas.privacy.ledger import WindowRecord
+
+__all__ = ["add_parser", "run"]
+
+WINDOWS = 5  # the demo sizes its shuffle windows so the reports fill exactly this many
+# words outside the emoji dictionary and the share of devices holding each. A discovery window
+# holds ~n/5 reports, so a word is in it ~share*n/5 times: with the default n = 50,000 that is
+# 300, 200 and 150 (20,000 devices: 120, 80, 60, binomial sd <= 11) against the threshold
+# T = 21 of (epsilon, delta) = (2, 1e-9) with Laplace noise b = 1, so each word passes in
+# every window with near certainty (the smallest misses with probability < 1e-6 at n = 20,000)
+PLANTED = {"bubble tea": 0.03, "pickleball": 0.02, "rizz": 0.015}
+
+
+def add_parser(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "demo", help="run the whole pipeline locally (broker, shuffler, aggregators, query)"
+    )
+    p.add_argument("--mechanism", default="cms", help="cms, hcms, gcms, ocms or rrcms")
+    p.add_argument("--epsilon", type=float, default=4.0)
+    p.add_argument("--n", type=int, default=50_000, help="simulated devices")
+    p.add_argument("--top", type=int, default=10)
+    p.add_argument("--seed", type=int, default=2026)
+    p.add_argument("--keep", help="keep the work directory here instead of a temporary one")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument(
+        "--protocol",
+        choices=["aux", "sfp"],
+        default="aux",
+        help="how new items are discovered: the aux-server protocol beside an emoji use case "
+        "(default), or Apple's SFP on a word use case",
+    )
+    p.set_defaults(run=run)
+
+
+def _bad_reports(client: DeviceClient) -> list[tuple[str, bytes]]:
+    """Malformed reports a hostile or broken device might send, one of each kind, and an
+    out-of-date device's report without the shuffler layer (``single_layer``)."""
+    good = client.report("GRINNING FACE")
+    tampered = bytearray(good)
+    tampered[-5] ^= 0x01
+    bare = dataclasses.replace(client, shuffler_key=None).report("GRINNING FACE")
+    return [
+        ("random bytes", os.urandom(60)),
+        ("truncated envelope", good[: len(good) // 2]),
+        ("tampered ciphertext", bytes(tampered)),
+        ("unsupported version", good[:3] + b"\x09" + good[4:]),
+        ("empty message", b""),
+        ("single-layer envelope", bare),
+    ]
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.n < 1000:
+        raise ValueError(f"--n must be at least 1000 devices, got {args.n}")
+    if args.protocol == "sfp":
+        from ldpipe.infra.cli.demo_sfp import run_sfp
+
+        return run_sfp(args)
+    started = time.perf_counter()
+    say = progress(args)
+    options: dict[str, Any] = {"k": 1024, "m": 1024} if args.mechanism != "rrcms" else {"k": 16384}
+    with demo_broker(args, say) as (workdir, broker):
+        # size the windows so every report is released: real deployments hold a remainder
+        # below n_min until more devices report (the malformed reports never enter a window:
+        # the shuffler dead-letters them)
+        bad_count = 6
+        max_reports = math.ceil(args.n / WINDOWS)
+        last = args.n - (WINDOWS - 1) * max_reports  # the smallest window: the remainder
+        settings = PipelineSettings(
+            mechanism=args.mechanism,
+            epsilon=args.epsilon,
+            mechanism_options=options,
+            n_min=min(1000, last),
+            max_reports=max_reports,
+            # oue answers only for its dictionary: nothing to discover
+            discovery=args.mechanism != "oue",
+        )
+        pipe = LocalPipeline(workdir, broker.bootstrap_servers, settings)
+        pipe.create_topics()
+        shuffler = pipe.shuffler_key_pair
+        say(
+            f"keys      {workdir / 'keys'} (HPKE X25519, key id {pipe.key_pair.key_id}); "
+            f"the shuffler's in {workdir / 'shuffler-keys'} (key id "
+            f"{shuffler.key_id if shuffler else '-'}): devices seal every report to both"
+        )
+        pipe.start_shuffler()
+        for i in range(2):
+            pipe.start_aggregator(i)
+        say("services  shuffler + 2 aggregators started")
+        if pipe.use_case.discovery is not None:
+            pipe.start_discovery()
+            params = release_parameters(pipe.use_case)
+            say(
+                f"services  discovery shuffler + aux server + server started "
+                f"(threshold T={params.threshold:.1f}, Laplace b={params.laplace_scale:g})"
+            )
+        try:
+            return _drive(args, pipe, bad_count, started, say)
+        finally:
+            pipe.stop_all()
+
+
+def _drive(
+    args: argparse.Namespace,
+    pipe: LocalPipeline,
+    bad_count: int,
+    started: float,
+    say: Callable[[str], None],
+) -> int:
+    uc = pipe.use_case
+    assert uc.dictionary_items is not None
+    discovering = uc.discovery is not None
+    planted = _planted(uc, args.n) if discovering else {}
+    population = _population(uc.dictionary_items, planted, args.n, args.seed)
+    client = pipe.device_client()
+    discovery: DiscoveryClient | None = pipe.discovery_client() if discovering else None
+    say(
+        f"devices   {args.n:,} report their favourite of {len(uc.dictionary_items):,} emoji "
+        f"({uc.mechanism.name}, epsilon={uc.mechanism.effective_epsilon:.3g} per report)"
+    )
+    if planted:
+        say(
+            "discovery "
+            + ", ".join(f"{n:,} hold {word!r}" for word, n in planted.items())
+            + "; every device also sends a discovery report"
+        )
+    result, discovery_reports = _produce(client, discovery, pipe.kafka, uc, population, args.seed)
+    bad = _bad_reports(client)
+    assert len(bad) == bad_count
+    producer = Producer(pipe.kafka.producer_config())
+    for i, (_, value) in enumerate(bad):
+        producer.produce(uc.topics.reports, value=value, key=f"bad-{i}".encode())
+    producer.flush(30)
+    say(f"produced  {result.produced:,} reports + {len(bad)} malformed in {result.seconds:.1f} s")
+    total = result.produced + len(bad)
+    pipe.wait_until(lambda: pipe.shuffler_backlog() == 0, 120, "the shuffler")
+
+    def covered() -> bool:
+        done = pipe.aggregated() + count_dead_letters(pipe.kafka, uc.topics.dlq).count()
+        return bool(done >= total)
+
+    pipe.wait_until(covered, 120, "the aggregators' sealed windows", poll=0.5)
+    dead = count_dead_letters(pipe.kafka, uc.topics.dlq)
+    # the top emoji: the dictionary only (the discovered words have their own section)
+    query = query_use_case(uc, top=args.top, discovered=False)
+    truth = result.true_counts
+    discovered: list[dict[str, Any]] = []
+    if discovering:
+        _wait_for_discovery(pipe, discovery_reports)
+        discovered = _discovered(uc, truth)
+    items: list[dict[str, Any]] = [
+        {
+            "item": row.item,
+            "true_count": truth.get(row.item, 0),
+            "estimate": row.estimate,
+            "std_error": row.std_error,
+            "ci95": [row.low, row.high],
+        }
+        for row in query.items
+    ]
+    seconds = time.perf_counter() - started
+    summary = {
+        "mechanism": uc.mechanism.name,
+        "epsilon": uc.mechanism.effective_epsilon,
+        "params": uc.mechanism.params(),
+        "reports_produced": result.produced,
+        "malformed_produced": len(bad),
+        "reports_aggregated": pipe.aggregated(),
+        "reports_rejected": dead.count(),
+        "rejections": {f"{s}:{r}": n for (s, r), n in sorted(dead.by_reason.items())},
+        "windows": query.windows,
+        "writers": query.writers,
+        "items": items,
+        "discovered": discovered,
+        "seconds": seconds,
+    }
+    if args.json:
+        json.dump(summary, sys.stdout)
+        print()
+        return 0
+    print(
+        f"\nTop {args.top} emoji estimated from {query.reports:,} randomized reports "
+        f"(95% interval) against the truth:"
+    )
+    for row in items:
+        lo, hi = row["ci95"]
+        print(
+            f"  {row['item'][:34]:<34} {row['estimate']:>8.0f} ± {1.96 * row['std_error']:>5.0f}"
+            f"   [{lo:>7.0f}, {hi:>7.0f}]   true {row['true_count']:>6}"
+        )
+    inside = sum(r["ci95"][0] <= r["true_count"] <= r["ci95"][1] for r in items)
+    print(f"\n{inside} of {len(items)} intervals hold the true count.")
+    if discovering:
+        print(
+            "\nDiscovered (not in the dictionary): noisy count released by the aux server, "
+            "estimate ± 95% from the frequency sketch, true count:"
+        )
+        for row in discovered:
+            print(
+                f"  {row['item'][:34]:<34} noisy {row['reported_count']:>6}   "
+                f"{row['estimate']:>8.0f} ± {1.96 * row['std_error']:>5.0f}"
+                f"   true {row['true_count']:>6}"
+            )
+        if not discovered:
+            print("  (none passed the threshold; more devices per word would)")
+    print(
+        f"pipeline  {result.produced:,} produced, {summary['reports_aggregated']:,} aggregated, "
+        f"{dead.count()} rejected to {uc.topics.dlq}: "
+        + ", ".join(f"{r} ({n})" for (_, r), n in sorted(dead.by_reason.items()))
+    )
+    print(
+        f"store     {uc.store.uri} ({len(query.writers)} writers)"
+        + ("" if args.keep else " — temporary, removed on exit; --keep DIR keeps them")
+    )
+    print("metrics   start services with --metrics-port; `ldpipe query --serve` exports estimates")
+    if args.keep:  # the files outlive the in-memory broker: what can still be read from them
+        config = pipe.config_path
+        print(f"again     ldpipe query --config {config} --top 20")
+        if uc.discovery is not None:
+            print(f"          ldpipe discoveries --config {config}")
+    print(f"done in {seconds:.1f} s")
+    return 0
+
+
+def _planted(use_case: UseCase, n: int) -> dict[str, int]:
+    """Planted words (normalized with the use case's item rules) -> devices holding each."""
+    rules = discovery_config(use_case).rules
+    dictionary = set(use_case.dictionary_items or ())
+    planted = {normalize_item(word, rules): round(share * n) for word, share in PLANTED.items()}
+    assert not set(planted) & dictionary, "planted words must be outside the dictionary"
+    return {word: count for word, count in planted.items() if count}
+
+
+def _population(
+    dictionary: tuple[str, ...], planted: dict[str, int], n: int, seed: int
+) -> Population:
+    """Zipf(1.1) over the emoji for the devices that hold no planted word."""
+    rest = dictionary_population(dictionary, 1.1, n - sum(planted.values()), seed)
+    counts = np.concatenate([rest.counts, np.array(list(planted.values()), dtype=np.int64)])
+    return Population(rest.items + tuple(planted), counts)
+
+
+def _produce(
+    client: DeviceClient,
+    discovery: DiscoveryClient | None,
+    kafka: KafkaSettings,
+    use_case: UseCase,
+    population: Population,
+    seed: int,
+    batch: int = 2000,
+) -> tuple[ProduceResult, int]:
+    """One frequency report per device (in random device order) and, with discovery, one
+    discovery report for the same item under the same client token. Returns the frequency
+    result and the number of discovery reports delivered."""
+    rng = np.random.default_rng(seed)
+    devices = population.device_items()
+    rng.shuffle(devices)
+    # client tokens are fresh each run (a real device keeps its own): a rerun is new devices
+    tokens = os.urandom(16 * len(devices))
+    producer = Producer(
+        kafka.producer_config(
+            {"enable.idempotence": True, "linger.ms": 20, "compression.type": "lz4"}
+        )
+    )
+    delivered = {use_case.topics.reports: 0}
+    discovery_topic = use_case.discovery.topics.reports if use_case.discovery else ""
+    delivered[discovery_topic] = 0
+    failed = 0
+
+    def on_delivery(err: Any, msg: Any) -> None:
+        nonlocal failed
+        if err is None:
+            delivered[msg.topic()] += 1
+        else:
+            failed += 1
+
+    def send(topic: str, value: bytes, key: bytes) -> None:
+        produce(producer, topic, value=value, key=key, on_delivery=on_delivery)
+
+    # seal the discovery reports first (two HPKE seals each, the slow part), so both streams
+    # then arrive at the shufflers at full speed: a trickle would let max_wait_seconds close
+    # small windows and leave a remainder below n_min held back
+    hidden = (
+        discovery.encode_many(population.items[i] for i in devices) if discovery is not None else []
+    )
+    started = time.perf_counter()
+    for begin in range(0, len(devices), batch):
+        chunk = [population.items[i] for i in devices[begin : begin + batch]]
+        envelopes = client.reports(chunk, rng)
+        for offset, envelope in enumerate(envelopes):
+            device = begin + offset
+            key = tokens[16 * device : 16 * device + 16]
+            send(use_case.topics.reports, envelope, key)
+            report = hidden[device] if hidden else None
+            if isinstance(report, bytes):  # an item the rules refuse sends none
+                send(discovery_topic, report, key)
+        producer.poll(0)
+    producer.flush(60)
+    counts = {population.items[i]: int(c) for i, c in enumerate(population.counts) if c}
+    result = ProduceResult(
+        produced=delivered[use_case.topics.reports],
+        failed=failed,
+        seconds=time.perf_counter() - started,
+        true_counts=counts,
+    )
+    return result, delivered[discovery_topic]
+
+
+def _wait_for_discovery(pipe: LocalPipeline, reports: int) -> None:
+    """Until the discovery shuffler has released every discovery report in its windows and the
+    store holds a recorded window for each of them."""
+    uc = pipe.use_case
+    shuffled: list[WindowRecord] = []
+
+    def released() -> bool:
+        ledger = read_ledger(pipe.kafka, f"{uc.name}.discovery", timeout=10)
+        shuffled[:] = [r for r in ledger if isinstance(r, WindowRecord)]
+        return sum(r.n for r in shuffled) >= reports
+
+    pipe.wait_until(released, 120, "the discovery shuffler's windows", poll=1.0)
+    store = DiscoveryStore(discovery_store_directory(uc))
+    pipe.wait_until(
+        lambda: len(store.windows(uc.name)) >= len(shuffled),
+        120,
+        "the discovery store",
+        poll=0.5,
+    )
+
+
+def _discovered(use_case: UseCase, truth: dict[str, int]) -> list[dict[str, Any]]:
+    """Discovered items outside the dictionary (nor a dictionary item cut to the item rules):
+    noisy counts summed over the windows that released them, frequency-sketch estimates."""
+    rules = discovery_config(use_case).rules
+    dictionary = set(use_case.dictionary_items or ())
+    dictionary |= {normalize_item(item, rules) for item in dictionary}
+    store = DiscoveryStore(discovery_store_directory(use_case))
+    noisy: dict[str, int] = {}
+    for window in store.iter_windows(use_case.name):
+        for found in window.discoveries:
+            if found.item not in dictionary:
+                noisy[found.item] = noisy.get(found.item, 0) + found.noisy_count
+    if not noisy:
+        return []
+    rows = {row.item: row for row in query_use_case(use_case, items=list(noisy)).items}
+    out = [
+        {
+            "item": item,
+            "true_count": truth.get(item, 0),
+            "reported_count": count,
+            "estimate": rows[item].estimate,
+            "std_error": rows[item].std_error,
+        }
+        for item, count in noisy.items()
+    ]
+    return sorted(out, key=lambda row: -row["estimate"])

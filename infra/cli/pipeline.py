@@ -1,0 +1,338 @@
+"""Run a whole pipeline on one machine: what ``ldpipe demo`` and the integration tests share.
+
+``LocalPipeline`` writes a configuration and a key pair into a work directory, creates the
+topics on a broker it is given, and starts the services as real ``ldpipe`` subprocesses (so
+tests can kill -9 them). It waits on conditions, never on fixed sleeps: the shuffler has
+committed all its input, and the aggregators have sealed every report it published into the store.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Consumer, TopicPartition
+
+from ldpipe.aggregator.store import SketchStore
+from ldpipe.discovery.client import DiscoveryClient
+from ldpipe.discovery.runtime import discovery_config, save_tag_key
+from ldpipe.infra.runtime.epochs_io import load_epochs
+from ldpipe.infra.runtime.kafka import KafkaSettings, ensure_topics
+from ldpipe.infra.runtime.topics import config_topics
+from ldpipe.producers.client import DeviceClient
+from ldpipe.schemas.config import PipelineConfig, UseCase, load_config
+from ldpipe.schemas.discovery.tags import TagKey
+from ldpipe.schemas.keys import KeyPair, PublicKey, save_key_pair
+
+__all__ = ["LocalPipeline", "PipelineSettings"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PipelineSettings:
+    """The knobs of a local pipeline (one use case)."""
+
+    name: str = "emoji"
+    mechanism: str = "cms"
+    epsilon: float = 4.0
+    mechanism_options: Mapping[str, Any] = field(default_factory=lambda: {"k": 1024, "m": 1024})
+    dictionary: str | None = "builtin:emoji"
+    partitions: int = 2
+    n_min: int = 1000
+    max_reports: int = 10_000
+    max_wait_seconds: float = 2.0
+    contribution_limit: int = 1
+    snapshot_interval: float = 0.5
+    grace_seconds: int = 0  # the store's: windows seal once every partition has passed them
+    idle_seconds: float = 1.0  # ... or once every partition has been idle this long
+    store_uri: str | None = None  # default: <workdir>/store
+    storage_options: Mapping[str, str] = field(default_factory=dict)  # e.g. an S3 endpoint
+    window_seconds: int = 3600
+    discovery: bool = False  # add [use_case.discovery] with its own aux keys and a tag key
+    discovery_epsilon: float = 2.0
+    discovery_delta: float = 1e-9
+    sfp: Mapping[str, Any] | None = None  # the [use_case.sfp] table (None: not SFP)
+    nested: bool = True  # devices seal each report to the shuffler too (schemas/outer.py)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+class LocalPipeline:
+    """Configuration, keys, topics and service processes of one local pipeline."""
+
+    def __init__(
+        self, workdir: Path, bootstrap_servers: str, settings: PipelineSettings | None = None
+    ) -> None:
+        self.workdir = Path(workdir)
+        self.settings = settings or PipelineSettings()
+        self.bootstrap_servers = bootstrap_servers
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.key_pair = KeyPair.generate(name=self.settings.name)
+        private, public = save_key_pair(self.key_pair, self.workdir / "keys")
+        # the shuffler's own key pair, in its own directory: it never holds the analyzer's
+        self.shuffler_key_pair: KeyPair | None = None
+        if self.settings.nested:
+            self.shuffler_key_pair = KeyPair.generate(
+                name=f"{self.settings.name}-shuffler", role="shuffler"
+            )
+            save_key_pair(self.shuffler_key_pair, self.workdir / "shuffler-keys")
+        self.aux_key_pair: KeyPair | None = None
+        self.tag_key: TagKey | None = None
+        self.config_path = self.workdir / "ldpipe.toml"
+        self.config_path.write_text(self._config_text(private, public), encoding="utf-8")
+        self.config: PipelineConfig = load_config(self.config_path)
+        self.use_case: UseCase = self.config.use_cases[0]
+        self.kafka = KafkaSettings(bootstrap_servers)
+
+    def _config_text(self, private: Path, public: Path) -> str:
+        s = self.settings
+        lines = [
+            "[kafka]",
+            f"bootstrap_servers = {_toml_value(self.bootstrap_servers)}",
+            "",
+            "[[use_case]]",
+            f"name = {_toml_value(s.name)}",
+            f"mechanism = {_toml_value(s.mechanism)}",
+            f"epsilon = {_toml_value(float(s.epsilon))}",
+            *(f"{key} = {_toml_value(value)}" for key, value in s.mechanism_options.items()),
+            f"public_key = {_toml_value(public)}",
+            f"private_keys = [{_toml_value(private)}]",
+        ]
+        if s.dictionary is not None:
+            lines.append(f"dictionary = {_toml_value(s.dictionary)}")
+        lines += [
+            "[use_case.topics]",
+            f"partitions = {s.partitions}",
+            "[use_case.shuffle]",
+            *(
+                [
+                    f"public_key = {_toml_value(self._shuffler_public_path)}",
+                    f"private_keys = [{_toml_value(self.workdir / 'shuffler-keys')}]",
+                ]
+                if self.shuffler_key_pair is not None
+                else []
+            ),
+            f"n_min = {s.n_min}",
+            f"max_reports = {s.max_reports}",
+            f"max_wait_seconds = {_toml_value(float(s.max_wait_seconds))}",
+            f"contribution_limit = {s.contribution_limit}",
+            "[use_case.snapshot]",
+            f"directory = {_toml_value(self.workdir / 'snapshots')}",
+            f"interval_seconds = {_toml_value(float(s.snapshot_interval))}",
+            f"window_seconds = {s.window_seconds}",
+            "[use_case.store]",
+            f"uri = {_toml_value(s.store_uri or str(self.workdir / 'store'))}",
+            f"grace_seconds = {s.grace_seconds}",
+            f"idle_seconds = {_toml_value(float(s.idle_seconds))}",
+            "[use_case.store.storage_options]",
+            *(f"{key} = {_toml_value(value)}" for key, value in s.storage_options.items()),
+        ]
+        if s.discovery:
+            lines += self._discovery_lines()
+        if s.sfp is not None:
+            lines.append("[use_case.sfp]")
+            lines += (f"{key} = {_toml_value(value)}" for key, value in s.sfp.items())
+        return "\n".join(lines) + "\n"
+
+    @property
+    def _shuffler_public_path(self) -> Path:
+        assert self.shuffler_key_pair is not None
+        return self.workdir / "shuffler-keys" / f"{self.shuffler_key_pair.stem}.public.json"
+
+    @property
+    def shuffler_public(self) -> PublicKey | None:
+        """The shuffler's public key (devices seal the outer layer to it), if nested."""
+        return self.shuffler_key_pair.public if self.shuffler_key_pair is not None else None
+
+    def device_client(self, epoch: int | None = None) -> DeviceClient:
+        """A device of the first use case, nested if the pipeline is (what devices run)."""
+        uc = self.use_case
+        epochs = uc.epoch_set()
+        if epoch is not None and epoch not in epochs.mechanisms:
+            epochs = load_epochs(self.kafka, uc)
+        epoch = uc.epoch if epoch is None else epoch
+        return DeviceClient(
+            uc.name, epoch, self.key_pair.public, epochs.mechanisms[epoch], self.shuffler_public
+        )
+
+    def discovery_client(self) -> DiscoveryClient:
+        """A device's discovery half (GCMS Alg. 5), nested if the pipeline is."""
+        assert self.aux_key_pair is not None and self.tag_key is not None
+        return DiscoveryClient(
+            discovery_config(self.use_case),
+            server_key=self.key_pair.public,
+            aux_key=self.aux_key_pair.public,
+            tag_key=self.tag_key,
+            shuffler_key=self.shuffler_public,
+            shuffler_use_case=f"{self.use_case.name}.discovery",
+        )
+
+    def _discovery_lines(self) -> list[str]:
+        """Aux key pair (its own directory: the aux server never holds the server's key), tag
+        key, and the ``[use_case.discovery]`` table."""
+        s = self.settings
+        self.aux_key_pair = KeyPair.generate(name=f"{s.name}-aux")
+        aux_private, aux_public = save_key_pair(self.aux_key_pair, self.workdir / "aux-keys")
+        self.tag_key = TagKey.generate()
+        tag_path = save_tag_key(self.tag_key, self.workdir / "tag.key")
+        return [
+            "[use_case.discovery]",
+            f"epsilon = {_toml_value(float(s.discovery_epsilon))}",
+            f"delta = {_toml_value(float(s.discovery_delta))}",
+            f"tag_key = {_toml_value(tag_path)}",
+            f"aux_public_key = {_toml_value(aux_public)}",
+            f"aux_private_keys = [{_toml_value(aux_private)}]",
+        ]
+
+    # ---- topics and processes -------------------------------------------------------------
+    def create_topics(self) -> None:
+        ensure_topics(self.kafka, config_topics(self.config))
+
+    def command(self, *args: str) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "ldpipe.infra.cli",
+            *args,
+            "--config",
+            str(self.config_path),
+        ]
+
+    def start(
+        self, name: str, args: Sequence[str], *, env: Mapping[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        """Start ``ldpipe <args>`` as process ``name`` (its output goes to ``<name>.log``)."""
+        if name in self.processes and self.processes[name].poll() is None:
+            raise RuntimeError(f"process {name} is already running")
+        log_file = open(self.workdir / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child
+        root = Path(__file__).resolve().parents[1]
+        child_env = {**os.environ, **(env or {})}
+        child_env["PYTHONPATH"] = os.pathsep.join(
+            filter(None, [str(root), child_env.get("PYTHONPATH")])
+        )
+        process = subprocess.Popen(
+            self.command(*args),
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env=child_env,
+            cwd=self.workdir,
+        )
+        log_file.close()
+        self.processes[name] = process
+        return process
+
+    def start_shuffler(
+        self, *, env: Mapping[str, str] | None = None, use_case: str | None = None
+    ) -> subprocess.Popen[bytes]:
+        """The shuffler of the first use case, or of ``use_case`` (e.g. SFP fragments)."""
+        name, args = self._of("shuffler", use_case)
+        return self.start(name, ["shuffler", *args], env=env)
+
+    def start_aggregator(
+        self,
+        member: int = 0,
+        *,
+        env: Mapping[str, str] | None = None,
+        use_case: str | None = None,
+    ) -> subprocess.Popen[bytes]:
+        """An aggregator (a member of the use case's consumer group) named ``agg<member>``."""
+        name, args = self._of(f"aggregator-{member}", use_case)
+        return self.start(name, ["aggregator", "--member", f"agg{member}", *args], env=env)
+
+    def _of(self, name: str, use_case: str | None) -> tuple[str, list[str]]:
+        """A process name and ``--use-case`` arguments for a service of ``use_case``."""
+        if use_case is None or use_case == self.use_case.name:
+            return name, ["--use-case", self.use_case.name]
+        return f"{name}@{use_case}", ["--use-case", use_case]
+
+    def start_discovery(
+        self, *, env: Mapping[str, str] | None = None
+    ) -> list[subprocess.Popen[bytes]]:
+        """The discovery services: shuffler on the discovery topics, aux server, server."""
+        return [
+            self.start("discovery-shuffler", ["discovery-shuffler"], env=env),
+            self.start_discovery_aux(env=env),
+            self.start("discovery-server", ["discovery-server"], env=env),
+        ]
+
+    def start_discovery_aux(
+        self, *, env: Mapping[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        return self.start("discovery-aux", ["discovery-aux"], env=env)
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        process = self.processes.get(name)
+        if process is not None and process.poll() is None:
+            process.send_signal(sig)
+            process.wait(30)
+
+    def stop_all(self, timeout: float = 20.0) -> None:
+        for process in self.processes.values():
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for process in self.processes.values():
+            try:
+                process.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(5)
+
+    def log_tail(self, name: str, lines: int = 30) -> str:
+        path = self.workdir / f"{name}.log"
+        if not path.exists():
+            return ""
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+    # ---- progress -------------------------------------------------------------------------
+    def shuffler_backlog(self) -> int:
+        """Reports not yet covered by a committed shuffler transaction (0: all published)."""
+        topic = self.use_case.topics.reports
+        consumer = Consumer(self.kafka.consumer_config(f"ldpipe-shuffler-{self.use_case.name}"))
+        try:
+            parts = [TopicPartition(topic, p) for p in range(self.use_case.topics.partitions)]
+            committed = {tp.partition: tp.offset for tp in consumer.committed(parts, timeout=10)}
+            backlog = 0
+            for p in range(self.use_case.topics.partitions):
+                _low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+                backlog += max(0, high - max(committed.get(p, 0), 0))
+            return backlog
+        finally:
+            consumer.close()
+
+    def store(self, use_case: str | None = None) -> SketchStore:
+        uc = self.use_case if use_case is None else self.config.use_case(use_case)
+        return SketchStore(uc.store.uri, uc.name, storage_options=uc.store.storage_options)
+
+    def aggregated(self, use_case: str | None = None) -> int:
+        """Reports in the sealed segments of the use case's sketch store."""
+        return sum(s.n for s in self.store(use_case).segments())
+
+    def wait_until(self, condition: Any, timeout: float, what: str, poll: float = 0.25) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            for name, process in self.processes.items():
+                if process.poll() is not None and process.returncode not in (0, -signal.SIGKILL):
+                    raise RuntimeError(
+                        f"{name} exited with {process.returncode} while waiting for {what}:\n"
+                        f"{self.log_tail(name)}"
+                    )
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+            time.sleep(poll)  # polling interval of a condition wait, bounded by the deadline

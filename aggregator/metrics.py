@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-__all__ = ["AggregatorMetrics", "QueryMetrics"]
+__all__ = ["QUERY_LABELS", "AggregatorMetrics", "QueryLabel", "QueryMetrics"]
+
+QueryLabel = Literal["item", "rank"]  # what tells ldpipe query --serve's item gauges apart
+QUERY_LABELS: tuple[QueryLabel, ...] = get_args(QueryLabel)
 
 
 @dataclass(frozen=True)
@@ -127,8 +131,10 @@ class QueryMetrics:
     snapshot_age: Gauge
 
     @classmethod
-    def create(cls, registry: CollectorRegistry) -> QueryMetrics:
-        labels = ["use_case", "item"]
+    def create(cls, registry: CollectorRegistry, label: QueryLabel = "item") -> QueryMetrics:
+        """``label``: ``item`` (the item itself) or ``rank`` (1..N of ``--top N``: a bounded
+        set of series however the ranking churns)."""
+        labels = ["use_case", label]
         return cls(
             estimate=Gauge("ldpipe_query_estimate", "Estimated count", labels, registry=registry),
             std_error=Gauge(

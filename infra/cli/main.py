@@ -98,6 +98,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "ldpipe query --config pipeline.toml --top 20",
         "ldpipe query --config pipeline.toml --items 'GRINNING FACE,PILE OF POO' --json",
         "ldpipe query --config pipeline.toml --serve --top 50 --metrics-port 9108",
+        "ldpipe query --config pipeline.toml --use-case words --serve --top 20 --label rank",
     ),
     "discovery-shuffler": ("ldpipe discovery-shuffler --config pipeline.toml --use-case words",),
     "discovery-aux": ("ldpipe discovery-aux --config pipeline.toml --use-case words",),

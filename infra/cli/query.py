@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from ldpipe.aggregator.http_api import serve
-from ldpipe.aggregator.metrics import QueryMetrics
+from ldpipe.aggregator.metrics import QUERY_LABELS, QueryMetrics
 from ldpipe.aggregator.query import QueryResult, query_use_case
 from ldpipe.infra.cli.argtypes import non_negative_int, port, positive_int
 from ldpipe.infra.cli.common import stop_on_signals
@@ -22,7 +22,7 @@ from ldpipe.schemas.mechanisms.columns import CellCache
 
 log = logging.getLogger(__name__)
 
-__all__ = ["add_parser", "run"]
+__all__ = ["add_parser", "export_gauges", "run"]
 
 
 def add_parser(sub: Any) -> None:
@@ -88,6 +88,14 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--refresh", type=float, default=10.0, help="--serve: seconds between updates")
     p.add_argument(
+        "--label",
+        choices=QUERY_LABELS,
+        default="item",
+        help="--serve: what tells the --top N gauges apart: the item itself, or its rank 1..N, "
+        "which keeps Prometheus at N series per gauge however the ranking churns (the items "
+        'stay in /v1/top); docs/operations.md, "The item label of the query worker"',
+    )
+    p.add_argument(
         "--cell-cache-mib",
         type=non_negative_int,
         default=512,
@@ -152,7 +160,7 @@ def _print(result: QueryResult) -> None:
 
 def _serve(args: argparse.Namespace) -> int:
     registry = service_registry("query")
-    metrics = QueryMetrics.create(registry)
+    metrics = QueryMetrics.create(registry, label=args.label)
     readiness = Readiness(reason="starting: no query has succeeded yet")
     cache = CellCache(args.cell_cache_mib << 20) if args.cell_cache_mib else None
     try:  # the gauges on /metrics and the JSON API (docs/query.md, "HTTP JSON API")
@@ -198,22 +206,31 @@ def _refresh_gauges(
             log.warning("query failed, retrying in %.0f s: %s", args.refresh, exc)
             stop.wait(args.refresh)
             continue
-        current = set()
-        for row in result.items:
-            key = (result.use_case, row.item)
-            current.add(key)
-            metrics.estimate.labels(*key).set(row.estimate)
-            metrics.std_error.labels(*key).set(row.std_error)
-        for key in shown - current:  # items that left the top N
-            metrics.estimate.remove(*key)
-            metrics.std_error.remove(*key)
-        shown = current
-        metrics.reports.labels(result.use_case).set(result.reports)
-        metrics.snapshot_age.labels(result.use_case).set(result.snapshot_age_seconds)
+        shown = export_gauges(metrics, result, shown, by_rank=args.label == "rank")
         if readiness is not None:
             readiness.set(True)
         stop.wait(args.refresh)
     return 0
+
+
+def export_gauges(
+    metrics: QueryMetrics, result: QueryResult, shown: set[tuple[str, str]], *, by_rank: bool
+) -> set[tuple[str, str]]:
+    """Set the gauges to ``result`` and remove the series of items (or ranks) it no longer
+    has; returns the label pairs now shown, for the next refresh. ``by_rank`` labels the rows
+    1..N in their order (``--top``: decreasing estimate) instead of by item."""
+    current = set()
+    for rank, row in enumerate(result.items, start=1):
+        key = (result.use_case, str(rank) if by_rank else row.item)
+        current.add(key)
+        metrics.estimate.labels(*key).set(row.estimate)
+        metrics.std_error.labels(*key).set(row.std_error)
+    for key in shown - current:  # items that left the top N (or ranks past a shorter list)
+        metrics.estimate.remove(*key)
+        metrics.std_error.remove(*key)
+    metrics.reports.labels(result.use_case).set(result.reports)
+    metrics.snapshot_age.labels(result.use_case).set(result.snapshot_age_seconds)
+    return current
 
 
 def run(args: argparse.Namespace) -> int:
@@ -226,6 +243,11 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--calibrate-fit needs --calibrate (the prior family: powerlaw, gaussian)")
     if args.serve and args.calibrate is not None:
         raise ValueError("--serve exports raw estimates only; drop --calibrate")
+    if args.label == "rank" and args.items is not None:
+        raise ValueError(
+            "--label rank is for --top N: the items of --items are a fixed set of labels "
+            "already; drop --label rank, or use --top"
+        )
     if args.serve:
         return _serve(args)
     started = time.perf_counter()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 __all__ = ["non_negative_int", "port", "positive_float", "positive_int", "positive_seconds"]
 
@@ -46,4 +47,11 @@ def positive_seconds(text: str) -> float:
     value = float(_number(text, float, "a number of seconds"))
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text}")
+    return value
+
+
+def non_negative_seconds(text: str) -> float:
+    value = float(_number(text, float, "a number of seconds"))
+    if not (value >= 0 and math.isfinite(value)):  # also refuses nan and inf
+        raise argparse.ArgumentTypeError(f"must be 0 or more seconds, got {text}")
     return value

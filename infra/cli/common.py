@@ -13,7 +13,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from ldpipe.infra.cli.argtypes import port, positive_seconds
+from ldpipe.infra.cli.argtypes import non_negative_seconds, port, positive_seconds
+from ldpipe.infra.cli.progress import ProgressLines
 from ldpipe.infra.runtime.kafka import KafkaSettings, parse_extra
 from ldpipe.infra.runtime.observability import (
     MetricsServer,
@@ -75,6 +76,14 @@ def add_service_args(
             default="127.0.0.1",
             help="address the metrics endpoint listens on (0.0.0.0 for a remote Prometheus)",
         )
+        parser.add_argument(
+            "--progress",
+            type=non_negative_seconds,
+            default=60.0,
+            metavar="SECONDS",
+            help="print a progress line (the service's counters and their change) this often; "
+            "0: none",
+        )
 
 
 @dataclass(frozen=True)
@@ -112,6 +121,9 @@ def service_context(
     registry = service_registry(getattr(args, "command", None) or "ldpipe")
     readiness = Readiness(reason="starting: not consuming yet")
     start_metrics(args, registry, readiness)
+    if getattr(args, "progress", 0):
+        what = f"ldpipe {getattr(args, 'command', 'service')} [{use_case.name}]"
+        ProgressLines(registry, what, args.progress).start()
     return ServiceContext(config, use_case, kafka, registry, readiness)
 
 

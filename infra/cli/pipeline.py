@@ -221,11 +221,7 @@ class LocalPipeline:
         if name in self.processes and self.processes[name].poll() is None:
             raise RuntimeError(f"process {name} is already running")
         log_file = open(self.workdir / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child
-        root = Path(__file__).resolve().parents[1]
         child_env = {**os.environ, **(env or {})}
-        child_env["PYTHONPATH"] = os.pathsep.join(
-            filter(None, [str(root), child_env.get("PYTHONPATH")])
-        )
         process = subprocess.Popen(
             self.command(*args),
             stdout=log_file,

@@ -104,7 +104,7 @@ def running(
     started = time.time()
     try:
         metrics = {name: ["--metrics-port", str(port)] for name, port in ports.items()}
-        pipe.start("shuffler", ["shuffler", *metrics["shuffler"]])
+        pipe.start("shuffler", ["shuffler", *metrics["shuffler"], "--progress", "0.5"])
         aggregator = ["aggregator", "--member", "agg0"]
         pipe.start("aggregator-0", [*aggregator, *metrics["aggregator"]])
         publish(pipe, work.keys, work.values)  # type: ignore[arg-type]
@@ -136,6 +136,22 @@ def test_shuffler_exports_its_windows(running: RunningPipeline) -> None:
     assert value(samples, "ldpipe_shuffler_window_delta", **labels) == pytest.approx(expected.delta)
     assert value(samples, "ldpipe_shuffler_release_seconds_count", **labels) == 1
     assert "ldpipe_shuffler_reports_rejected_total" not in samples  # no contribution rejects
+
+
+def test_the_shuffler_prints_progress_lines_its_metrics_agree_with(
+    running: RunningPipeline,
+) -> None:
+    """A start line, then every --progress seconds the counters and their change (infra/cli/
+    progress.py): once every report is through, a line says so."""
+    log = running.pipe.workdir / "shuffler.log"
+    name = running.pipe.use_case.name
+    done = f"ldpipe shuffler [{name}]: reports_in {N:,} (+"
+    running.pipe.wait_until(lambda: done in log.read_text("utf-8"), 60, "a progress line")
+    lines = log.read_text("utf-8").splitlines()
+    assert any(line.startswith("ldpipe shuffler: ") for line in lines)  # the start line
+    (last,) = [line for line in lines if line.startswith(done)][-1:]
+    assert f"reports_out {N:,} (+" in last and "windows 1 (+" in last
+    assert "buffered_reports 0" in last
 
 
 def test_aggregator_exports_its_checkpoints_and_store_commits(running: RunningPipeline) -> None:

@@ -45,6 +45,7 @@ __all__ = [
     "SnapshotConfig",
     "Topics",
     "UseCase",
+    "config_from_mapping",
     "load_config",
     "parse_config",
     "select_use_case",
@@ -783,11 +784,19 @@ def parse_config(
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{source or 'configuration'} is not valid TOML: {exc}") from exc
+    return config_from_mapping(raw, base=base, source=source)
+
+
+def config_from_mapping(
+    raw: Mapping[str, Any], *, base: Path | None = None, source: Path | None = None
+) -> PipelineConfig:
+    """Validate a configuration already decoded from TOML (what :func:`parse_config` reads)."""
+    base = base or Path.cwd()
     _check_keys("configuration", raw, {"kafka", "use_case"})
     kafka_raw = _get("configuration", raw, "kafka", dict, {})
     _check_keys("kafka", kafka_raw, {"bootstrap_servers", "extra"})
     extra = _get("kafka", kafka_raw, "extra", dict, {})
-    if not all(isinstance(v, str | int | bool) for v in extra.values()):
+    if not all(isinstance(v, str | int | float | bool) for v in extra.values()):
         raise ConfigError("kafka.extra: values must be strings, numbers or booleans")
     kafka = KafkaConfig(
         bootstrap_servers=_get("kafka", kafka_raw, "bootstrap_servers", str, "127.0.0.1:9092"),
@@ -813,7 +822,10 @@ def load_config(path: str | Path) -> PipelineConfig:
             f"e.g. {path / 'example.toml'}"
         )
     if not path.is_file():
-        raise ConfigError(f"configuration file {path} does not exist; see infra/example.toml")
+        raise ConfigError(
+            f"configuration file {path} does not exist; `ldpipe init DIR` writes a working one "
+            f"(DIR/pipeline.toml)"
+        )
     return parse_config(path.read_text(encoding="utf-8"), base=path.parent, source=path)
 
 

@@ -4,8 +4,9 @@ It writes ``DIR/pipeline.toml`` with two use cases — ``emoji`` (frequencies of
 dictionary, CMS, nested envelopes through the shuffler) and ``words`` (frequencies plus discovery
 of words nobody listed, through the aux server) — every key they name, with distinct key ids, a
 sample ``words.txt`` (``word,count`` lines) for ``ldpipe produce``, and a ``.gitignore`` that keeps
-the keys and the data out of version control. Keys live beside the configuration, never in the
-package. Nothing existing is overwritten.
+the keys and the data out of version control, and ``pipeline.schema.json``, which the first line
+of ``pipeline.toml`` names for editors (``schemas/config_schema.py``). Keys live beside the
+configuration, never in the package. Nothing existing is overwritten.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 from ldpipe.discovery.runtime import TAG_KEY_SUFFIX, save_tag_key
 from ldpipe.schemas.config import load_config
+from ldpipe.schemas.config_schema import schema_text
 from ldpipe.schemas.discovery.tags import TagKey
 from ldpipe.schemas.keys import KeyPair, save_key_pair
 
@@ -34,6 +36,7 @@ STARTER_KEYS = (
 _TAG_KEY = ("keys/tag", "words", 31)
 
 PIPELINE = """\
+#:schema ./pipeline.schema.json
 # A starter deployment written by `ldpipe init` (docs/configuration.md has every option).
 # Paths are relative to this file. From this directory, each in its own terminal:
 #
@@ -134,6 +137,7 @@ def init(directory: str | Path) -> list[Path]:
     """
     root = Path(directory)
     planned = [root / "pipeline.toml", root / "words.txt", root / ".gitignore"]
+    planned.append(root / "pipeline.schema.json")  # for editors: PIPELINE's #:schema line
     planned += [root / d / f"{name}-{key_id}.private.json" for d, name, key_id, _ in STARTER_KEYS]
     tag_dir, tag_name, tag_id = _TAG_KEY
     planned.append(root / tag_dir / f"{tag_name}-{tag_id}{TAG_KEY_SUFFIX}")
@@ -152,7 +156,8 @@ def init(directory: str | Path) -> list[Path]:
     tag_path.mkdir(mode=0o700, parents=True, exist_ok=True)
     written.append(save_tag_key(TagKey.generate(tag_id), tag_path / planned[-1].name))
     words = resources.files("ldpipe.infra").joinpath("words.txt").read_text(encoding="utf-8")
-    for path, text in ((planned[0], PIPELINE), (planned[1], words), (planned[2], GITIGNORE)):
+    texts = (PIPELINE, words, GITIGNORE, schema_text())
+    for path, text in zip(planned[:4], texts, strict=True):
         path.write_text(text, encoding="utf-8")
         written.append(path)
     load_config(planned[0])  # what was written must load: a template error fails here, loudly

@@ -17,7 +17,8 @@ from ldpipe.schemas.keys import KeyRing, load_public_key
 def test_init_writes_a_deployment_whose_keys_all_load(tmp_path: Path) -> None:
     root = tmp_path / "deploy"
     written = init(root)
-    assert len(written) == 2 * len(STARTER_KEYS) + 4
+    # the key pairs, pipeline.toml, words.txt, .gitignore, the schema and the tag key
+    assert len(written) == 2 * len(STARTER_KEYS) + 5
     config = load_config(root / "pipeline.toml")
     assert [uc.name for uc in config.declared] == ["emoji", "words"]
     ids = [key_id for _, _, key_id, _ in STARTER_KEYS]
@@ -44,7 +45,7 @@ def test_init_writes_a_deployment_whose_keys_all_load(tmp_path: Path) -> None:
 def test_init_never_overwrites(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     root = tmp_path / "deploy"
     assert main(["init", str(root)]) == 0
-    assert "wrote 14 files" in capsys.readouterr().out
+    assert "wrote 15 files" in capsys.readouterr().out
     before = {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
     assert main(["init", str(root)]) == 2
     err = capsys.readouterr().err

@@ -59,7 +59,9 @@ def test_errors_name_the_field_and_the_fix(text: str, message: str) -> None:
 
 
 def test_missing_file() -> None:
-    with pytest.raises(ConfigError, match=r"does not exist; see infra/example\.toml"):
+    with pytest.raises(
+        ConfigError, match=r"does not exist; `ldpipe init DIR` writes a working one"
+    ):
         load_config("/nonexistent/ldpipe.toml")
 
 

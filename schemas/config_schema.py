@@ -1,0 +1,176 @@
+"""A JSON Schema of the pipeline configuration, for editors: completion, hover text and types
+as you write ``pipeline.toml`` (Taplo / "Even Better TOML" reads a ``#:schema`` first line;
+JetBrains IDEs map it in their settings).
+
+Built from the parser's own tables (``config.py``: the keys of every table, the mechanism and
+SFP setting types, the dataclasses' field types), so the two cannot drift apart;
+``tests/schemas/test_config_schema.py`` checks that a wrong type or an unknown key anywhere is
+refused by both, and that ``schemas/pipeline.schema.json`` is what this module builds. The
+schema checks shape and types only: ``config.py`` stays the authority on what can run (a
+mechanism's parameters, SFP's alphabet, discovery's privacy, paths) and names the fix.
+
+>>> schema = config_json_schema()
+>>> sorted(schema["properties"])
+['kafka', 'use_case']
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, get_args
+
+from ldpipe.schemas.config import (
+    _DISCOVERY_KEYS,
+    _MECH_KEYS,
+    _NAME,
+    _SFP_KEYS,
+    _SFP_PARAMS,
+    _UC_KEYS,
+    DiscoveryTopics,
+    ShuffleConfig,
+    SnapshotConfig,
+    StoreConfig,
+    Topics,
+)
+from ldpipe.schemas.discovery.item import ItemMode
+from ldpipe.schemas.discovery.privacy import NEIGHBOURS
+from ldpipe.schemas.mechanisms import MECHANISMS
+
+__all__ = ["SCHEMA_ID", "config_json_schema", "schema_text"]
+
+SCHEMA_ID = "urn:ldpipe:schema:pipeline-config"
+DOCS = "docs/configuration.md"
+
+_JSON_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean"}
+_PATHS: dict[str, Any] = {  # a path, or a list of paths (files or directories of key files)
+    "anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]
+}
+_STRINGS = {"type": "object", "additionalProperties": {"type": "string"}}
+# the dataclasses' field annotations (strings: postponed evaluation)
+_ANNOTATIONS: dict[str, dict[str, Any]] = {
+    "int": {"type": "integer"},
+    "float": {"type": "number"},
+    "str": {"type": "string"},
+    "Path": {"type": "string"},
+    "Path | None": {"type": "string"},
+    "tuple[Path, ...]": _PATHS,
+    "Mapping[str, str]": _STRINGS,
+}
+
+
+def _table(properties: dict[str, Any], description: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "description": description,
+        "properties": properties,
+        "additionalProperties": False,
+        **extra,
+    }
+
+
+def _of(kind: type) -> dict[str, Any]:
+    return {"type": _JSON_TYPES[kind]}
+
+
+def _dataclass_table(
+    cls: type, description: str, *, skip: frozenset[str] = frozenset()
+) -> dict[str, Any]:
+    fields = [f for f in dataclasses.fields(cls) if f.name not in skip]
+    return _table({f.name: dict(_ANNOTATIONS[str(f.type)]) for f in fields}, description)
+
+
+def _topics(*, partitions: bool) -> dict[str, Any]:
+    skip = frozenset() if partitions else frozenset({"partitions"})
+    return _dataclass_table(Topics, "Kafka topic names (defaults ldp.<use case>.*)", skip=skip)
+
+
+def _discovery() -> dict[str, Any]:
+    kinds: dict[str, Any] = {
+        "enabled": _of(bool),
+        "threshold": _of(float),
+        "laplace_scale": _of(float),
+        "epsilon": _of(float),
+        "delta": _of(float),
+        "neighbours": {"enum": list(NEIGHBOURS)},
+        "epoch": _of(int),
+        "max_bytes": _of(int),
+        "mode": {"enum": list(get_args(ItemMode))},
+        "lowercase": _of(bool),
+        "tag_key": _of(str),
+        "tag_keys": _PATHS,
+        "aux_public_key": _of(str),
+        "aux_private_keys": _PATHS,
+        "store": _of(str),
+        "topics": _dataclass_table(DiscoveryTopics, "discovery topic names"),
+    }
+    assert set(kinds) == _DISCOVERY_KEYS, "config.py's discovery keys changed: update this table"
+    return _table(kinds, "[use_case.discovery]: new items with the aux-server protocol")
+
+
+def _sfp() -> dict[str, Any]:
+    kinds: dict[str, Any] = {key: _of(kind) for key, kind in _SFP_PARAMS.items()}
+    kinds["fragment_mechanism"] = {"enum": ["cms", "hcms"]}
+    kinds |= {
+        "enabled": _of(bool),
+        "threshold": _of(float),
+        "store": _of(str),
+        "topics": _topics(partitions=False),
+    }
+    assert set(kinds) == _SFP_KEYS, "config.py's SFP keys changed: update this table"
+    return _table(kinds, "[use_case.sfp]: new words with Apple's Sequence Fragment Puzzle")
+
+
+def _use_case() -> dict[str, Any]:
+    kinds: dict[str, Any] = {
+        "name": {"type": "string", "pattern": _NAME.pattern},
+        "mechanism": {"enum": sorted(MECHANISMS)},
+        "epsilon": _of(float),
+        "epoch": _of(int),
+        "hash_seed": _of(int),
+        "dictionary": _of(str),
+        "private_keys": _PATHS,
+        "public_key": _of(str),
+        **{key: _of(kind) for key, kind in _MECH_KEYS.items()},
+        "topics": _topics(partitions=True),
+        "shuffle": _dataclass_table(ShuffleConfig, "[use_case.shuffle]: the shuffler's windows"),
+        "snapshot": _dataclass_table(SnapshotConfig, "[use_case.snapshot]: checkpoints"),
+        "store": _dataclass_table(StoreConfig, "[use_case.store]: the sketch store"),
+        "discovery": _discovery(),
+        "sfp": _sfp(),
+    }
+    kinds["shuffle"]["properties"]["layers"] = {"enum": ["single", "nested"]}
+    assert set(kinds) == _UC_KEYS, "config.py's use case keys changed: update this table"
+    return _table(kinds, "one [[use_case]]: what is collected, how, and where", required=["name"])
+
+
+def config_json_schema() -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of a pipeline configuration file, as TOML decodes it."""
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": SCHEMA_ID,
+        "title": "ldpipe pipeline configuration",
+        "description": f"One TOML file declares Kafka and every use case ({DOCS}).",
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "kafka": _table(
+                {
+                    "bootstrap_servers": _of(str),
+                    "extra": {
+                        "type": "object",
+                        "description": "librdkafka settings; secrets as ${env:NAME} or "
+                        "${file:/path}",
+                        "additionalProperties": {"type": ["string", "number", "boolean"]},
+                    },
+                },
+                "[kafka]: the cluster every service talks to",
+            ),
+            "use_case": {"type": "array", "items": _use_case()},
+        },
+    }
+
+
+def schema_text() -> str:
+    """The schema as the file ``schemas/pipeline.schema.json`` holds it."""
+    return json.dumps(config_json_schema(), indent=2, ensure_ascii=False) + "\n"

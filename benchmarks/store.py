@@ -335,12 +335,6 @@ def ldpipe(*args: str) -> list[str]:
     return [sys.executable, "-m", "ldpipe.infra.cli", *args]
 
 
-def child_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    return env
-
-
 def reap(process: subprocess.Popen[bytes], timeout: float) -> tuple[int, int]:
     """Wait for ``process`` (SIGKILL after ``timeout``); its exit code and peak RSS in bytes
     (``ru_maxrss`` of this child alone, from ``wait4``)."""
@@ -376,7 +370,6 @@ class AggregatorProcess:
                 ldpipe(*verbose, *args),
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                env=child_env(),
                 cwd=workdir,
             )
         self.monitor = Monitor(self.process.pid, self.port, settings)
@@ -438,7 +431,7 @@ def range_query(
     out_path, err_path = workdir / "query.json", workdir / "query.err"
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
         started = time.perf_counter()
-        process = subprocess.Popen(ldpipe(*args), stdout=out, stderr=err, env=child_env())
+        process = subprocess.Popen(ldpipe(*args), stdout=out, stderr=err)
         code, maxrss = reap(process, 600)
         seconds = time.perf_counter() - started
     if code != 0:

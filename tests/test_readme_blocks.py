@@ -4,7 +4,8 @@ The test copies the repository's files as they are on disk (tracked, plus new fi
 ignored: what a fresh clone of the next commit holds) into a temporary directory, links this
 repository's ``.venv`` into it (``./dev.sh setup`` is the one step the README asks for first)
 and runs each ```` ```sh ```` block with ``bash -e``, in the README's order, from the copy's
-root. The copy's own code is imported (``PYTHONPATH``), as a clone's editable install would.
+root. The linked .venv's editable install imports this checkout's ``ldpipe``, whose files the
+copy holds byte for byte.
 Each block runs in its own process group, which is killed when the block ends, however it
 ends, so nothing it started in the background outlives it. Blocks that run ``./dev.sh`` (the
 demo and the test suite) are skipped: CI runs both itself.
@@ -184,7 +185,7 @@ def test_readme_sh_blocks_run_verbatim(tmp_path: Path) -> None:
     tree = tmp_path / "ldpipe"
     tree.mkdir()
     fresh_copy(tree)
-    env = {**os.environ, "PYTHONPATH": str(tree)}
+    env = dict(os.environ)
     timings = []
     for index, block in enumerate(readme_blocks()):
         if SKIPPED in block:

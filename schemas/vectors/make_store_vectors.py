@@ -28,11 +28,10 @@ from typing import Any
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parents[1]))
+from ldpipe.aggregator.store import SegmentData, SketchStore
+from ldpipe.schemas.mechanisms import Sketch
 
-from ldpipe.aggregator.store import SegmentData, SketchStore  # noqa: E402
-from ldpipe.schemas.mechanisms import Sketch  # noqa: E402
+HERE = Path(__file__).resolve().parent
 
 USE_CASE = "emoji"
 TOPIC = "ldp.emoji.shuffled"

@@ -12,7 +12,6 @@ real ``ldpipe query --serve`` is started as a subprocess and answers both ``/met
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import socket
@@ -517,7 +516,6 @@ def test_a_query_without_a_dictionary_is_400(api: Api, tmp_path: Path) -> None:
 # ---- ldpipe query --serve ---------------------------------------------------------------------
 def test_query_serve_answers_metrics_and_json_on_one_port(api: Api, tmp_path: Path) -> None:
     config = write_config(tmp_path, EMOJI.replace('"store"', f'"{api.use_case.store.uri}"'))
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     command = [
         sys.executable,
         "-m",
@@ -529,7 +527,7 @@ def test_query_serve_answers_metrics_and_json_on_one_port(api: Api, tmp_path: Pa
     ]
     command += ["--port", "0", "--top", "3", "--refresh", "0.2"]
     process = subprocess.Popen(
-        command, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True
+        command, cwd=ROOT, stderr=subprocess.PIPE, text=True, start_new_session=True
     )
     try:
         assert process.stderr is not None

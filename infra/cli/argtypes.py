@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import math
 
 __all__ = ["non_negative_int", "port", "positive_float", "positive_int", "positive_seconds"]
 
@@ -50,8 +49,13 @@ def positive_seconds(text: str) -> float:
     return value
 
 
-def non_negative_seconds(text: str) -> float:
+DAY = 86_400.0
+
+
+def period_seconds(text: str) -> float:
+    """0 (off) up to a day: a longer wait overflows the platform's timer (Event.wait(1e10)
+    raises), and a period of more than a day is no progress report."""
     value = float(_number(text, float, "a number of seconds"))
-    if not (value >= 0 and math.isfinite(value)):  # also refuses nan and inf
-        raise argparse.ArgumentTypeError(f"must be 0 or more seconds, got {text}")
+    if not 0 <= value <= DAY:  # also refuses nan and inf
+        raise argparse.ArgumentTypeError(f"must be 0 (off) to {DAY:,.0f} seconds, got {text}")
     return value

@@ -13,7 +13,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from ldpipe.infra.cli.argtypes import non_negative_seconds, port, positive_seconds
+from ldpipe.infra.cli.argtypes import period_seconds, port, positive_seconds
 from ldpipe.infra.cli.progress import ProgressLines
 from ldpipe.infra.runtime.kafka import KafkaSettings, parse_extra
 from ldpipe.infra.runtime.observability import (
@@ -78,11 +78,11 @@ def add_service_args(
         )
         parser.add_argument(
             "--progress",
-            type=non_negative_seconds,
+            type=period_seconds,
             default=60.0,
             metavar="SECONDS",
-            help="print a progress line (the service's counters and their change) this often; "
-            "0: none",
+            help="print a progress line (the service's counters and their change) this often, "
+            "up to a day; 0: none",
         )
 
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from ldpipe.infra.cli.main import main
 from ldpipe.infra.cli.progress import ProgressLines, progress_line, read_totals
 
 
@@ -55,3 +57,15 @@ def test_the_thread_prints_every_period_until_stopped() -> None:
     progress.stop()
     assert lines[0] == "svc: reports_in 1,234 (+0), consumer_lag_messages 12"
     assert lines[1] == "svc: reports_in 1,244 (+10), consumer_lag_messages 12"
+
+
+@pytest.mark.parametrize("bad", ["-1", "nan", "inf", "1e10", "86401", "soon"])
+def test_a_progress_period_past_a_day_or_not_a_number_is_one_usage_line(
+    bad: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Event.wait(1e10) overflows the platform's timer: the thread would die with a traceback."""
+    with pytest.raises(SystemExit) as info:
+        main(["shuffler", "--config", "x.toml", "--progress", bad])
+    assert info.value.code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()[-1:]
+    assert "--progress" in line

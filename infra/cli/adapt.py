@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from ldpipe.aggregator.query import query_use_case
+from ldpipe.infra.cli.argtypes import interval_seconds
 from ldpipe.infra.cli.common import add_service_args, service_context, stop_on_signals
 from ldpipe.infra.runtime.epochs_io import load_epochs, publish_epoch
 from ldpipe.schemas.config import UseCase
@@ -52,7 +53,7 @@ def add_parser(sub: Any) -> None:
         default=0.1,
         help="publish only if the worst variance over the range drops by this fraction",
     )
-    p.add_argument("--every", type=float, help="repeat every this many seconds")
+    p.add_argument("--every", type=interval_seconds, help="repeat every this many seconds")
     p.add_argument("--json", action="store_true")
     p.set_defaults(run=run)
 

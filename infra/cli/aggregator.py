@@ -7,6 +7,7 @@ import argparse
 from typing import Any
 
 from ldpipe.aggregator.service import Aggregator, AggregatorOptions
+from ldpipe.infra.cli.argtypes import positive_seconds
 from ldpipe.infra.cli.common import add_service_args, service_context, stop_on_signals
 from ldpipe.infra.runtime.crash import crash_point_from_env
 from ldpipe.schemas.keys import KeyRing
@@ -31,7 +32,7 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--store", help="sketch store URI (default: the use case's store.uri)")
     p.add_argument("--keys", nargs="*", help="private key files/directories (default: config)")
-    p.add_argument("--idle-exit", type=float, help="exit after this many idle seconds")
+    p.add_argument("--idle-exit", type=positive_seconds, help="exit after this many idle seconds")
     p.add_argument(
         "--after-data-loss",
         action="store_true",

@@ -59,3 +59,11 @@ def period_seconds(text: str) -> float:
     if not 0 <= value <= DAY:  # also refuses nan and inf
         raise argparse.ArgumentTypeError(f"must be 0 (off) to {DAY:,.0f} seconds, got {text}")
     return value
+
+
+def interval_seconds(text: str) -> float:
+    """More than 0 up to a day: the wait between two runs of a loop (0 would spin)."""
+    value = period_seconds(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds (up to a day), got {text}")
+    return value

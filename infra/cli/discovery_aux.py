@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from ldpipe.discovery.aux_service import DiscoveryAux
+from ldpipe.infra.cli.argtypes import positive_seconds
 from ldpipe.infra.cli.common import add_service_args, announce, service_context, stop_on_signals
 from ldpipe.infra.runtime.crash import crash_point_from_env
 
@@ -18,7 +19,7 @@ def add_parser(sub: Any) -> None:
         help="noisy thresholded histogram over shuffled discovery windows; release buckets",
     )
     add_service_args(p)
-    p.add_argument("--idle-exit", type=float, help="exit after this many idle seconds")
+    p.add_argument("--idle-exit", type=positive_seconds, help="exit after this many idle seconds")
     p.set_defaults(run=run)
 
 

@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from ldpipe.discovery.server_service import DiscoveryRecorder
+from ldpipe.infra.cli.argtypes import positive_seconds
 from ldpipe.infra.cli.common import add_service_args, announce, service_context, stop_on_signals
 
 __all__ = ["add_parser", "run"]
@@ -17,7 +18,7 @@ def add_parser(sub: Any) -> None:
         help="open what the aux server releases and record discovered items per window",
     )
     add_service_args(p)
-    p.add_argument("--idle-exit", type=float, help="exit after this many idle seconds")
+    p.add_argument("--idle-exit", type=positive_seconds, help="exit after this many idle seconds")
     p.set_defaults(run=run)
 
 

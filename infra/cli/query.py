@@ -12,7 +12,7 @@ from typing import Any
 from ldpipe.aggregator.http_api import serve
 from ldpipe.aggregator.metrics import QUERY_LABELS, QueryMetrics
 from ldpipe.aggregator.query import QueryResult, query_use_case
-from ldpipe.infra.cli.argtypes import non_negative_int, port, positive_int
+from ldpipe.infra.cli.argtypes import interval_seconds, non_negative_int, port, positive_int
 from ldpipe.infra.cli.common import stop_on_signals
 from ldpipe.infra.runtime.observability import Readiness, service_registry
 from ldpipe.schemas.config import load_config, select_use_case
@@ -86,7 +86,9 @@ def add_parser(sub: Any) -> None:
         help="--serve: the address to listen on (0.0.0.0 for a remote Prometheus); --addr is "
         "its older name",
     )
-    p.add_argument("--refresh", type=float, default=10.0, help="--serve: seconds between updates")
+    p.add_argument(
+        "--refresh", type=interval_seconds, default=10.0, help="--serve: seconds between updates"
+    )
     p.add_argument(
         "--label",
         choices=QUERY_LABELS,

@@ -6,6 +6,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
+from ldpipe.infra.cli.argtypes import positive_seconds
 from ldpipe.infra.cli.common import add_service_args, announce, service_context, stop_on_signals
 from ldpipe.infra.runtime.crash import crash_point_from_env
 from ldpipe.schemas.config import ConfigError, UseCase
@@ -21,7 +22,7 @@ def add_shuffler_parser(sub: Any, name: str, help_text: str, run: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(name, help=help_text)
     add_service_args(p)
     p.add_argument("--instance", default="0", help="instance name (part of the transactional id)")
-    p.add_argument("--idle-exit", type=float, help="exit after this many idle seconds")
+    p.add_argument("--idle-exit", type=positive_seconds, help="exit after this many idle seconds")
     p.set_defaults(run=run)
 
 

@@ -12,7 +12,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from confluent_kafka import KafkaError, Message, Producer
@@ -33,6 +33,7 @@ class ProduceResult:
     failed: int
     seconds: float
     true_counts: dict[str, int]
+    by_topic: dict[str, int] = field(default_factory=dict)  # delivered, per topic
 
 
 #: ``(topic, envelopes(items, rng))``: one kind of report every device sends; an envelope of
@@ -72,11 +73,13 @@ def produce_population(
         )
     )
     delivered = failed = 0
+    by_topic = dict.fromkeys((topic for topic, _ in streams), 0)
 
-    def on_delivery(err: KafkaError | None, _msg: Message) -> None:
+    def on_delivery(err: KafkaError | None, msg: Message) -> None:
         nonlocal delivered, failed
         if err is None:
             delivered += 1
+            by_topic[str(msg.topic())] += 1
         else:
             failed += 1
             log.warning("delivery failed: %s", err)
@@ -107,5 +110,9 @@ def produce_population(
     bar.close()
     counts = {population.items[i]: int(c) for i, c in enumerate(population.counts) if c}
     return ProduceResult(
-        delivered, failed + (sent - delivered - failed), time.perf_counter() - started, counts
+        delivered,
+        failed + (sent - delivered - failed),
+        time.perf_counter() - started,
+        counts,
+        by_topic,
     )

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import os
 import sys
 import time
@@ -37,20 +36,28 @@ from ldpipe.discovery.runtime import (
 )
 from ldpipe.discovery.store import DiscoveryStore
 from ldpipe.infra.cli.demo_env import demo_broker, progress
-from ldpipe.infra.cli.pipeline import LocalPipeline, PipelineSettings
-from ldpipe.infra.runtime.dead_letters import count_dead_letters
-from ldpipe.infra.runtime.kafka import KafkaSettings, produce
+from ldpipe.infra.cli.demo_windows import (
+    COUNT_ONLY_DEADLINE_SECONDS,
+    WindowPlan,
+    fill_last_windows,
+)
+from ldpipe.infra.cli.pipeline import LocalPipeline, PipelineError, PipelineSettings
+from ldpipe.infra.runtime.dead_letters import count_dead_letters, read_dead_letters
+from ldpipe.infra.runtime.kafka import produce
 from ldpipe.infra.runtime.ledger_io import read_ledger
 from ldpipe.producers.client import DeviceClient
 from ldpipe.producers.datasets import Population, dictionary_population
-from ldpipe.producers.loadgen import ProduceResult
+from ldpipe.producers.loadgen import Stream, produce_population
 from ldpipe.schemas.config import UseCase
 from ldpipe.schemas.discovery.item import normalize_item
 from ldpipe.schemas.privacy.ledger import WindowRecord
 
 __all__ = ["add_parser", "run"]
 
-WINDOWS = 5  # the demo sizes its shuffle windows so the reports fill exactly this many
+WINDOWS = 5  # the demo's devices fill this many shuffle windows (the last topped up)
+#: how long a wait may see nothing move before the demo gives up (a slow machine that keeps
+#: moving is waited for however long it takes)
+STALL_SECONDS = 300.0
 # words outside the emoji dictionary and the share of devices holding each. A discovery window
 # holds ~n/5 reports, so a word is in it ~share*n/5 times: with the default n = 50,000 that is
 # 300, 200 and 150 (20,000 devices: 120, 80, 60, binomial sd <= 11) against the threshold
@@ -107,19 +114,17 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     say = progress(args)
     options: dict[str, Any] = {"k": 1024, "m": 1024} if args.mechanism != "rrcms" else {"k": 16384}
+    # count-only windows (demo_windows.py): each releases at exactly plan.max_reports, and
+    # more devices fill the last one, so no report is held back below n_min at any speed
+    plan = WindowPlan.split(args.n, WINDOWS)
     with demo_broker(args, say) as (workdir, broker):
-        # size the windows so every report is released: real deployments hold a remainder
-        # below n_min until more devices report (the malformed reports never enter a window:
-        # the shuffler dead-letters them)
-        bad_count = 6
-        max_reports = math.ceil(args.n / WINDOWS)
-        last = args.n - (WINDOWS - 1) * max_reports  # the smallest window: the remainder
         settings = PipelineSettings(
             mechanism=args.mechanism,
             epsilon=args.epsilon,
             mechanism_options=options,
-            n_min=min(1000, last),
-            max_reports=max_reports,
+            n_min=plan.n_min,
+            max_reports=plan.max_reports,
+            max_wait_seconds=COUNT_ONLY_DEADLINE_SECONDS,
             # oue answers only for its dictionary: nothing to discover
             discovery=args.mechanism != "oue",
         )
@@ -142,8 +147,9 @@ def run(args: argparse.Namespace) -> int:
                 f"services  discovery shuffler + aux server + server started "
                 f"(threshold T={params.threshold:.1f}, Laplace b={params.laplace_scale:g})"
             )
+        say(f"windows   {plan.describe()}")
         try:
-            return _drive(args, pipe, bad_count, started, say)
+            return _drive(args, pipe, plan, started, say)
         finally:
             pipe.stop_all()
 
@@ -151,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
 def _drive(
     args: argparse.Namespace,
     pipe: LocalPipeline,
-    bad_count: int,
+    plan: WindowPlan,
     started: float,
     say: Callable[[str], None],
 ) -> int:
@@ -172,29 +178,44 @@ def _drive(
             + ", ".join(f"{n:,} hold {word!r}" for word, n in planted.items())
             + "; every device also sends a discovery report"
         )
-    result, discovery_reports = _produce(client, discovery, pipe.kafka, uc, population, args.seed)
-    bad = _bad_reports(client)
-    assert len(bad) == bad_count
-    producer = Producer(pipe.kafka.producer_config())
-    for i, (_, value) in enumerate(bad):
-        producer.produce(uc.topics.reports, value=value, key=f"bad-{i}".encode())
-    producer.flush(30)
-    say(f"produced  {result.produced:,} reports + {len(bad)} malformed in {result.seconds:.1f} s")
-    total = result.produced + len(bad)
-    pipe.wait_until(lambda: pipe.shuffler_backlog() == 0, 120, "the shuffler")
-
-    def covered() -> bool:
-        done = pipe.aggregated() + count_dead_letters(pipe.kafka, uc.topics.dlq).count()
-        return bool(done >= total)
-
-    pipe.wait_until(covered, 120, "the aggregators' sealed windows", poll=0.5)
+    streams = _streams(client, discovery, uc)
+    bad = _send_bad(pipe, _bad_reports(client))
+    result = produce_population(streams, pipe.kafka, population, seed=args.seed, progress=False)
+    if result.failed:
+        raise PipelineError(f"the broker refused {result.failed} reports; is it still running?")
+    reports_topic = uc.topics.reports
+    discovery_topic = uc.discovery.topics.reports if uc.discovery is not None else ""
+    say(
+        f"produced  {result.by_topic[reports_topic]:,} reports + {len(bad)} malformed"
+        + (f" and {result.by_topic[discovery_topic]:,} discovery reports" if discovering else "")
+        + f" in {result.seconds:.1f} s"
+    )
+    # what the shuffler admits into windows: the devices' reports and any malformed one it
+    # cannot tell from a good one (the aggregators refuse those later)
+    admitted = result.by_topic[reports_topic] + len(bad) - _refused_by_shuffler(pipe, bad)
+    missing = {reports_topic: plan.missing(admitted)}
+    if discovering:
+        missing[discovery_topic] = plan.missing(result.by_topic[discovery_topic])
+    topped = fill_last_windows(pipe.kafka, streams, population, missing, seed=args.seed)
+    if topped.devices:
+        say(f"top-up    {topped.describe(plan)}")
+    produced = result.by_topic[reports_topic] + topped.by_topic.get(reports_topic, 0)
+    truth = dict(result.true_counts)
+    for item, count in topped.true_counts.get(reports_topic, {}).items():
+        truth[item] = truth.get(item, 0) + count
+    pipe.wait_for_count(
+        lambda: pipe.aggregated() + count_dead_letters(pipe.kafka, uc.topics.dlq).count(),
+        produced + len(bad),
+        "the aggregators to seal every report",
+        stall=STALL_SECONDS,
+    )
     dead = count_dead_letters(pipe.kafka, uc.topics.dlq)
     # the top emoji: the dictionary only (the discovered words have their own section)
     query = query_use_case(uc, top=args.top, discovered=False)
-    truth = result.true_counts
     discovered: list[dict[str, Any]] = []
     if discovering:
-        _wait_for_discovery(pipe, discovery_reports)
+        discovery_reports = result.by_topic[discovery_topic]
+        _wait_for_discovery(pipe, discovery_reports + topped.by_topic.get(discovery_topic, 0))
         discovered = _discovered(uc, truth)
     items: list[dict[str, Any]] = [
         {
@@ -211,7 +232,8 @@ def _drive(
         "mechanism": uc.mechanism.name,
         "epsilon": uc.mechanism.effective_epsilon,
         "params": uc.mechanism.params(),
-        "reports_produced": result.produced,
+        "reports_produced": produced,
+        "top_up_devices": topped.devices,
         "malformed_produced": len(bad),
         "reports_aggregated": pipe.aggregated(),
         "reports_rejected": dead.count(),
@@ -252,7 +274,7 @@ def _drive(
         if not discovered:
             print("  (none passed the threshold; more devices per word would)")
     print(
-        f"pipeline  {result.produced:,} produced, {summary['reports_aggregated']:,} aggregated, "
+        f"pipeline  {produced:,} produced, {summary['reports_aggregated']:,} aggregated, "
         f"{dead.count()} rejected to {uc.topics.dlq}: "
         + ", ".join(f"{r} ({n})" for (_, r), n in sorted(dead.by_reason.items()))
     )
@@ -288,70 +310,57 @@ def _population(
     return Population(rest.items + tuple(planted), counts)
 
 
-def _produce(
-    client: DeviceClient,
-    discovery: DiscoveryClient | None,
-    kafka: KafkaSettings,
-    use_case: UseCase,
-    population: Population,
-    seed: int,
-    batch: int = 2000,
-) -> tuple[ProduceResult, int]:
-    """One frequency report per device (in random device order) and, with discovery, one
-    discovery report for the same item under the same client token. Returns the frequency
-    result and the number of discovery reports delivered."""
-    rng = np.random.default_rng(seed)
-    devices = population.device_items()
-    rng.shuffle(devices)
-    # client tokens are fresh each run (a real device keeps its own): a rerun is new devices
-    tokens = os.urandom(16 * len(devices))
-    producer = Producer(
-        kafka.producer_config(
-            {"enable.idempotence": True, "linger.ms": 20, "compression.type": "lz4"}
-        )
-    )
-    delivered = {use_case.topics.reports: 0}
-    discovery_topic = use_case.discovery.topics.reports if use_case.discovery else ""
-    delivered[discovery_topic] = 0
-    failed = 0
+def _streams(
+    client: DeviceClient, discovery: DiscoveryClient | None, use_case: UseCase
+) -> list[Stream]:
+    """What every device sends: its frequency report and, with discovery, a discovery report
+    for the same item under the same client token (none for an item the rules refuse)."""
+    streams: list[Stream] = [(use_case.topics.reports, client.reports)]
+    if discovery is not None and use_case.discovery is not None:
+        encode = discovery.encode_many
+        streams.append((use_case.discovery.topics.reports, lambda items, _rng: encode(items)))
+    return streams
+
+
+def _send_bad(pipe: LocalPipeline, bad: list[tuple[str, bytes]]) -> list[str]:
+    """Publish the malformed reports before the devices' (so every one of them is read in a
+    window the devices' reports fill); their positions, as dead letters name their source."""
+    producer = Producer(pipe.kafka.producer_config())
+    topic = pipe.use_case.topics.reports
+    where: list[str] = []
 
     def on_delivery(err: Any, msg: Any) -> None:
-        nonlocal failed
         if err is None:
-            delivered[msg.topic()] += 1
-        else:
-            failed += 1
+            where.append(f"{msg.topic()}:{msg.partition()}:{msg.offset()}")
 
-    def send(topic: str, value: bytes, key: bytes) -> None:
-        produce(producer, topic, value=value, key=key, on_delivery=on_delivery)
+    for i, (_, value) in enumerate(bad):
+        produce(producer, topic, value=value, key=f"bad-{i}".encode(), on_delivery=on_delivery)
+    producer.flush(30)
+    if len(where) != len(bad):
+        raise PipelineError(f"the broker refused {len(bad) - len(where)} malformed reports")
+    return where
 
-    # seal the discovery reports first (two HPKE seals each, the slow part), so both streams
-    # then arrive at the shufflers at full speed: a trickle would let max_wait_seconds close
-    # small windows and leave a remainder below n_min held back
-    hidden = (
-        discovery.encode_many(population.items[i] for i in devices) if discovery is not None else []
+
+def _refused_by_shuffler(pipe: LocalPipeline, sources: list[str]) -> int:
+    """How many of the reports at ``sources`` the shuffler refused (dead-lettered), once it has
+    committed past every one of them."""
+    at = [(int(p), int(o)) for p, o in (s.rsplit(":", 2)[1:] for s in sources)]
+    committed: dict[int, int] = {}
+
+    def passed() -> bool:
+        committed.update(pipe.shuffler_committed())
+        return all(committed.get(p, 0) > o for p, o in at)
+
+    pipe.wait_until(
+        passed,
+        STALL_SECONDS,
+        "the shuffler to read the malformed reports",
+        poll=0.5,
+        progress=lambda: sum(committed.values()),
     )
-    started = time.perf_counter()
-    for begin in range(0, len(devices), batch):
-        chunk = [population.items[i] for i in devices[begin : begin + batch]]
-        envelopes = client.reports(chunk, rng)
-        for offset, envelope in enumerate(envelopes):
-            device = begin + offset
-            key = tokens[16 * device : 16 * device + 16]
-            send(use_case.topics.reports, envelope, key)
-            report = hidden[device] if hidden else None
-            if isinstance(report, bytes):  # an item the rules refuse sends none
-                send(discovery_topic, report, key)
-        producer.poll(0)
-    producer.flush(60)
-    counts = {population.items[i]: int(c) for i, c in enumerate(population.counts) if c}
-    result = ProduceResult(
-        produced=delivered[use_case.topics.reports],
-        failed=failed,
-        seconds=time.perf_counter() - started,
-        true_counts=counts,
-    )
-    return result, delivered[discovery_topic]
+    wanted = set(sources)
+    letters = read_dead_letters(pipe.kafka, pipe.use_case.topics.dlq)
+    return len({d.source for d in letters if d.stage == "shuffler" and d.source in wanted})
 
 
 def _wait_for_discovery(pipe: LocalPipeline, reports: int) -> None:
@@ -360,18 +369,20 @@ def _wait_for_discovery(pipe: LocalPipeline, reports: int) -> None:
     uc = pipe.use_case
     shuffled: list[WindowRecord] = []
 
-    def released() -> bool:
+    def released() -> int:
         ledger = read_ledger(pipe.kafka, f"{uc.name}.discovery", timeout=10)
         shuffled[:] = [r for r in ledger if isinstance(r, WindowRecord)]
-        return sum(r.n for r in shuffled) >= reports
+        return sum(r.n for r in shuffled)
 
-    pipe.wait_until(released, 120, "the discovery shuffler's windows", poll=1.0)
+    pipe.wait_for_count(
+        released, reports, "the discovery shuffler's windows", stall=STALL_SECONDS, poll=1.0
+    )
     store = DiscoveryStore(discovery_store_directory(uc))
-    pipe.wait_until(
-        lambda: len(store.windows(uc.name)) >= len(shuffled),
-        120,
+    pipe.wait_for_count(
+        lambda: len(store.windows(uc.name)),
+        len(shuffled),
         "the discovery store",
-        poll=0.5,
+        stall=STALL_SECONDS,
     )
 
 

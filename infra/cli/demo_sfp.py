@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from collections.abc import Callable
@@ -28,7 +27,12 @@ import numpy as np
 from ldpipe.aggregator.query import query_use_case
 from ldpipe.discovery.sfp_service import reconstruct
 from ldpipe.infra.cli.demo_env import demo_broker, progress
-from ldpipe.infra.cli.pipeline import LocalPipeline, PipelineSettings
+from ldpipe.infra.cli.demo_windows import (
+    COUNT_ONLY_DEADLINE_SECONDS,
+    WindowPlan,
+    fill_last_windows,
+)
+from ldpipe.infra.cli.pipeline import LocalPipeline, PipelineError, PipelineSettings
 from ldpipe.producers.datasets import Population, dictionary_population
 from ldpipe.producers.loadgen import produce_population
 from ldpipe.producers.sfp_client import SfpDeviceClient
@@ -53,6 +57,8 @@ COMMON_WORDS = (
 #: probability < 1e-7), and each of their 5 fragments (f/5 reports at eps' = 6) clears the
 #: fragment cut by more than 10 standard errors
 PLANTED = {"rizz": 0.06, "delulu": 0.05, "skibidi": 0.04}
+#: how long a wait may see nothing move before the demo gives up
+STALL_SECONDS = 300.0
 
 
 def run_sfp(args: argparse.Namespace) -> int:
@@ -62,14 +68,17 @@ def run_sfp(args: argparse.Namespace) -> int:
     with demo_broker(args, say) as (workdir, broker):
         words = workdir / "words.txt"
         words.write_text("\n".join(COMMON_WORDS) + "\n", encoding="utf-8")
-        windows = 2  # every report is released: windows of half the devices
+        # count-only windows of half the devices each, the last filled by more devices if
+        # need be (demo_windows.py): no report is held back below n_min at any speed
+        plan = WindowPlan.split(args.n, 2)
         settings = PipelineSettings(
             name="newwords",
             epsilon=2.0,
             mechanism_options={"k": 2048, "m": 1024},
             dictionary=str(words),
-            n_min=min(1000, args.n - (windows - 1) * math.ceil(args.n / windows)),
-            max_reports=math.ceil(args.n / windows),
+            n_min=plan.n_min,
+            max_reports=plan.max_reports,
+            max_wait_seconds=COUNT_ONLY_DEADLINE_SECONDS,
             sfp={"fragment_k": 256},
         )
         pipe = LocalPipeline(workdir, broker.bootstrap_servers, settings)
@@ -81,14 +90,19 @@ def run_sfp(args: argparse.Namespace) -> int:
             pipe.start_shuffler(use_case=name)
             pipe.start_aggregator(use_case=name)
         say(f"services  shuffler + aggregator for {uc.name} and for {fragments}")
+        say(f"windows   {plan.describe()}")
         try:
-            return _drive(args, pipe, started, say)
+            return _drive(args, pipe, plan, started, say)
         finally:
             pipe.stop_all()
 
 
 def _drive(
-    args: argparse.Namespace, pipe: LocalPipeline, started: float, say: Callable[[str], None]
+    args: argparse.Namespace,
+    pipe: LocalPipeline,
+    plan: WindowPlan,
+    started: float,
+    say: Callable[[str], None],
 ) -> int:
     uc = pipe.use_case
     assert uc.sfp is not None and uc.dictionary_items is not None
@@ -108,13 +122,28 @@ def _drive(
     client = SfpDeviceClient.for_use_case(
         pipe.config, uc, uc.epoch, pipe.key_pair.public, pipe.shuffler_public
     )
-    result = produce_population(client.streams(), pipe.kafka, population, seed=args.seed)
+    streams = client.streams()
+    result = produce_population(streams, pipe.kafka, population, seed=args.seed, progress=False)
+    if result.failed:
+        raise PipelineError(f"the broker refused {result.failed} reports; is it still running?")
     say(f"produced  {result.produced:,} reports in {result.seconds:.1f} s")
+    missing = {topic: plan.missing(sent) for topic, sent in result.by_topic.items()}
+    topped = fill_last_windows(pipe.kafka, streams, population, missing, seed=args.seed)
+    if topped.devices:
+        say(f"top-up    {topped.describe(plan)}")
+    truth = dict(result.true_counts)
+    word_topic = streams[0][0]
+    for item, count in topped.true_counts.get(word_topic, {}).items():
+        truth[item] = truth.get(item, 0) + count
     fragments = uc.sfp.fragments_use_case
-    pipe.wait_until(lambda: pipe.aggregated() >= args.n, 180, "the word snapshots", poll=0.5)
-    pipe.wait_until(
-        lambda: pipe.aggregated(fragments) >= args.n, 180, "the fragment snapshots", poll=0.5
-    )
+    for use_case, topic in ((uc.name, word_topic), (fragments, streams[1][0])):
+        expected = result.by_topic[topic] + topped.by_topic.get(topic, 0)
+        pipe.wait_for_count(
+            lambda use_case=use_case: pipe.aggregated(use_case),  # type: ignore[misc]
+            expected,
+            f"the {use_case} reports to be sealed",
+            stall=STALL_SECONDS,
+        )
     puzzle_started = time.perf_counter()
     (window,) = reconstruct(pipe.config, uc, merge=True)
     puzzle_seconds = time.perf_counter() - puzzle_started
@@ -125,7 +154,6 @@ def _drive(
         f"({puzzle_seconds:.1f} s)"
     )
     known = set(uc.report_items(uc.dictionary_items))
-    truth = result.true_counts
     new: list[dict[str, Any]] = [
         {
             "item": word,
@@ -142,7 +170,8 @@ def _drive(
         "epsilon_word": params.epsilon_word,
         "epsilon_fragment": params.epsilon_fragment,
         "device_epsilon": params.total_epsilon,
-        "reports_produced": result.produced,
+        "reports_produced": result.produced + sum(topped.by_topic.values()),
+        "top_up_devices": topped.devices,
         "word_threshold": found.word_threshold,
         "candidates": found.candidates,
         "discovered": new,

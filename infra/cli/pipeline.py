@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,11 +30,16 @@ from ldpipe.infra.runtime.topics import config_topics
 from ldpipe.producers.client import DeviceClient
 from ldpipe.schemas.config import PipelineConfig, UseCase, load_config
 from ldpipe.schemas.discovery.tags import TagKey
+from ldpipe.schemas.errors import LdpipeError
 from ldpipe.schemas.keys import KeyPair, PublicKey, save_key_pair
 
-__all__ = ["LocalPipeline", "PipelineSettings"]
+__all__ = ["LocalPipeline", "PipelineError", "PipelineSettings"]
 
 log = logging.getLogger(__name__)
+
+
+class PipelineError(LdpipeError):
+    """A local pipeline that cannot go on: a service exited, or nothing moved for too long."""
 
 
 @dataclass(frozen=True)
@@ -297,17 +302,28 @@ class LocalPipeline:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
     # ---- progress -------------------------------------------------------------------------
+    def shuffler_committed(self, use_case: UseCase | None = None) -> dict[int, int]:
+        """The shuffler's committed offset of each reports partition (0 where none): every
+        report below it is in a released window or the dead-letter topic."""
+        uc = use_case or self.use_case
+        topic = uc.topics.reports
+        consumer = Consumer(self.kafka.consumer_config(f"ldpipe-shuffler-{uc.name}"))
+        try:
+            parts = [TopicPartition(topic, p) for p in range(uc.topics.partitions)]
+            return {tp.partition: max(tp.offset, 0) for tp in consumer.committed(parts, 10)}
+        finally:
+            consumer.close()
+
     def shuffler_backlog(self) -> int:
         """Reports not yet covered by a committed shuffler transaction (0: all published)."""
         topic = self.use_case.topics.reports
+        committed = self.shuffler_committed()
         consumer = Consumer(self.kafka.consumer_config(f"ldpipe-shuffler-{self.use_case.name}"))
         try:
-            parts = [TopicPartition(topic, p) for p in range(self.use_case.topics.partitions)]
-            committed = {tp.partition: tp.offset for tp in consumer.committed(parts, timeout=10)}
             backlog = 0
             for p in range(self.use_case.topics.partitions):
                 _low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
-                backlog += max(0, high - max(committed.get(p, 0), 0))
+                backlog += max(0, high - committed.get(p, 0))
             return backlog
         finally:
             consumer.close()
@@ -320,15 +336,50 @@ class LocalPipeline:
         """Reports in the sealed segments of the use case's sketch store."""
         return sum(s.n for s in self.store(use_case).segments())
 
-    def wait_until(self, condition: Any, timeout: float, what: str, poll: float = 0.25) -> None:
+    def wait_for_count(
+        self, count: Callable[[], int], target: int, what: str, *, stall: float, poll: float = 0.5
+    ) -> int:
+        """Until ``count()`` reaches ``target``, however long that takes while the count keeps
+        moving; :class:`PipelineError` after ``stall`` seconds without a change. Returns the
+        last count."""
+        seen = [0]
+
+        def reached() -> bool:
+            seen[0] = count()
+            return seen[0] >= target
+
+        self.wait_until(reached, stall, what, poll, progress=lambda: seen[0])
+        return seen[0]
+
+    def wait_until(
+        self,
+        condition: Callable[[], bool],
+        timeout: float,
+        what: str,
+        poll: float = 0.25,
+        *,
+        progress: Callable[[], object] | None = None,
+    ) -> None:
+        """Poll ``condition`` until it holds. Raises :class:`PipelineError` (one line) when a
+        service exits meanwhile, or after ``timeout`` seconds: in all, or, with ``progress``,
+        since the value ``progress()`` returns last changed (a slow machine that keeps moving
+        is waited for; a stuck one is not)."""
         deadline = time.monotonic() + timeout
+        seen = progress() if progress is not None else None
         while not condition():
             for name, process in self.processes.items():
                 if process.poll() is not None and process.returncode not in (0, -signal.SIGKILL):
-                    raise RuntimeError(
-                        f"{name} exited with {process.returncode} while waiting for {what}:\n"
-                        f"{self.log_tail(name)}"
+                    last = self.log_tail(name, 1).strip() or "(no output)"
+                    raise PipelineError(
+                        f"{name} exited with {process.returncode} while waiting for {what}; "
+                        f"its last line: {last} (whole log: {self.workdir / f'{name}.log'})"
                     )
+            if progress is not None and (now := progress()) != seen:
+                seen, deadline = now, time.monotonic() + timeout
             if time.monotonic() > deadline:
-                raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+                still = "nothing moved for" if progress is not None else "timed out after"
+                raise PipelineError(
+                    f"{still} {timeout:.0f} s waiting for {what}; the services' logs are in "
+                    f"{self.workdir}"
+                )
             time.sleep(poll)  # polling interval of a condition wait, bounded by the deadline

@@ -1,5 +1,5 @@
-"""Does the demo always finish? ``./dev.sh demo`` and ``./dev.sh demo --json``, many runs in a
-row on a fresh clone, with busy loops keeping the cores occupied beside them.
+"""Does the demo always finish? ``./dev.sh demo`` and ``./dev.sh demo --json`` in turn, many runs
+in a row on a fresh clone, with busy loops keeping the cores occupied beside them.
 
 Each run must exit 0 with every valid report aggregated: the JSON run's ``reports_produced``
 equals its ``reports_aggregated`` and every malformed report is refused; the plain run's
@@ -71,6 +71,18 @@ def check(command: str, code: int, out: str, err: str) -> tuple[bool, str]:
     return produced == aggregated, f"{produced:,} produced, {aggregated:,} aggregated"
 
 
+def one_run(command: str, repo: Path, timeout: float) -> Run:
+    started = time.perf_counter()
+    try:
+        done = subprocess.run(
+            command.split(), cwd=repo, capture_output=True, text=True, timeout=timeout
+        )
+        ok, detail = check(command, done.returncode, done.stdout, done.stderr)
+    except subprocess.TimeoutExpired:
+        ok, detail = False, f"still running after {timeout:.0f} s"
+    return Run(command, time.perf_counter() - started, ok, detail)
+
+
 def fresh_clone(into: Path) -> Path:
     """A clone of this repository's HEAD, set up as its README says (``./dev.sh setup``)."""
     clone = into / "ldpipe"
@@ -82,7 +94,9 @@ def fresh_clone(into: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=20, help="runs of each command")
+    parser.add_argument(
+        "--runs", type=int, default=20, help="runs in all, the two commands in turn"
+    )
     parser.add_argument("--busy", type=int, default=2, help="busy loops beside the runs")
     parser.add_argument("--repo", type=Path, help="an existing checkout (default: fresh clone)")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per run")
@@ -96,30 +110,17 @@ def main(argv: list[str] | None = None) -> int:
         runs: list[Run] = []
         try:
             for i in range(args.runs):
-                for command in commands:
-                    started = time.perf_counter()
-                    try:
-                        done = subprocess.run(
-                            command.split(),
-                            cwd=repo,
-                            capture_output=True,
-                            text=True,
-                            timeout=args.timeout,
-                        )
-                        ok, detail = check(command, done.returncode, done.stdout, done.stderr)
-                    except subprocess.TimeoutExpired:
-                        ok, detail = False, f"still running after {args.timeout:.0f} s"
-                    run = Run(command, time.perf_counter() - started, ok, detail)
-                    runs.append(run)
-                    verdict = "finished" if ok else "FAILED"
-                    progress(
-                        f"run {i + 1}/{args.runs} {command}: {verdict} in "
-                        f"{run.seconds:.0f} s, {detail}"
-                    )
+                run = one_run(commands[i % 2], repo, args.timeout)
+                runs.append(run)
+                verdict = "finished" if run.ok else "FAILED"
+                progress(
+                    f"run {i + 1}/{args.runs} {run.command}: {verdict} in "
+                    f"{run.seconds:.0f} s, {run.detail}"
+                )
         finally:
             for loop in loops:
                 loop.terminate()
-    summary: dict[str, Any] = {"runs_per_command": args.runs, "busy_loops": args.busy}
+    summary: dict[str, Any] = {"runs": args.runs, "busy_loops": args.busy}
     for command in commands:
         mine = [r for r in runs if r.command == command]
         seconds = [r.seconds for r in mine]

@@ -185,10 +185,10 @@ class Params:
 # ---- the endpoints ----------------------------------------------------------------------------
 def _use_case(config: PipelineConfig, params: Params) -> UseCase:
     name = params.text("use_case")
-    if name is None and len(config.declared) != 1:
+    if name is None and len(config.declared) != 1:  # no default use case to find: 404
         names = ", ".join(uc.name for uc in config.declared) or "none"
         raise ApiError(
-            HTTPStatus.BAD_REQUEST,
+            HTTPStatus.NOT_FOUND,
             f"the configuration has several use cases ({names}); pick one with use_case=NAME",
         )
     try:

@@ -503,7 +503,7 @@ def test_use_case_may_be_left_out_when_only_one_is_declared(api: Api, tmp_path: 
         ("/v1/top", "use_case=nosuch", 404, "no use case named 'nosuch'"),
         ("/v1/estimates", "use_case=00&items=a", 404, "no use case named '00'"),
         ("/v1/windows", "use_case=%20", 400, "use_case is empty"),
-        ("/v1/windows", "", 400, "pick one with use_case=NAME"),
+        ("/v1/windows", "", 404, "pick one with use_case=NAME"),
         ("/v1/windows", "use_case=emoji&start=", 400, "start is empty"),
         ("/v1/estimates", "use_case=emoji", 400, "items is missing"),
         ("/v1/estimates", "use_case=emoji&items=,,", 400, "items is missing"),

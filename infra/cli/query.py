@@ -195,10 +195,11 @@ def _print(result: QueryResult) -> None:
         span = f"[{row.low:.1f}, {row.high:.1f}]"
         above = "yes" if row.significant else "no "
         unknown = "  not in the dictionary" if row.in_dictionary is False else ""
-        print(
+        line = (
             f"{row.item[:36]:<36} {row.estimate:>10.1f}{cal} {row.std_error:>9.1f}   "
             f"{span:<22} {above}{unknown}"
         )
+        print(line.rstrip())
     if any(row.in_dictionary is False for row in result.items):
         print(
             "not in the dictionary: estimated all the same (the sketch answers for any item), "

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ldpipe.schemas.errors import LdpipeError
 
-__all__ = ["AggregatorError", "QueryError"]
+__all__ = ["AggregatorError", "NoCommitYetError", "QueryError"]
 
 
 class AggregatorError(LdpipeError, RuntimeError):
@@ -14,3 +14,8 @@ class AggregatorError(LdpipeError, RuntimeError):
 
 class QueryError(LdpipeError, ValueError):
     """A query that cannot be answered; the message names the problem and the fix."""
+
+
+class NoCommitYetError(QueryError):
+    """The sketch store has no commit yet: no data *yet*, so waiting is the answer (``query
+    --serve`` waits, the JSON API answers 503), unlike a query that can never be answered."""

@@ -15,10 +15,13 @@
 
 Every request answers from the sketch store as it is at that moment (no cache, no timer): the
 same code as ``ldpipe query --json`` (``ldpipe.aggregator.query.query_use_case``), which reads the
-segment headers and streams the sum of the segments in range. Errors are one JSON object,
+segment headers and streams the sum of the segments in range. A range with no report is a
+200 whose estimates are null, with a ``reason`` (never 0 ± 0). Errors are one JSON object,
 ``{"error": "<one line naming the problem and the fix>"}``, never a traceback: 400 for a bad
-parameter, 404 for an unknown path, 405 for a method other than GET, 503 when the store has no
-commit yet or cannot be read, 500 for anything else (its traceback goes to the server's log).
+parameter, 404 for an unknown path or use case, 405 for a method other than GET, 503 when the
+store has no commit yet (no data *yet*) or cannot be read, 500 for anything else (its traceback
+goes to the server's log). Every JSON body ends with a newline, so ``curl`` output does not run
+into the prompt.
 
 Why the standard library and no web framework: this is a handful of read-only GET endpoints
 with flat query strings, no bodies, no sessions and no authentication (bind to loopback or put
@@ -46,7 +49,7 @@ from deltalake import DeltaTable
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
-from ldpipe.aggregator.exceptions import QueryError
+from ldpipe.aggregator.exceptions import NoCommitYetError, QueryError
 from ldpipe.aggregator.query import open_store, query_use_case
 from ldpipe.aggregator.store import SketchStore, StoreError, app_id
 from ldpipe.infra.runtime.observability import (
@@ -147,14 +150,10 @@ class Params:
         return number
 
     def time_range(self) -> tuple[int | None, int | None]:
+        """``start`` and ``end``; ``start >= end`` is a range holding no window, answered as
+        such (no window, null estimates and the ``reason``), not refused: it is schema-valid."""
         start = self.integer("start", hint="unix seconds, e.g. start=1795305600")
         end = self.integer("end", hint="unix seconds, e.g. end=1795392000")
-        if start is not None and end is not None and start >= end:
-            raise ApiError(
-                HTTPStatus.BAD_REQUEST,
-                f"start={start} is not before end={end}: no window can be in that range; "
-                f"give start < end (unix seconds)",
-            )
         return start, end
 
     def level(self) -> float:
@@ -186,16 +185,25 @@ class Params:
 # ---- the endpoints ----------------------------------------------------------------------------
 def _use_case(config: PipelineConfig, params: Params) -> UseCase:
     name = params.text("use_case")
-    if name is None and len(config.declared) != 1:
+    if name is None and len(config.declared) != 1:  # no default use case to find: 404
         names = ", ".join(uc.name for uc in config.declared) or "none"
         raise ApiError(
-            HTTPStatus.BAD_REQUEST,
+            HTTPStatus.NOT_FOUND,
             f"the configuration has several use cases ({names}); pick one with use_case=NAME",
         )
     try:
         return select_use_case(config, name)
     except ValueError as exc:  # ConfigError: no use case of that name (the message lists them)
-        raise ApiError(HTTPStatus.BAD_REQUEST, f"use_case: {exc}") from None
+        raise ApiError(HTTPStatus.NOT_FOUND, f"use_case: {exc}") from None
+
+
+def _no_commit(store: SketchStore) -> ApiError:
+    """503: no data *yet* (the URI shown without credentials)."""
+    return ApiError(
+        HTTPStatus.SERVICE_UNAVAILABLE,
+        f"no data yet: the sketch store {public_uri(store.uri)} has no commits yet; start the "
+        f"aggregator (ldpipe aggregator) and wait for its first sealed window, then ask again",
+    )
 
 
 def _committed_store(server: QueryApiServer, use_case: UseCase) -> tuple[SketchStore, DeltaTable]:
@@ -203,11 +211,7 @@ def _committed_store(server: QueryApiServer, use_case: UseCase) -> tuple[SketchS
     store = open_store(use_case, server.store)
     table = store.table()
     if table is None:
-        raise ApiError(
-            HTTPStatus.SERVICE_UNAVAILABLE,
-            f"the sketch store {public_uri(store.uri)} has no commits yet; start the aggregator "
-            f"(ldpipe aggregator) and wait for its first sealed window, then ask again",
-        )
+        raise _no_commit(store)
     return store, table
 
 
@@ -235,7 +239,8 @@ def _windows(server: QueryApiServer, params: Params) -> dict[str, Any]:
     start, end = params.time_range()
     with server.queries:
         store, table = _committed_store(server, use_case)  # one version: windows and offsets
-        found = store.segments(start=start, end=end, table=table)
+        empty = start is not None and end is not None and start >= end
+        found = [] if empty else store.segments(start=start, end=end, table=table)
         topic = use_case.topics.shuffled
         committed = {
             p: table.transaction_version(app_id(topic, p))
@@ -301,11 +306,8 @@ def _query(server: QueryApiServer, params: Params, *, top: bool) -> dict[str, An
                 combine="sum" if combine == "sum" else "ivw",
                 cache=server.cache,
             )
-        except QueryError:
-            # before the first commit every query fails (load_merged says so): 503, not 400;
-            # the store is opened again only on this path, so answers cost one open
-            _committed_store(server, use_case)
-            raise
+        except NoCommitYetError:  # no data *yet*: 503, ask again later
+            raise _no_commit(open_store(use_case, server.store)) from None
     return result.as_dict()
 
 
@@ -360,7 +362,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _send_json(
         self, status: HTTPStatus, payload: Any, headers: Mapping[str, str] | None = None
     ) -> None:
-        body = json.dumps(payload, allow_nan=False, ensure_ascii=False).encode("utf-8")
+        text = json.dumps(payload, allow_nan=False, ensure_ascii=False) + "\n"
+        body = text.encode("utf-8")
         self._send(status, body, JSON_TYPE, headers)
 
     def _error(

@@ -10,10 +10,16 @@ two ways:
   the minimum-variance unbiased combination when an item's frequency is the same in every epoch
   (a stationary population), which is what lets a retuned epoch (GCMS §6.2) tighten intervals;
 * ``sum``: the sum of per-epoch counts and variances — unbiased whatever the population does.
+
+What an answer does not know, it says (``docs/query.md``, "Answers that say what they know"):
+with no report in the range every estimate is ``None`` and ``QueryResult.reason`` says why (never
+0 ± 0); each row says whether its item is ``in_dictionary`` (what a top-N query scans) and
+whether it is ``significant``: its interval lies above 0.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -24,7 +30,7 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from ldpipe.aggregator.exceptions import QueryError
+from ldpipe.aggregator.exceptions import NoCommitYetError, QueryError
 from ldpipe.aggregator.snapshot import MergedSketch, WindowSketch
 from ldpipe.aggregator.store import SketchStore
 from ldpipe.discovery.found import store_directory
@@ -45,7 +51,9 @@ __all__ = [
     "ItemEstimate",
     "QueryResult",
     "discovered_items",
+    "interval",
     "load_merged",
+    "no_data_result",
     "open_store",
     "query_use_case",
     "top_order",
@@ -60,12 +68,19 @@ def _no_missing() -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class ItemEstimate:
+    """One item's answer. ``estimate``, ``std_error``, ``low``, ``high``, ``z`` and
+    ``significant`` are None when the range holds no report (``QueryResult.reason``)."""
+
     item: str
-    estimate: float
-    std_error: float
-    low: float
-    high: float
+    estimate: float | None
+    std_error: float | None
+    low: float | None
+    high: float | None
     z: float | None  # estimate / std_error (None if no reports): significance of a heavy hitter
+    significant: bool | None = None  # low > 0: distinguishable from 0 at the level (`interval`)
+    # among what a top-N query scans (the dictionary, then the discovered items); None: the use
+    # case has neither, so there is nothing to be in
+    in_dictionary: bool | None = None
     calibrated: float | None = None  # posterior mean (Calibrate §III) when asked for
 
     def as_dict(self) -> dict[str, Any]:
@@ -82,13 +97,15 @@ class QueryResult:
     epochs: list[int]
     windows: list[tuple[int, int]]
     writers: list[str]
-    snapshot_age_seconds: float
+    snapshot_age_seconds: float | None  # None: no segment summed, so no age to tell
     offsets: dict[str, int]
     level: float
     items: list[ItemEstimate]
     calibration: dict[str, Any] | None = None  # the fitted prior, when calibrated
     # "topic:partition" with no commit in the store yet (their reports are not in the answer)
     missing: dict[str, Any] = field(default_factory=_no_missing)
+    # why there is no estimate (no report in the range); None when there are reports
+    reason: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -128,7 +145,7 @@ def load_merged(
     """
     table = store.table()
     if table is None:
-        raise QueryError(
+        raise NoCommitYetError(
             f"the sketch store {store.uri} has no commits yet; start the aggregator (ldpipe "
             f"aggregator) and wait for its first sealed window (docs/store.md)"
         )
@@ -195,7 +212,7 @@ def query_use_case(
     columns of the candidates between calls (``query --serve``: :class:`CellCache`).
     """
     if not 0 < level < 1:
-        raise QueryError(f"confidence level must be in (0, 1), got {level}")
+        raise QueryError(f"confidence level must be in (0, 1), got {level}; give e.g. 0.95")
     if use_case.derived:
         word = use_case.sfp.word_use_case if use_case.sfp is not None else "?"
         raise QueryError(
@@ -203,8 +220,8 @@ def query_use_case(
             f"its rows are per-position sketches, not one frequency sketch; query {word!r}, or "
             f"find new words with ldpipe sfp-discover --use-case {word}"
         )
+    found = discovered_items(use_case) if discovered else ()
     if items is None:
-        found = discovered_items(use_case) if discovered else ()
         if use_case.dictionary_items is None and not found:
             raise QueryError(
                 f"use case {use_case.name!r} has no dictionary: name the items to estimate "
@@ -237,10 +254,21 @@ def query_use_case(
     windows = {span for part in merged.values() for span in part.windows}
     per_epoch = _epoch_estimates(merged, use_case.report_items(candidates), cache)
     reports = sum(n for n, _, _ in per_epoch)
-    if not per_epoch:
-        estimate = np.zeros(len(candidates))
-        variance = np.zeros(len(candidates))
-    elif combine == "sum" or len(per_epoch) == 1:
+    known = _membership(use_case, candidates[:queried], found, scanned=items is None)
+    if reports == 0:  # nothing to estimate from: say so, never 0 ± 0
+        return no_data_result(
+            use_case,
+            candidates[:queried] if items is not None and top is None else (),
+            level,
+            _no_report_reason(start, end, sorted(windows)),
+            in_dictionary=known,
+            epochs=sorted(merged),
+            windows=sorted(windows),
+            writers=coverage["writers"],
+            offsets=coverage["offsets"],
+            missing=coverage["missing"],
+        )
+    if combine == "sum" or len(per_epoch) == 1:
         estimate = np.sum([e for _, e, _ in per_epoch], axis=0)
         variance = np.sum([v for _, _, v in per_epoch], axis=0)
     else:
@@ -261,15 +289,17 @@ def query_use_case(
         order = np.arange(len(candidates))
     else:
         order = top_order(estimate, len(candidates) if top is None else top)
-    z_level = NormalDist().inv_cdf(0.5 + level / 2)
+    low, high, significant = interval(estimate, std, level)
     rows = [
         ItemEstimate(
             item=candidates[i],
             estimate=float(estimate[i]),
             std_error=float(std[i]),
-            low=float(estimate[i] - z_level * std[i]),
-            high=float(estimate[i] + z_level * std[i]),
+            low=float(low[i]),
+            high=float(high[i]),
             z=float(estimate[i] / std[i]) if std[i] > 0 else None,
+            significant=bool(significant[i]),
+            in_dictionary=known[i],
             calibrated=None if calibrated is None else float(calibrated[i]),
         )
         for i in order.tolist()
@@ -287,6 +317,100 @@ def query_use_case(
         calibration=calibration,
         missing=coverage["missing"],
     )
+
+
+def interval(
+    estimate: npt.NDArray[np.float64], std_error: npt.NDArray[np.float64], level: float
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], npt.NDArray[np.bool_]]:
+    """The normal ``level`` interval ``estimate ± z·std_error``, z = Φ⁻¹((1 + level)/2), and
+    whether each item is distinguishable from 0: ``low > 0``.
+
+    ``significant`` is the one-sided test of "count ≤ 0" at size (1 − level)/2 (z > z-quantile):
+    an item nobody holds (an unbiased estimate around 0) is flagged with probability
+    (1 − level)/2 at most, 2.5% at 95%. z is computed from the upper tail, Φ⁻¹((1 − level)/2),
+    because (1 + level)/2 rounds to 1.0 for a level within 1e-16 of 1 (``inv_cdf(1.0)`` raises).
+    """
+    z = -NormalDist().inv_cdf((1.0 - level) / 2.0) if level < 1.0 else math.inf
+    low = estimate - z * std_error
+    return low, estimate + z * std_error, low > 0
+
+
+def no_data_result(
+    use_case: UseCase,
+    items: Sequence[str],
+    level: float,
+    reason: str,
+    *,
+    in_dictionary: Sequence[bool | None] | None = None,
+    epochs: list[int] | None = None,
+    windows: list[tuple[int, int]] | None = None,
+    writers: list[str] | None = None,
+    offsets: dict[str, int] | None = None,
+    missing: dict[str, Any] | None = None,
+) -> QueryResult:
+    """The answer when there is nothing to estimate from: no report, ``reason`` saying why, and
+    for ``items`` (the named ones; a top N has no ranking to give) a row each whose numbers
+    are None. Without ``missing``, every partition is missing (a store with no commit yet)."""
+    known = list(in_dictionary) if in_dictionary is not None else [None] * len(items)
+    if missing is None:
+        topic = use_case.topics.shuffled
+        missing = {"partitions": [f"{topic}:{p}" for p in range(use_case.topics.partitions)]}
+    return QueryResult(
+        use_case=use_case.name,
+        reports=0,
+        epochs=epochs or [],
+        windows=windows or [],
+        writers=writers or [],
+        snapshot_age_seconds=None,
+        offsets=offsets or {},
+        level=level,
+        items=[
+            ItemEstimate(item, None, None, None, None, None, None, known[i])
+            for i, item in enumerate(items)
+        ],
+        missing=missing,
+        reason=" ".join(reason.split()),
+    )
+
+
+def _span(start: int | None, end: int | None) -> str:
+    low = "the oldest window" if start is None else str(start)
+    high = "the newest" if end is None else str(end)
+    return f"[{low}, {high})"
+
+
+def _no_report_reason(start: int | None, end: int | None, windows: list[tuple[int, int]]) -> str:
+    """One line saying why a range holds no report, and what to do."""
+    if start is not None and end is not None and start >= end:
+        return (
+            f"no window in this range: start={start} is not before end={end}, so no window can "
+            f"lie in it; give start < end (unix seconds)"
+        )
+    if windows:
+        return (
+            f"no report in this range: its {len(windows)} window(s) in {_span(start, end)} hold "
+            f"no report; widen the range"
+        )
+    return (
+        f"no window in this range: no sealed window lies wholly within {_span(start, end)} "
+        f"(unix seconds); ldpipe store list shows the windows the store holds"
+    )
+
+
+def _membership(
+    use_case: UseCase, candidates: Sequence[str], found: Sequence[str], *, scanned: bool
+) -> list[bool | None]:
+    """Whether each candidate is among what a top-N query scans: the dictionary and the
+    discovered items ``found`` (compared as devices report them: one SFP word, one key).
+    ``scanned``: the candidates are that list already. None for all when the use case has no
+    dictionary and nothing was discovered."""
+    dictionary = use_case.dictionary_items or ()
+    if not dictionary and not found:
+        return [None] * len(candidates)
+    if scanned:
+        return [True] * len(candidates)
+    known = set(use_case.report_items((*dictionary, *found)))
+    return [key in known for key in use_case.report_items(candidates)]
 
 
 def top_order(estimate: npt.NDArray[np.float64], n: int) -> npt.NDArray[np.intp]:
@@ -344,8 +468,11 @@ def _epoch_estimates(
     for index, (part, mech) in enumerate(parts):
         if index in totals:
             est = mech.estimate_codes(part.sketch, keys, totals=totals[index])
-        else:
-            est = mech.estimate(part.sketch, items)
+        else:  # oue: its sketch has a column per dictionary item, and none for any other
+            try:
+                est = mech.estimate(part.sketch, items)
+            except ValueError as exc:  # names the item and the fix
+                raise QueryError(str(exc)) from None
         out.append((part.sketch.n, est.estimates, est.std_errors**2))
     return out
 

@@ -73,7 +73,11 @@ def _range(args: argparse.Namespace, ctx: Any) -> tuple[float, float, int]:
         except ValueError:
             raise ValueError("--target-range must be LO,HI, e.g. 0.01,0.1") from None
     assert current is not None
-    significant = [r.estimate / n for r in current.items if r.z is not None and r.z >= args.min_z]
+    significant = [
+        r.estimate / n
+        for r in current.items
+        if r.estimate is not None and r.z is not None and r.z >= args.min_z
+    ]
     if not significant:
         raise ValueError(f"no item is significant (z >= {args.min_z}) yet; give --target-range")
     return float(min(significant)), float(min(1.0, max(significant))), n

@@ -1,28 +1,40 @@
-"""``ldpipe query``: estimates with intervals from the latest snapshots; Prometheus gauges."""
+"""``ldpipe query``: estimates with intervals from the latest snapshots; Prometheus gauges.
+
+Exit status (docs/query.md, "Answers that say what they know"): 0 with estimates; 3 when there is
+nothing to estimate from, said in one line (no commit in the store yet, or no report in the
+range; with ``--json`` the object with ``reason``); 2 for a query that cannot be answered as asked,
+1 when the store cannot be read. ``--serve`` waits while the store has no commit yet, but exits
+(2) at once on a query it can never answer.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import sys
 import time
 from typing import Any
 
+from ldpipe.aggregator.exceptions import NoCommitYetError
 from ldpipe.aggregator.http_api import serve
 from ldpipe.aggregator.metrics import QUERY_LABELS, QueryMetrics
-from ldpipe.aggregator.query import QueryResult, query_use_case
+from ldpipe.aggregator.query import QueryResult, no_data_result, query_use_case
+from ldpipe.aggregator.store import StoreError
 from ldpipe.infra.cli.argtypes import interval_seconds, non_negative_int, port, positive_int
 from ldpipe.infra.cli.common import stop_on_signals
 from ldpipe.infra.runtime.observability import Readiness, service_registry
-from ldpipe.schemas.config import load_config, select_use_case
+from ldpipe.schemas.config import UseCase, load_config, select_use_case
 from ldpipe.schemas.errors import LdpipeError
 from ldpipe.schemas.mechanisms.calibrate import FIT_METHODS, PRIOR_FAMILIES
 from ldpipe.schemas.mechanisms.columns import CellCache
 
 log = logging.getLogger(__name__)
 
-__all__ = ["add_parser", "export_gauges", "run"]
+__all__ = ["NO_DATA", "add_parser", "export_gauges", "run"]
+
+NO_DATA = 3  # the exit status of an answer with nothing to estimate from (QueryResult.reason)
 
 
 def add_parser(sub: Any) -> None:
@@ -107,11 +119,30 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(run=run)
 
 
-def _once(args: argparse.Namespace, cache: CellCache | None = None) -> QueryResult:
+def _once(
+    args: argparse.Namespace, cache: CellCache | None = None, *, waiting: bool = False
+) -> QueryResult:
+    """The query the options ask for. A store with no commit yet raises ``NoCommitYetError`` when
+    ``waiting`` (``--serve`` waits for it), else answers the no-data result saying so."""
     config = load_config(args.config)
     use_case = select_use_case(config, args.use_case)
     items = [s for s in args.items.split(",") if s] if args.items else None
     top = args.top if args.top is not None else (None if items else 10)
+    try:
+        return _query(args, use_case, items, top, cache)
+    except NoCommitYetError as exc:
+        if waiting:
+            raise
+        return no_data_result(use_case, items or (), args.level, f"no data yet: {exc}")
+
+
+def _query(
+    args: argparse.Namespace,
+    use_case: UseCase,
+    items: list[str] | None,
+    top: int | None,
+    cache: CellCache | None,
+) -> QueryResult:
     return query_use_case(
         use_case,
         items=items,
@@ -139,11 +170,16 @@ def _warn_missing(result: QueryResult) -> None:
 
 
 def _print(result: QueryResult) -> None:
+    """The table; or, with nothing to estimate from, the one line saying why."""
+    if result.reason is not None:
+        print(f"{result.use_case}: {result.reason}")
+        return
     pct = round(result.level * 100)
+    age = result.snapshot_age_seconds or 0.0
     print(
         f"{result.use_case}: {result.reports:,} reports in {len(result.windows)} window(s), "
         f"epochs {result.epochs}, writers {', '.join(result.writers)}; "
-        f"newest-oldest snapshot age {result.snapshot_age_seconds:.1f} s"
+        f"newest-oldest snapshot age {age:.1f} s"
     )
     calibrated = result.calibration is not None
     if result.calibration is not None:
@@ -151,12 +187,23 @@ def _print(result: QueryResult) -> None:
         params = ", ".join(f"{name}={value:.4g}" for name, value in fit["params"].items())
         print(f"calibrated with a {fit['prior']} prior ({fit['fit']} fit: {params})")
     cal_header = f" {'calibrated':>10}" if calibrated else ""
-    print(f"{'item':<36} {'estimate':>10}{cal_header} {'std err':>9}   {pct}% interval")
+    print(
+        f"{'item':<36} {'estimate':>10}{cal_header} {'std err':>9}   {f'{pct}% interval':<22} > 0"
+    )
     for row in result.items:
         cal = f" {row.calibrated:>10.1f}" if row.calibrated is not None else ""
-        print(
+        span = f"[{row.low:.1f}, {row.high:.1f}]"
+        above = "yes" if row.significant else "no "
+        unknown = "  not in the dictionary" if row.in_dictionary is False else ""
+        line = (
             f"{row.item[:36]:<36} {row.estimate:>10.1f}{cal} {row.std_error:>9.1f}   "
-            f"[{row.low:.1f}, {row.high:.1f}]"
+            f"{span:<22} {above}{unknown}"
+        )
+        print(line.rstrip())
+    if any(row.in_dictionary is False for row in result.items):
+        print(
+            "not in the dictionary: estimated all the same (the sketch answers for any item), "
+            "but --top never lists it"
         )
 
 
@@ -201,13 +248,27 @@ def _refresh_gauges(
     ``readiness`` turns ready after the first query that succeeds."""
     stop = stop_on_signals()
     shown: set[tuple[str, str]] = set()
+    served = False
     while not stop.is_set():
         try:
-            result = _once(args, cache)
-        except LdpipeError as exc:  # e.g. no snapshots yet: keep serving, try again later
+            result = _once(args, cache, waiting=True)
+        except NoCommitYetError as exc:  # no data *yet*: waiting is the answer
+            log.warning("no data yet, asking again in %.0f s: %s", args.refresh, exc)
+            if readiness is not None and not served:
+                readiness.set(False, f"no data yet: {exc}")
+            stop.wait(args.refresh)
+            continue
+        except StoreError as exc:  # the store cannot be read now: it may come back
             log.warning("query failed, retrying in %.0f s: %s", args.refresh, exc)
             stop.wait(args.refresh)
             continue
+        except LdpipeError as exc:  # cannot be answered as asked: waiting would not help
+            if not served:
+                raise  # exit with the reason (ldpipe query: error: ...), not 503 forever
+            log.warning("query failed, keeping the last values: %s", exc)
+            stop.wait(args.refresh)
+            continue
+        served = True
         shown = export_gauges(metrics, result, shown, by_rank=args.label == "rank")
         if readiness is not None:
             readiness.set(True)
@@ -223,6 +284,8 @@ def export_gauges(
     1..N in their order (``--top``: decreasing estimate) instead of by item."""
     current = set()
     for rank, row in enumerate(result.items, start=1):
+        if row.estimate is None or row.std_error is None:  # no data: no sample, never 0
+            continue
         key = (result.use_case, str(rank) if by_rank else row.item)
         current.add(key)
         metrics.estimate.labels(*key).set(row.estimate)
@@ -231,7 +294,11 @@ def export_gauges(
         metrics.estimate.remove(*key)
         metrics.std_error.remove(*key)
     metrics.reports.labels(result.use_case).set(result.reports)
-    metrics.snapshot_age.labels(result.use_case).set(result.snapshot_age_seconds)
+    if result.snapshot_age_seconds is None:  # no segment in the range: no age to tell
+        with contextlib.suppress(KeyError):
+            metrics.snapshot_age.remove(result.use_case)
+    else:
+        metrics.snapshot_age.labels(result.use_case).set(result.snapshot_age_seconds)
     return current
 
 
@@ -241,6 +308,8 @@ def run(args: argparse.Namespace) -> int:
             f"--start {args.start} is not before --end {args.end}: no window can be in that "
             f"range; give --start < --end (unix seconds)"
         )
+    if not 0 < args.level < 1:  # also refuses nan
+        raise ValueError(f"--level {args.level} is not in (0, 1); give e.g. --level 0.95")
     if args.calibrate_fit is not None and args.calibrate is None:
         raise ValueError("--calibrate-fit needs --calibrate (the prior family: powerlaw, gaussian)")
     if args.serve and args.calibrate is not None:
@@ -254,7 +323,8 @@ def run(args: argparse.Namespace) -> int:
         return _serve(args)
     started = time.perf_counter()
     result = _once(args)
-    _warn_missing(result)
+    if result.reports or result.windows:  # before the first commit the statement says it all
+        _warn_missing(result)
     if args.json:
         payload = result.as_dict()
         payload["seconds"] = time.perf_counter() - started
@@ -262,4 +332,4 @@ def run(args: argparse.Namespace) -> int:
         print()
     else:
         _print(result)
-    return 0
+    return NO_DATA if result.reason is not None else 0

@@ -186,6 +186,7 @@ def check_against_spec(path: str, answer: Answer) -> Any:
     """The JSON body of ``answer``, after checking its type and validating it against the
     schema the document gives for ``path`` and the status (404/405: the ``Error`` schema)."""
     assert answer.content_type == JSON_TYPE
+    assert answer.body.endswith(b"\n"), answer.body[-40:]  # every JSON body: one line, ended
     payload = answer.json()
     operation = SPEC["paths"].get(path, {}).get("get")
     if operation is None or answer.status == 405:
@@ -361,6 +362,85 @@ def test_estimates_are_meaningful(api: Api) -> None:
     assert heavy["z"] > 10 and tail["estimate"] < heavy["estimate"] / 5
 
 
+def test_rows_say_whether_they_are_in_the_dictionary_and_above_0(api: Api) -> None:
+    """An item outside the dictionary is estimated (a count sketch answers for any item) but
+    flagged; ``significant`` is exactly "the interval lies above 0"."""
+    url = f"{api.url}/v1/estimates?use_case=emoji&items=item00,not-an-item,item19"
+    payload = check_against_spec("/v1/estimates", call(url))
+    assert payload["reason"] is None
+    rows = {row["item"]: row for row in payload["items"]}
+    assert [rows[i]["in_dictionary"] for i in ("item00", "not-an-item", "item19")] == [
+        True,
+        False,
+        True,
+    ]
+    assert rows["item00"]["significant"] is True  # 9,000 devices: far above 0
+    for row in payload["items"]:
+        assert row["significant"] is (row["low"] > 0)
+        assert isinstance(row["estimate"], float)
+    top = check_against_spec("/v1/top", call(api.url + "/v1/top?use_case=emoji&n=20"))
+    assert all(row["in_dictionary"] is True for row in top["items"])
+
+
+@pytest.mark.parametrize("level", ["0.9999999999999999", "0.99999999999999999999", "5e-324"])
+def test_levels_at_the_ends_of_0_1_are_answered(api: Api, level: str) -> None:
+    """(1 + level)/2 rounds to 1.0 next to 1 (``inv_cdf(1.0)`` raised: a 500); the quantile
+    comes from the upper tail instead. A level next to 0 is an interval of width 0."""
+    for path in ("/v1/estimates", "/v1/top"):
+        query = "items=item00" if path == "/v1/estimates" else "n=2"
+        answer = call(f"{api.url}{path}?use_case=emoji&{query}&level={level}")
+        if float(level) >= 1.0:  # "0.99999999999999999999" parses to 1.0: outside (0, 1)
+            assert answer.status == 400
+            continue
+        assert answer.status == 200, answer.body
+        row = check_against_spec(path, answer)["items"][0]
+        if float(level) > 0.5:
+            assert row["estimate"] - 9 * row["std_error"] < row["low"] < row["estimate"] - 8
+        else:
+            assert row["low"] == row["estimate"] == row["high"]
+
+
+@pytest.mark.parametrize(
+    ("range_", "says"),
+    [
+        ("start=86400&end=90000", "no window in this range: no sealed window lies wholly"),
+        ("start=0&end=1800", "no window in this range"),  # cuts the first window
+        ("start=7200&end=3600", "start=7200 is not before end=3600"),
+    ],
+)
+def test_a_range_with_no_window_says_so_with_null_estimates(
+    api: Api, range_: str, says: str
+) -> None:
+    """No data is not zero: null estimates and a reason, for the items named; no rows for a
+    top N (there is no ranking to give)."""
+    url = f"{api.url}/v1/estimates?use_case=emoji&items=item00,not-an-item&{range_}"
+    answer = call(url)
+    assert answer.status == 200
+    payload = check_against_spec("/v1/estimates", answer)
+    assert says in payload["reason"]
+    assert payload["reports"] == 0 and payload["windows"] == []
+    assert payload["snapshot_age_seconds"] is None
+    assert payload["items"] == [
+        {
+            "item": item,
+            "estimate": None,
+            "std_error": None,
+            "low": None,
+            "high": None,
+            "z": None,
+            "significant": None,
+            "in_dictionary": known,
+        }
+        for item, known in (("item00", True), ("not-an-item", False))
+    ]
+    top = check_against_spec("/v1/top", call(f"{api.url}/v1/top?use_case=emoji&{range_}"))
+    assert top["items"] == [] and says in top["reason"]
+    windows = check_against_spec(
+        "/v1/windows", call(f"{api.url}/v1/windows?use_case=emoji&{range_}")
+    )
+    assert windows["windows"] == [] and windows["reports"] == 0
+
+
 def test_top_returns_n_items_by_decreasing_estimate(api: Api) -> None:
     answer = call(api.url + "/v1/top?use_case=emoji&n=3")
     assert answer.status == 200
@@ -420,9 +500,10 @@ def test_use_case_may_be_left_out_when_only_one_is_declared(api: Api, tmp_path: 
         ("/v1/top", "use_case=emoji&n=0", 400, "n=0 is below 1"),
         ("/v1/top", "use_case=emoji&n=ten", 400, "n='ten' is not an integer"),
         ("/v1/top", "use_case=emoji&n=2&n=3", 400, "'n' given twice"),
-        ("/v1/top", "use_case=nosuch", 400, "no use case named 'nosuch'"),
-        ("/v1/windows", "", 400, "pick one with use_case=NAME"),
-        ("/v1/windows", "use_case=emoji&start=7200&end=3600", 400, "give start < end"),
+        ("/v1/top", "use_case=nosuch", 404, "no use case named 'nosuch'"),
+        ("/v1/estimates", "use_case=00&items=a", 404, "no use case named '00'"),
+        ("/v1/windows", "use_case=%20", 400, "use_case is empty"),
+        ("/v1/windows", "", 404, "pick one with use_case=NAME"),
         ("/v1/windows", "use_case=emoji&start=", 400, "start is empty"),
         ("/v1/estimates", "use_case=emoji", 400, "items is missing"),
         ("/v1/estimates", "use_case=emoji&items=,,", 400, "items is missing"),
@@ -432,9 +513,11 @@ def test_use_case_may_be_left_out_when_only_one_is_declared(api: Api, tmp_path: 
         ("/v1/estimates", "use_case=emoji&items=a&n=3", 400, "unknown parameter 'n'"),
         ("/v1/top", "use_case=emoji&items=a", 400, "unknown parameter 'items'"),
         ("/v1/use-cases", "verbose=1", 400, "it takes: no parameters"),
-        ("/v1/top", "use_case=fresh", 503, "has no commits yet"),
+        # no dictionary: waiting for a commit would not help, so that is said first
+        ("/v1/top", "use_case=fresh", 400, "'fresh' has no dictionary"),
+        ("/v1/estimates", "use_case=fresh&items=a&start=9&end=1", 503, "no data yet: the"),
         ("/v1/estimates", "use_case=fresh&items=a", 503, "has no commits yet"),
-        ("/v1/windows", "use_case=fresh", 503, "has no commits yet"),
+        ("/v1/windows", "use_case=fresh", 503, "no data yet: the sketch store"),
         ("/v1/nope", "", 404, "no endpoint /v1/nope"),
         ("/", "", 404, "the endpoints are /metrics, /v1/use-cases"),
         ("/healthz/", "", 404, "/v1/top, /healthz, /readyz"),
@@ -448,6 +531,7 @@ def test_errors_are_one_line_with_the_right_status(
     assert answer.status == status
     payload = check_against_spec(path, answer)
     assert says in payload["error"]
+    assert answer.body.endswith(b"}\n")  # so curl's output does not run into the prompt
 
 
 def test_unknown_parameter_names_what_the_endpoint_takes(api: Api) -> None:
@@ -509,6 +593,9 @@ def test_a_query_without_a_dictionary_is_400(api: Api, tmp_path: Path) -> None:
         answer = call(f"http://127.0.0.1:{server.port}/v1/top")
         assert answer.status == 400
         assert "has no dictionary" in check_against_spec("/v1/top", answer)["error"]
+        named = call(f"http://127.0.0.1:{server.port}/v1/estimates?items=item00")
+        row = check_against_spec("/v1/estimates", named)["items"][0]
+        assert row["in_dictionary"] is None  # no dictionary, nothing discovered: nothing to be in
     finally:
         server.stop()
 

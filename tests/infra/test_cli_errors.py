@@ -51,16 +51,18 @@ def test_one_line_and_exit_2(
     assert len([line for line in err.splitlines() if "error:" in line]) == 1
 
 
-def test_a_query_of_a_store_with_no_commits_is_one_line_and_exit_2(
+def test_a_query_of_a_store_with_no_commits_says_no_data_yet_and_exits_3(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """No data *yet* is an answer, not an error: one line on stdout, exit 3 (docs/query.md)."""
     store = tmp_path / "rerun"
     code = main(["query", "--config", str(EXAMPLE), "--store", str(store), "--top", "3"])
-    assert code == 2
-    err = capsys.readouterr().err
-    assert err.strip() == (
-        f"ldpipe query: error: the sketch store {store}/emoji has no commits yet; start the "
-        f"aggregator (ldpipe aggregator) and wait for its first sealed window (docs/store.md)"
+    assert code == 3
+    out, err = capsys.readouterr()
+    assert err == ""
+    assert out == (
+        f"emoji: no data yet: the sketch store {store}/emoji has no commits yet; start the "
+        f"aggregator (ldpipe aggregator) and wait for its first sealed window (docs/store.md)\n"
     )
 
 

@@ -21,7 +21,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -318,7 +318,11 @@ def _streams(
     streams: list[Stream] = [(use_case.topics.reports, client.reports)]
     if discovery is not None and use_case.discovery is not None:
         encode = discovery.encode_many
-        streams.append((use_case.discovery.topics.reports, lambda items, _rng: encode(items)))
+
+        def discovery_reports(items: Sequence[str], _rng: object) -> list[bytes | None]:
+            return [r if isinstance(r, bytes) else None for r in encode(items)]
+
+        streams.append((use_case.discovery.topics.reports, discovery_reports))
     return streams
 
 

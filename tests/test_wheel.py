@@ -33,14 +33,33 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> zipfile.ZipFile:
         (tree / planted).parent.mkdir(parents=True, exist_ok=True)
         (tree / planted).write_text('{"kty": "planted"}', encoding="utf-8")
     out = tmp_path_factory.mktemp("wheel")
-    subprocess.run(
+    done = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(tree)],
         check=True,
         capture_output=True,
+        text=True,
         timeout=300,
     )  # fmt: skip
+    BUILD_OUTPUT.append(done.stderr)
     (built,) = out.glob("ldpipe-*.whl")
     return zipfile.ZipFile(built)
+
+
+BUILD_OUTPUT: list[str] = []  # what pip printed while building the wheel fixture
+
+
+def test_building_the_wheel_prints_no_setuptools_warning(wheel: zipfile.ZipFile) -> None:
+    """setuptools warns about a folder of data or scripts under an installed package that is not
+    declared (schemas/vectors/ once printed ~50 lines of it at every setup). pip's own
+    ``WARNING: Location ... is ignored`` lines come from a machine's pip configuration (an
+    ``extra-index-url`` that does not exist) and are not the project's."""
+    (printed,) = BUILD_OUTPUT
+    ours = [
+        line
+        for line in printed.splitlines()
+        if "Warning" in line or ("WARNING" in line and "is ignored: it is neither" not in line)
+    ]
+    assert not ours, "building the wheel warns:\n" + printed
 
 
 def test_the_wheel_holds_no_key_file(wheel: zipfile.ZipFile) -> None:

@@ -8,7 +8,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 FOLDERS = ("producers", "shuffler", "aggregator", "discovery", "schemas", "infra")
-DATA_ONLY = {"ldpipe.infra.monitoring"}  # Prometheus and Grafana files, no Python
+# Prometheus and Grafana files; the wire formats' test vectors (JSON): no Python
+DATA_ONLY = {"ldpipe.infra.monitoring", "ldpipe.schemas.vectors"}
 
 
 def setuptools_table() -> dict[str, object]:

@@ -67,8 +67,8 @@ def run(args: argparse.Namespace) -> int:
         for topic, page in found.items():
             print(f"  {topic:<{width}}{title(page)}")
         return 0
-    page = found.get(args.topic.removesuffix(".md").removeprefix("docs/"))
-    if page is None:
+    chosen = found.get(args.topic.removesuffix(".md").removeprefix("docs/"))
+    if chosen is None:
         raise ValueError(f"no topic {args.topic!r}; the topics are: {', '.join(found)}")
-    print(page.read_text(encoding="utf-8"), end="")
+    print(chosen.read_text(encoding="utf-8"), end="")
     return 0

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from ldpipe.discovery.runtime import load_tag_key
-from ldpipe.infra.cli.init import STARTER_KEYS, init
+from ldpipe.infra.cli.init import STARTER_KEYS, Ports, init
 from ldpipe.infra.cli.main import main
 from ldpipe.schemas.config import load_config
 from ldpipe.schemas.keys import KeyRing, load_public_key
@@ -116,3 +116,16 @@ def test_bad_ports_are_one_line_and_write_nothing(
     err = capsys.readouterr().err
     assert err.startswith("ldpipe init: error: ") and err.count("\n") == 1, err
     assert not (tmp_path / "deploy").exists()
+
+
+def test_the_default_ports_are_those_of_the_package_prometheus_yml() -> None:
+    """init's default metrics ports are the first targets of the shuffler and aggregator jobs
+    in the package's full prometheus.yml (infra/monitoring/), so both configurations scrape
+    the services the steps start."""
+    shipped = Path(__file__).resolve().parents[2] / "infra" / "monitoring" / "prometheus.yml"
+    config = yaml.safe_load(shipped.read_text(encoding="utf-8"))
+    first = {
+        job["job_name"]: job["static_configs"][0]["targets"][0] for job in config["scrape_configs"]
+    }
+    assert first["ldpipe-shuffler"] == f"127.0.0.1:{Ports.shuffler}"
+    assert first["ldpipe-aggregator"] == f"127.0.0.1:{Ports.aggregator}"

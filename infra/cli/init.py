@@ -4,9 +4,14 @@ It writes ``DIR/pipeline.toml`` with two use cases — ``emoji`` (frequencies of
 dictionary, CMS, nested envelopes through the shuffler) and ``words`` (frequencies plus discovery
 of words nobody listed, through the aux server) — every key they name, with distinct key ids, a
 sample ``words.txt`` (``word,count`` lines) for ``ldpipe produce``, and a ``.gitignore`` that keeps
-the keys and the data out of version control, and ``pipeline.schema.json``, which the first line
-of ``pipeline.toml`` names for editors (``schemas/config_schema.py``). Keys live beside the
-configuration, never in the package. Nothing existing is overwritten.
+the keys and the data out of version control, ``pipeline.schema.json``, which the first line
+of ``pipeline.toml`` names for editors (``schemas/config_schema.py``), and ``prometheus.yml`` with
+the package's ``alerts.yml``. Keys live beside the configuration, never in the package. Nothing
+existing is overwritten.
+
+Then it prints the steps (:func:`steps`) that take the emoji use case to a first answer when run
+as printed: without the services' ``--metrics-port`` Prometheus scraped nothing, and without a
+step that tells when a window is sealed the query answered ten rows of zeros.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -127,7 +128,7 @@ def test_the_installed_command_runs_beside_a_schemas_package_of_its_own(
     subprocess.run([sys.executable, "-m", "venv", str(env)], check=True, timeout=120)
     python = env / "bin" / "python"
     subprocess.run(
-        [python, "-m", "pip", "install", "--no-deps", "--no-index", "-q", wheel.filename],
+        [python, "-m", "pip", "install", "--no-deps", "--no-index", "-q", str(wheel.filename)],
         check=True,
         capture_output=True,
         timeout=300,
@@ -266,7 +267,7 @@ def _wait_for(what: str, done: Callable[[], bool], deployment: Deployment, secon
     while not done():
         for process in deployment.background:
             if process.poll() is not None:
-                raise AssertionError(f"{process.args[-1]} exited:\n{_logs(deployment)}")
+                raise AssertionError(f"{process.args!r} exited:\n{_logs(deployment)}")
         if time.monotonic() > deadline:
             raise AssertionError(f"no {what} after {seconds:.0f} s:\n{_logs(deployment)}")
         time.sleep(0.5)
@@ -387,13 +388,11 @@ def test_prometheus_scrapes_the_targets(deployment: Deployment) -> None:
     if deployment.prometheus is None:
         pytest.skip("the prometheus binary is not installed (Debian: apt-get install prometheus)")
     api = f"http://127.0.0.1:{deployment.prometheus}/api/v1/targets"
-    seen: list[dict[str, str]] = []
 
     def all_up() -> bool:
-        nonlocal seen
         try:
             with urllib.request.urlopen(api, timeout=5) as response:
-                seen = json.load(response)["data"]["activeTargets"]
+                seen: list[dict[str, Any]] = json.load(response)["data"]["activeTargets"]
         except OSError:
             return False
         ours = [t for t in seen if t["labels"]["job"].startswith("ldpipe-")]

@@ -17,7 +17,11 @@ setup() {
     if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
         echo "== installing ldpipe and its dependencies into $VENV" >&2
         "$VENV/bin/python" -m pip install --quiet --upgrade pip >&2
-        "$VENV/bin/python" -m pip install --quiet -e ".[broker,test]" >&2
+        # setuptools says "Editable installation. Please be careful with folders ... named as
+        # your package" after every editable install, whatever the project (there is no folder
+        # named ldpipe here): that one notice is silenced by its text, any other warning shows
+        PYTHONWARNINGS="ignore:Editable installation.:UserWarning" \
+            "$VENV/bin/python" -m pip install --quiet -e ".[broker,test]" >&2
         touch "$stamp"
     fi
 }

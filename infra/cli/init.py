@@ -4,14 +4,20 @@ It writes ``DIR/pipeline.toml`` with two use cases — ``emoji`` (frequencies of
 dictionary, CMS, nested envelopes through the shuffler) and ``words`` (frequencies plus discovery
 of words nobody listed, through the aux server) — every key they name, with distinct key ids, a
 sample ``words.txt`` (``word,count`` lines) for ``ldpipe produce``, and a ``.gitignore`` that keeps
-the keys and the data out of version control, and ``pipeline.schema.json``, which the first line
-of ``pipeline.toml`` names for editors (``schemas/config_schema.py``). Keys live beside the
-configuration, never in the package. Nothing existing is overwritten.
+the keys and the data out of version control, ``pipeline.schema.json``, which the first line
+of ``pipeline.toml`` names for editors (``schemas/config_schema.py``), and ``prometheus.yml`` with
+the package's ``alerts.yml``. Keys live beside the configuration, never in the package. Nothing
+existing is overwritten.
+
+Then it prints the steps (:func:`steps`) that take the emoji use case to a first answer when run
+as printed: without the services' ``--metrics-port`` Prometheus scraped nothing, and without a
+step that tells when a window is sealed the query answered ten rows of zeros.
 """
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -22,7 +28,7 @@ from ldpipe.schemas.config_schema import schema_text
 from ldpipe.schemas.discovery.tags import TagKey
 from ldpipe.schemas.keys import KeyPair, save_key_pair
 
-__all__ = ["STARTER_KEYS", "add_parser", "init", "run"]
+__all__ = ["STARTER_KEYS", "Ports", "add_parser", "init", "run", "steps"]
 
 # (directory, name, key id, role): analyzer ids and shuffler ids never collide, so one key
 # directory may hold them all and "two different private keys have key id N" cannot happen
@@ -37,23 +43,19 @@ _TAG_KEY = ("keys/tag", "words", 31)
 
 PIPELINE = """\
 #:schema ./pipeline.schema.json
-# A starter deployment written by `ldpipe init` (docs/configuration.md has every option).
-# Paths are relative to this file. From this directory, each in its own terminal:
+# A starter deployment written by `ldpipe init` (`ldpipe docs configuration` has every option).
+# Paths are relative to this file. From this directory, the steps `ldpipe init` printed:
 #
-#   ldpipe broker --config pipeline.toml                      # development broker (Ctrl-C)
-#   ldpipe shuffler --config pipeline.toml --use-case emoji
-#   ldpipe aggregator --config pipeline.toml --use-case emoji
-#   ldpipe produce --config pipeline.toml --use-case emoji --dataset dictionary:a=1.1 --n 100000
-#   ldpipe query --config pipeline.toml --use-case emoji --top 10
+{steps}
 #
-# and for discovery (`words`, devices from words.txt): docs/discovery.md.
+# and for discovery (`words`, devices from words.txt): `ldpipe docs discovery`.
 
 [kafka]
-bootstrap_servers = "127.0.0.1:9092"   # your Kafka brokers (or `ldpipe broker`)
+bootstrap_servers = "127.0.0.1:{broker_port}"   # your Kafka brokers (or `ldpipe broker`)
 
 [[use_case]]
 name = "emoji"
-mechanism = "cms"          # Apple's Count Mean Sketch (docs/mechanisms.md)
+mechanism = "cms"          # Apple's Count Mean Sketch (ldpipe docs mechanisms)
 epsilon = 4.0              # LDP budget of every report
 k = 1024                   # hash functions (sketch rows)
 m = 1024                   # hash range (sketch columns)
@@ -71,7 +73,7 @@ n_min = 1000               # never release a window smaller than this
 directory = "snapshots/emoji"
 
 [use_case.store]
-uri = "store"              # or s3://bucket/prefix (docs/store.md)
+uri = "store"              # or s3://bucket/prefix (ldpipe docs store)
 idle_seconds = 5           # production: the default 60
 
 [[use_case]]
@@ -96,7 +98,7 @@ uri = "store"
 idle_seconds = 5
 
 [use_case.discovery]
-epsilon = 2.0              # (epsilon, delta) of one window's release (docs/privacy.md)
+epsilon = 2.0              # (epsilon, delta) of one window's release (ldpipe docs privacy)
 delta = 1e-9
 tag_key = "keys/tag/words-31.tag.json"                     # devices and the server, never the aux
 aux_public_key = "aux-keys/words-aux-21.public.json"       # devices seal the outer layer to it
@@ -112,7 +114,71 @@ shuffler-keys/
 aux-keys/
 snapshots/
 store/
+prometheus-data/
 """
+
+PROMETHEUS = """\
+# Prometheus for the deployment `ldpipe init` wrote: the services its steps start, on the
+# --metrics-port each is given there, and the alert rules beside this file. A deployment with
+# more services: the package's ldpipe/infra/monitoring/prometheus.yml has a job for each
+# (`ldpipe docs operations`, "Monitoring").
+global:
+  scrape_interval: 15s
+  evaluation_interval: 15s
+
+rule_files:
+  - alerts.yml
+
+scrape_configs:
+  - job_name: ldpipe-shuffler
+    static_configs:
+      - targets: ["127.0.0.1:{shuffler_port}"]
+  - job_name: ldpipe-aggregator
+    static_configs:
+      - targets: ["127.0.0.1:{aggregator_port}"]
+"""
+
+
+@dataclass(frozen=True)
+class Ports:
+    """The ports the starter deployment uses on 127.0.0.1: the development broker's (written
+    into ``pipeline.toml``), the shuffler's and the aggregator's metrics (written into
+    ``prometheus.yml`` and the steps) and Prometheus's own web port (the steps)."""
+
+    broker: int = 9092
+    shuffler: int = 9101
+    aggregator: int = 9102
+    prometheus: int = 9090
+
+    def __post_init__(self) -> None:
+        values = (self.broker, self.shuffler, self.aggregator, self.prometheus)
+        if not all(1 <= port <= 65535 for port in values) or len(set(values)) != len(values):
+            raise ValueError(
+                f"ports {values} must be four different numbers from 1 to 65535; "
+                f"give --broker-port, --metrics-ports and --prometheus-port other values"
+            )
+
+
+def steps(ports: Ports) -> tuple[list[str], list[str], list[str]]:
+    """What to run in the new directory, in order: the broker, the services that run until
+    Ctrl-C (Prometheus scrapes their ``--metrics-port``), and the commands that produce
+    reports, tell when a window is sealed and ask the first question. ``run`` prints them and
+    ``pipeline.toml``'s comments hold them; ``tests/test_wheel.py`` runs them as printed."""
+    config = "--config pipeline.toml --use-case emoji"
+    broker = ["ldpipe broker --config pipeline.toml"]
+    services = [
+        f"ldpipe shuffler {config} --metrics-port {ports.shuffler}",
+        f"ldpipe aggregator {config} --metrics-port {ports.aggregator}",
+        "prometheus --config.file=prometheus.yml --storage.tsdb.path=prometheus-data "
+        f"--web.listen-address=127.0.0.1:{ports.prometheus}    # if installed",
+    ]
+    commands = [
+        f"ldpipe produce {config} --dataset dictionary:a=1.1 --n 20000",
+        f"ldpipe store list {config}    # again until it lists a window (sealed 5 s after "
+        "the last report: idle_seconds)",
+        f"ldpipe query {config} --top 10",
+    ]
+    return broker, services, commands
 
 
 def add_parser(sub: Any) -> None:
@@ -122,15 +188,37 @@ def add_parser(sub: Any) -> None:
         description=(
             "Write DIR/pipeline.toml (an emoji frequency use case and a words discovery use "
             "case), the key pairs and the tag key it names (distinct key ids, private files "
-            "mode 0600), a sample DIR/words.txt and a DIR/.gitignore for the keys and data. "
-            "DIR is created if needed; nothing in it is overwritten."
+            "mode 0600), a sample DIR/words.txt, a DIR/prometheus.yml and its alerts.yml, and "
+            "a DIR/.gitignore for the keys and data; then print the steps that run the emoji "
+            "use case to a first answer. DIR is created if needed; nothing in it is "
+            "overwritten."
         ),
     )
     p.add_argument("directory", metavar="DIR", help="where to write (created if missing)")
+    p.add_argument(
+        "--broker-port",
+        type=int,
+        default=Ports.broker,
+        metavar="PORT",
+        help="the development broker's port on 127.0.0.1, written into pipeline.toml",
+    )
+    p.add_argument(
+        "--metrics-ports",
+        default=f"{Ports.shuffler},{Ports.aggregator}",
+        metavar="SHUFFLER,AGGREGATOR",
+        help="the services' --metrics-port in the steps, scraped by prometheus.yml",
+    )
+    p.add_argument(
+        "--prometheus-port",
+        type=int,
+        default=Ports.prometheus,
+        metavar="PORT",
+        help="Prometheus's web port in the steps",
+    )
     p.set_defaults(run=run)
 
 
-def init(directory: str | Path) -> list[Path]:
+def init(directory: str | Path, ports: Ports = Ports()) -> list[Path]:
     """Write the starter deployment into ``directory``; return the files written.
 
     ``ValueError`` (one line) when a file it would write exists already: nothing is written.
@@ -138,6 +226,7 @@ def init(directory: str | Path) -> list[Path]:
     root = Path(directory)
     planned = [root / "pipeline.toml", root / "words.txt", root / ".gitignore"]
     planned.append(root / "pipeline.schema.json")  # for editors: PIPELINE's #:schema line
+    planned += [root / "prometheus.yml", root / "alerts.yml"]
     planned += [root / d / f"{name}-{key_id}.private.json" for d, name, key_id, _ in STARTER_KEYS]
     tag_dir, tag_name, tag_id = _TAG_KEY
     planned.append(root / tag_dir / f"{tag_name}-{tag_id}{TAG_KEY_SUFFIX}")
@@ -155,29 +244,49 @@ def init(directory: str | Path) -> list[Path]:
     tag_path = root / tag_dir
     tag_path.mkdir(mode=0o700, parents=True, exist_ok=True)
     written.append(save_tag_key(TagKey.generate(tag_id), tag_path / planned[-1].name))
-    words = resources.files("ldpipe.infra").joinpath("words.txt").read_text(encoding="utf-8")
-    texts = (PIPELINE, words, GITIGNORE, schema_text())
-    for path, text in zip(planned[:4], texts, strict=True):
+    package = resources.files("ldpipe.infra")
+    words = package.joinpath("words.txt").read_text(encoding="utf-8")
+    alerts = package.joinpath("monitoring", "alerts.yml").read_text(encoding="utf-8")
+    broker, services, commands = steps(ports)
+    commented = "\n".join(f"#   {line}" for line in (*broker, *services, *commands))
+    pipeline = PIPELINE.format(steps=commented, broker_port=ports.broker)
+    prometheus = PROMETHEUS.format(shuffler_port=ports.shuffler, aggregator_port=ports.aggregator)
+    texts = (pipeline, words, GITIGNORE, schema_text(), prometheus, alerts)
+    for path, text in zip(planned[:6], texts, strict=True):
         path.write_text(text, encoding="utf-8")
         written.append(path)
     load_config(planned[0])  # what was written must load: a template error fails here, loudly
     return written
 
 
+def _ports(args: argparse.Namespace) -> Ports:
+    shuffler, sep, aggregator = str(args.metrics_ports).partition(",")
+    if not (sep and shuffler.strip().isdigit() and aggregator.strip().isdigit()):
+        raise ValueError(
+            f"--metrics-ports {args.metrics_ports!r} is not two ports: give SHUFFLER,AGGREGATOR, "
+            f"e.g. --metrics-ports {Ports.shuffler},{Ports.aggregator}"
+        )
+    return Ports(args.broker_port, int(shuffler), int(aggregator), args.prometheus_port)
+
+
 def run(args: argparse.Namespace) -> int:
-    written = init(args.directory)
+    ports = _ports(args)
+    written = init(args.directory, ports)
     root = Path(args.directory)
     print(f"wrote {len(written)} files into {root}/:")
     for path in written:
         print(f"  {path.relative_to(root)}")
+    broker, services, commands = steps(ports)
     print(
-        f"\nnext: cd {root}, then each in its own terminal (the comments of pipeline.toml say "
-        f"more):\n"
-        "  ldpipe broker --config pipeline.toml\n"
-        "  ldpipe shuffler --config pipeline.toml --use-case emoji\n"
-        "  ldpipe aggregator --config pipeline.toml --use-case emoji\n"
-        "  ldpipe produce --config pipeline.toml --use-case emoji --dataset dictionary:a=1.1 "
-        "--n 100000\n"
-        "  ldpipe query --config pipeline.toml --use-case emoji --top 10"
+        f"\nnext: cd {root}, then start the broker in a terminal of its own; it runs until\n"
+        f"Ctrl-C (and then forgets every report):"
     )
+    print("\n".join(f"  {line}" for line in broker))
+    print(
+        "once it prints 'running', each of these in a terminal of its own too (prometheus.yml\n"
+        'scrapes the services\' --metrics-port; `ldpipe docs operations`, "Monitoring"):'
+    )
+    print("\n".join(f"  {line}" for line in services))
+    print("then, in one more terminal:")
+    print("\n".join(f"  {line}" for line in commands))
     return 0

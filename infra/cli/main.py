@@ -59,6 +59,8 @@ COMMANDS: tuple[Command, ...] = (
             "find new words in an SFP use case's snapshots (Apple's sequence fragment puzzle)"),
     Command("init", "init", "Start here",
             "write a starter configuration, its keys and a sample word list into a directory"),
+    Command("docs", "docs", "Start here",
+            "the documentation installed with ldpipe: list its topics, or print one"),
     Command("keys", "keys", "Set up",
             "generate HPKE key pairs for the report envelope, and discovery tag keys"),
     Command("params", "params", "Set up",
@@ -88,6 +90,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "demo": ("ldpipe demo", "ldpipe demo --mechanism hcms --n 50000 --top 5 --json",
              "ldpipe demo --protocol sfp"),
     "init": ("ldpipe init my-deployment",),
+    "docs": ("ldpipe docs", "ldpipe docs cli", "ldpipe docs operations"),
     "broker": ("ldpipe broker --config pipeline.toml", "ldpipe broker --port 9092"),
     "shuffler": ("ldpipe shuffler --config pipeline.toml --use-case emoji --metrics-port 9101",),
     "aggregator": (
@@ -143,7 +146,8 @@ examples:
   ldpipe query --config pipeline.toml --top 20      the 20 highest estimates, with intervals
   ldpipe COMMAND --help                             a command's options and their defaults
 
-docs: README.md, then docs/cli.md (every command and option)"""
+docs: ldpipe docs (the topics installed with ldpipe), then ldpipe docs cli (every command
+and option; docs/cli.md in the repository)"""
 
 
 def installed_version() -> str:
@@ -221,7 +225,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
             child = sub.choices[command.name]
             if child.epilog is None:  # after the options: what a first run looks like
                 shown = "\n".join(f"  {line}" for line in EXAMPLES[command.name])
-                child.epilog = f"examples:\n{shown}\n\nreference: docs/cli.md"
+                child.epilog = f"examples:\n{shown}\n\nreference: ldpipe docs cli (docs/cli.md)"
         else:  # a name argparse knows (for its "invalid choice" list), loaded only when run
             sub.add_parser(command.name, add_help=False)
     return parser

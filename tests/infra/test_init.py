@@ -6,9 +6,10 @@ import stat
 from pathlib import Path
 
 import pytest
+import yaml
 
 from ldpipe.discovery.runtime import load_tag_key
-from ldpipe.infra.cli.init import STARTER_KEYS, init
+from ldpipe.infra.cli.init import STARTER_KEYS, Ports, init
 from ldpipe.infra.cli.main import main
 from ldpipe.schemas.config import load_config
 from ldpipe.schemas.keys import KeyRing, load_public_key
@@ -17,8 +18,9 @@ from ldpipe.schemas.keys import KeyRing, load_public_key
 def test_init_writes_a_deployment_whose_keys_all_load(tmp_path: Path) -> None:
     root = tmp_path / "deploy"
     written = init(root)
-    # the key pairs, pipeline.toml, words.txt, .gitignore, the schema and the tag key
-    assert len(written) == 2 * len(STARTER_KEYS) + 5
+    # the key pairs, pipeline.toml, words.txt, .gitignore, the schema, the tag key,
+    # prometheus.yml and alerts.yml
+    assert len(written) == 2 * len(STARTER_KEYS) + 7
     config = load_config(root / "pipeline.toml")
     assert [uc.name for uc in config.declared] == ["emoji", "words"]
     ids = [key_id for _, _, key_id, _ in STARTER_KEYS]
@@ -45,9 +47,85 @@ def test_init_writes_a_deployment_whose_keys_all_load(tmp_path: Path) -> None:
 def test_init_never_overwrites(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     root = tmp_path / "deploy"
     assert main(["init", str(root)]) == 0
-    assert "wrote 15 files" in capsys.readouterr().out
+    assert "wrote 17 files" in capsys.readouterr().out
     before = {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
     assert main(["init", str(root)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("ldpipe init: error: ") and "never overwrites" in err
     assert {p: p.read_bytes() for p in root.rglob("*") if p.is_file()} == before
+
+
+def test_the_steps_use_the_ports_the_files_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """pipeline.toml's broker, the --metrics-port of each started service and prometheus.yml's
+    targets agree, for the default ports and for others given to init."""
+    for args, ports in (([], (9092, 9101, 9102, 9090)), (PORTS_ARGS, (19400, 19401, 19402, 19403))):
+        root = tmp_path / f"deploy-{ports[0]}"
+        assert main(["init", str(root), *args]) == 0
+        printed = capsys.readouterr().out
+        broker, shuffler, aggregator, prometheus = ports
+        config = load_config(root / "pipeline.toml")
+        assert config.kafka.bootstrap_servers == f"127.0.0.1:{broker}"
+        assert (
+            f"ldpipe shuffler --config pipeline.toml --use-case emoji --metrics-port {shuffler}\n"
+            in printed
+        )
+        assert f"--use-case emoji --metrics-port {aggregator}\n" in printed
+        assert f"--web.listen-address=127.0.0.1:{prometheus}" in printed
+        scraped = yaml.safe_load((root / "prometheus.yml").read_text(encoding="utf-8"))
+        targets = {
+            job["job_name"]: [t for c in job["static_configs"] for t in c["targets"]]
+            for job in scraped["scrape_configs"]
+        }
+        assert targets == {
+            "ldpipe-shuffler": [f"127.0.0.1:{shuffler}"],
+            "ldpipe-aggregator": [f"127.0.0.1:{aggregator}"],
+        }
+        assert scraped["rule_files"] == ["alerts.yml"] and (root / "alerts.yml").is_file()
+        # pipeline.toml's comments hold the same steps
+        toml = (root / "pipeline.toml").read_text(encoding="utf-8")
+        for line in printed.splitlines():
+            if line.startswith("  ldpipe ") or line.startswith("  prometheus "):
+                assert f"# {line}\n" in toml, line
+
+
+PORTS_ARGS = [
+    "--broker-port",
+    "19400",
+    "--metrics-ports",
+    "19401,19402",
+    "--prometheus-port",
+    "19403",
+]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--metrics-ports", "9101"],
+        ["--metrics-ports", "9101,x"],
+        ["--broker-port", "9101"],  # the shuffler's metrics port too
+        ["--prometheus-port", "70000"],
+    ],
+)
+def test_bad_ports_are_one_line_and_write_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str]
+) -> None:
+    assert main(["init", str(tmp_path / "deploy"), *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ldpipe init: error: ") and err.count("\n") == 1, err
+    assert not (tmp_path / "deploy").exists()
+
+
+def test_the_default_ports_are_those_of_the_package_prometheus_yml() -> None:
+    """init's default metrics ports are the first targets of the shuffler and aggregator jobs
+    in the package's full prometheus.yml (infra/monitoring/), so both configurations scrape
+    the services the steps start."""
+    shipped = Path(__file__).resolve().parents[2] / "infra" / "monitoring" / "prometheus.yml"
+    config = yaml.safe_load(shipped.read_text(encoding="utf-8"))
+    first = {
+        job["job_name"]: job["static_configs"][0]["targets"][0] for job in config["scrape_configs"]
+    }
+    assert first["ldpipe-shuffler"] == f"127.0.0.1:{Ports.shuffler}"
+    assert first["ldpipe-aggregator"] == f"127.0.0.1:{Ports.aggregator}"

@@ -10,8 +10,8 @@ written. The ephemeral keys, which a real sender draws at random, are derived he
 ``ikmE`` values (RFC 9180 §7.1.3 DeriveKeyPair), so every envelope is reproducible and running the
 script twice writes the same bytes.
 
-    python schemas/vectors/make_envelope_vectors.py            # rewrite the file
-    python schemas/vectors/make_envelope_vectors.py --check    # exit 1 unless the file is what
+    python tools/vectors/make_envelope_vectors.py            # rewrite the file
+    python tools/vectors/make_envelope_vectors.py --check    # exit 1 unless the file is what
                                                                # this script writes and every
                                                                # vector opens as it says
 """
@@ -49,7 +49,7 @@ __all__ = [
     "seal_reference",
 ]
 
-OUTPUT = Path(__file__).with_name("envelope.json")
+OUTPUT = Path(__file__).resolve().parents[2] / "schemas" / "vectors" / "envelope.json"
 MAGIC = b"LDP"
 VERSION = 1  # a single-layer envelope
 NESTED_VERSION = 2  # the inner layer of a nested report: the same bytes, another version

@@ -12,8 +12,8 @@ Polars or Spark would.
 The Delta log carries commit times and the data files random names, so the directory's bytes
 differ between runs; its content does not (``--check`` compares content).
 
-    python schemas/vectors/make_store_vectors.py            # rewrite both
-    python schemas/vectors/make_store_vectors.py --check    # exit 1 if store.json is stale
+    python tools/vectors/make_store_vectors.py            # rewrite both
+    python tools/vectors/make_store_vectors.py --check    # exit 1 if store.json is stale
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ import numpy as np
 from ldpipe.aggregator.store import SegmentData, SketchStore
 from ldpipe.schemas.mechanisms import Sketch
 
-HERE = Path(__file__).resolve().parent
+# the vectors live beside the specifications they illustrate (and ship in the wheel with them)
+HERE = Path(__file__).resolve().parents[2] / "schemas" / "vectors"
 
 USE_CASE = "emoji"
 TOPIC = "ldp.emoji.shuffled"

@@ -9,8 +9,8 @@ reproducible and running the script twice writes the same bytes. The normalizati
 literal input/output pairs written from the spec; ``tests/discovery`` checks
 ``ldpipe.schemas.discovery.item`` against them.
 
-    python schemas/vectors/make_discovery_vectors.py            # rewrite the file
-    python schemas/vectors/make_discovery_vectors.py --check    # exit 1 unless the file is what
+    python tools/vectors/make_discovery_vectors.py            # rewrite the file
+    python tools/vectors/make_discovery_vectors.py --check    # exit 1 unless the file is what
                                                                 # this script writes and every
                                                                 # vector reads as it says
 """
@@ -29,7 +29,7 @@ from typing import Any
 
 __all__ = ["build_vectors", "render", "verify"]
 
-OUTPUT = Path(__file__).with_name("discovery.json")
+OUTPUT = Path(__file__).resolve().parents[2] / "schemas" / "vectors" / "discovery.json"
 INNER_SUFFIX, OUTER_SUFFIX = ".disc.srv", ".disc.aux"
 TAG_DOMAIN = b"ldpipe/discovery-tag/v1\x00"
 ITEM = struct.Struct("<BH")  # version, item_length

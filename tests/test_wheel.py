@@ -114,7 +114,7 @@ def test_the_wheel_holds_what_ldpipe_init_and_the_examples_need(wheel: zipfile.Z
     ):
         assert needed in names, f"the wheel lacks {needed}"
     # the documentation's pages only: not docs/experiments/ (scripts run from a checkout), not
-    # the vectors' generators (tools/vectors/)
+    # the vectors' generators (tests/vectors/)
     assert not [n for n in names if n.startswith("ldpipe/docs/") and not n.endswith(".md")]
     assert not [n for n in names if "/make_" in n or n.startswith("ldpipe/tools/")]
 

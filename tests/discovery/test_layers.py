@@ -65,7 +65,7 @@ def _server(use_case: str = "words", epoch: int = 1, max_bytes: int = 64) -> Dis
 
 
 def test_vectors_are_current() -> None:
-    script = ROOT / "tools/vectors/make_discovery_vectors.py"
+    script = ROOT / "tests/vectors/make_discovery_vectors.py"
     done = subprocess.run([sys.executable, str(script), "--check"], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
 

@@ -65,6 +65,7 @@ TEST_ONLY_IMPORTS = {
     "openapi-spec-validator": "openapi_spec_validator",
     "jsonschema": "jsonschema",
     "import-linter": "importlinter",
+    "schemathesis": "schemathesis",
 }
 
 

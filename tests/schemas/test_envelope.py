@@ -88,7 +88,7 @@ def reason_of(data: Any, **expect: Any) -> EnvelopeRejection:
 
 # ---- vectors ---------------------------------------------------------------------------------
 def load_generator() -> ModuleType:
-    path = ROOT / "tools" / "vectors" / "make_envelope_vectors.py"
+    path = ROOT / "tests" / "vectors" / "make_envelope_vectors.py"
     spec = importlib.util.spec_from_file_location("make_envelope_vectors", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -116,7 +116,7 @@ def test_vectors_file_is_what_the_generator_writes() -> None:
     generator = load_generator()
     text = (VECTORS_DIR / "envelope.json").read_text(encoding="utf-8")
     assert text == generator.render(generator.build_vectors()), (
-        "envelope.json is stale: run python tools/vectors/make_envelope_vectors.py"
+        "envelope.json is stale: run python tests/vectors/make_envelope_vectors.py"
     )
     assert generator.verify(vectors()) == []
     assert generator.main(["--check"]) == 0
@@ -201,7 +201,7 @@ def test_reference_implementation_opens_what_the_library_seals() -> None:
 
 
 def test_generator_never_imports_the_library() -> None:
-    source = (ROOT / "tools" / "vectors" / "make_envelope_vectors.py").read_text(encoding="utf-8")
+    source = (ROOT / "tests" / "vectors" / "make_envelope_vectors.py").read_text(encoding="utf-8")
     for module in (
         "ldpipe.schemas.envelope",
         "ldpipe.schemas.outer",

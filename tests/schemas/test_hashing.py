@@ -86,7 +86,7 @@ FAMILY_IDS = [f"seed{e['seed']}-k{e['k']}-m{e['m']}" for e in FAMILY_ENTRIES]
 
 
 def load_generator() -> ModuleType:
-    path = ROOT / "tools" / "vectors" / "make_hash_vectors.py"
+    path = ROOT / "tests" / "vectors" / "make_hash_vectors.py"
     spec = importlib.util.spec_from_file_location("make_hash_vectors", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -98,7 +98,7 @@ def test_vectors_file_is_what_the_generator_writes() -> None:
     generator = load_generator()
     text = (VECTORS_DIR / "hashing.json").read_text(encoding="utf-8")
     assert text == generator.render(generator.build_vectors()), (
-        "schemas/vectors/hashing.json is stale: run python tools/vectors/make_hash_vectors.py"
+        "schemas/vectors/hashing.json is stale: run python tests/vectors/make_hash_vectors.py"
     )
 
 

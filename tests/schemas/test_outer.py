@@ -110,7 +110,7 @@ def reason_of(data: Any, **expect: Any) -> EnvelopeRejection:
 
 # ---- vectors ---------------------------------------------------------------------------------
 def load_generator() -> ModuleType:
-    path = ROOT / "tools" / "vectors" / "make_envelope_vectors.py"
+    path = ROOT / "tests" / "vectors" / "make_envelope_vectors.py"
     spec = importlib.util.spec_from_file_location("make_envelope_vectors", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

@@ -82,7 +82,7 @@ def assert_reports_equal(actual: Reports, expected: Reports) -> None:
 
 # ---- vectors ---------------------------------------------------------------------------------
 def load_generator() -> ModuleType:
-    path = ROOT / "tools" / "vectors" / "make_payload_vectors.py"
+    path = ROOT / "tests" / "vectors" / "make_payload_vectors.py"
     spec = importlib.util.spec_from_file_location("make_payload_vectors", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -112,7 +112,7 @@ def test_vectors_file_is_what_the_generator_writes() -> None:
     generator = load_generator()
     text = (VECTORS_DIR / "payloads.json").read_text(encoding="utf-8")
     assert text == generator.render(generator.build_vectors()), (
-        "schemas/vectors/payloads.json is stale: run python tools/vectors/make_payload_vectors.py"
+        "schemas/vectors/payloads.json is stale: run python tests/vectors/make_payload_vectors.py"
     )
 
 

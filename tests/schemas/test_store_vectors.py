@@ -80,6 +80,6 @@ def test_the_vectors_are_fresh() -> None:
     import subprocess
     import sys
 
-    script = VECTORS.parents[1] / "tools" / "vectors" / "make_store_vectors.py"
+    script = VECTORS.parents[1] / "tests" / "vectors" / "make_store_vectors.py"
     done = subprocess.run([sys.executable, str(script), "--check"], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr

@@ -9,8 +9,8 @@ reproducible and running the script twice writes the same bytes. The normalizati
 literal input/output pairs written from the spec; ``tests/discovery`` checks
 ``ldpipe.schemas.discovery.item`` against them.
 
-    python tools/vectors/make_discovery_vectors.py            # rewrite the file
-    python tools/vectors/make_discovery_vectors.py --check    # exit 1 unless the file is what
+    python tests/vectors/make_discovery_vectors.py            # rewrite the file
+    python tests/vectors/make_discovery_vectors.py --check    # exit 1 unless the file is what
                                                                 # this script writes and every
                                                                 # vector reads as it says
 """

@@ -12,8 +12,8 @@ Polars or Spark would.
 The Delta log carries commit times and the data files random names, so the directory's bytes
 differ between runs; its content does not (``--check`` compares content).
 
-    python tools/vectors/make_store_vectors.py            # rewrite both
-    python tools/vectors/make_store_vectors.py --check    # exit 1 if store.json is stale
+    python tests/vectors/make_store_vectors.py            # rewrite both
+    python tests/vectors/make_store_vectors.py --check    # exit 1 if store.json is stale
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ written. The ephemeral keys, which a real sender draws at random, are derived he
 ``ikmE`` values (RFC 9180 §7.1.3 DeriveKeyPair), so every envelope is reproducible and running the
 script twice writes the same bytes.
 
-    python tools/vectors/make_envelope_vectors.py            # rewrite the file
-    python tools/vectors/make_envelope_vectors.py --check    # exit 1 unless the file is what
+    python tests/vectors/make_envelope_vectors.py            # rewrite the file
+    python tests/vectors/make_envelope_vectors.py --check    # exit 1 unless the file is what
                                                                # this script writes and every
                                                                # vector opens as it says
 """

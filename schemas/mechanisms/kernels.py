@@ -4,7 +4,7 @@ Each kernel has a plain numpy reference that tests compare bit for bit
 (``columns.column_sums_reference``, ``hcms.walsh_hadamard_rows``, ``cms.scatter_bits_reference``):
 every value here is an integer computed exactly, so the order of the work never changes a bit.
 
-Why numba (docs/performance.md): the estimate of a 250,000-item dictionary at k = 65,536 is 16
+Why numba (docs/mechanisms.md, "Server kernels"): the estimate of a 250,000-item dictionary at k = 65,536 is 16
 billion hash evaluations in GF(2^61 - 1), each two 61-bit products. numpy evaluates them as ~40
 whole-array passes of 64-bit temporaries (``hashing._mulmod``); a compiled loop keeps a product in
 registers and reads the sketch row it hashes into while that row is in cache. numba compiles

@@ -262,7 +262,13 @@ def test_every_skip_says_why() -> None:
     print("\n".join(["blocks not run:", *(f"  {b.name}: {b.skip}" for b in skipped)]))
     unexplained = [b.name for b in skipped if len(b.skip or "") < 10]
     assert not unexplained, f"<!-- not run: ... --> without a reason before {unexplained}"
-    assert len(RUN_DOCS) >= 5 and len(skipped) < len(ALL_BLOCKS) // 2 + 10
+    # what may keep a block from running: Kafka it cannot have here, ./dev.sh (CI runs it),
+    # a package index, or a run of minutes beyond the slow suite's budget
+    allowed = ("Kafka", DEV_SH, "package index", "minutes")
+    other = [
+        f"{b.name}: {b.skip}" for b in skipped if not any(a in (b.skip or "") for a in allowed)
+    ]
+    assert not other, "blocks not run for a reason the suite does not accept:\n" + "\n".join(other)
 
 
 def test_the_scan_sees_the_blocks() -> None:

@@ -65,7 +65,7 @@ MAX_UINT16_ROWS = (1 << 16) - 1  # rows a uint16 column sum holds without overfl
 MIN_TOTAL_S = 0.2  # fast actions repeat until this much time has passed ...
 MAX_RUNS = 200  # ... or this many runs
 
-# (name, settings): Apple's deployments (DESIGN.md) and the same shape for the GCMS family
+# (name, settings): Apple's deployments (docs/benchmarks.md) and the same shape for the GCMS family
 CONFIGS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("cms", {"epsilon": 4.0, "k": 65536, "m": 1024}),
     ("hcms", {"epsilon": 4.0, "k": 1024, "m": 32768}),

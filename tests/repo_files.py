@@ -11,9 +11,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def copy_repository(dest: Path) -> None:
-    """Copy the tracked files and the new ones git does not ignore (not keys, snapshots or
-    caches) into ``dest``, as they are on disk; skip the test outside a git checkout."""
+def repository_files() -> list[str]:
+    """The tracked files and the new ones git does not ignore (not keys, state or caches), as
+    paths relative to the root, that exist on disk; skip the test outside a git checkout."""
     if shutil.which("git") is None or not (ROOT / ".git").exists():
         pytest.skip("needs git and a git checkout to list the repository's files")
     listed = subprocess.run(
@@ -22,10 +22,14 @@ def copy_repository(dest: Path) -> None:
         check=True,
         capture_output=True,
     ).stdout.decode()
-    for name in filter(None, listed.split("\0")):
+    # a file deleted in the working tree is listed but gone
+    return [name for name in filter(None, listed.split("\0")) if (ROOT / name).is_file()]
+
+
+def copy_repository(dest: Path) -> None:
+    """Copy the repository's files (``repository_files``) into ``dest``, as they are on disk."""
+    for name in repository_files():
         source = ROOT / name
-        if not source.is_file():  # deleted in the working tree
-            continue
         target = dest / name
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(source, target)

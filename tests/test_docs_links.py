@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.repo_files import repository_files
+
 ROOT = Path(__file__).resolve().parents[1]
 SKIP = {".venv", ".git", "node_modules", ".pytest_cache", ".mypy_cache", ".ruff_cache"}
 LINK = re.compile(r"(?<!!)\[(?:[^\]\[]|\[[^\]]*\])*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
@@ -80,3 +82,57 @@ def test_the_scan_sees_the_links() -> None:
     assert links(ROOT / "infra" / "monitoring" / "README.md")[0] == (
         "../../docs/operations.md#monitoring"
     )
+
+
+# A file named in prose, a docstring or a comment: a path under a top-level folder of the
+# repository ending in .md (``docs/query.md``, ``schemas/store.md``), or an upper-case Markdown
+# name (a design or contributing note) with or without a folder; another project's file, named
+# with its owner ("librdkafka's CONFIGURATION.md"), is that project's to keep.
+CITED_PATH = re.compile(
+    r"(?<![\w./-])((?:docs|schemas|infra|tests|benchmarks|aggregator|producers|shuffler|discovery)"
+    r"/[\w./-]*?\.md)(?![\w-])"
+)
+CITED_NOTE = re.compile(r"(?<![\w./-])(?<!'s )([A-Z][A-Z0-9_-]*\.md)(?![\w-])")
+CITING = {".py", ".md", ".toml", ".yaml", ".yml", ".sh", ".txt", ".cfg", ".ini", ".json", ".j2"}
+
+
+def cited(text: str) -> list[str]:
+    """The Markdown files ``text`` names, by path or as an upper-case note."""
+    return [m.group(1) for m in CITED_PATH.finditer(text)] + [
+        m.group(1) for m in CITED_NOTE.finditer(text)
+    ]
+
+
+def resolves(name: str, citing: Path) -> bool:
+    """A path names a file from the root; an upper-case note may also sit beside its citer."""
+    if (ROOT / name).is_file():
+        return True
+    return "/" not in name and (citing.parent / name).is_file()
+
+
+def test_the_citation_scan_sees_citations() -> None:
+    note = "DESIGN" + ".md"  # spelled apart so that this file cites nothing missing itself
+    text = f"see docs/query.md and ``schemas/store.md``, (docs/cli.md#x) and {note}'s table"
+    assert cited(text) == ["docs/query.md", "schemas/store.md", "docs/cli.md", note]
+    assert cited("tests/test_docs_links.py, docs/*.md, mydocs/query.md, x's NOTES.md") == []
+    assert not resolves(note, ROOT / "README.md")
+    assert resolves("README.md", ROOT / "infra" / "monitoring" / "x.yml")
+
+
+def test_every_cited_file_exists() -> None:
+    """The project stands on its own files: every ``docs/*.md``, ``schemas/*.md`` or note a
+    file of the repository names, in code, docstrings, comments or docs, is in the repository."""
+    missing = []
+    scanned = 0
+    for name in repository_files():
+        path = ROOT / name
+        if path.suffix not in CITING:
+            continue
+        scanned += 1
+        text = path.read_text(encoding="utf-8", errors="replace")
+        for target in cited(text):
+            if not resolves(target, path):
+                line = text.count("\n", 0, text.index(target)) + 1
+                missing.append(f"{name}:{line} cites {target}, which is not in the repository")
+    assert scanned > 200, "the scan found almost no files to read"
+    assert not missing, "\n".join(missing)

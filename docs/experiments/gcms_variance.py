@@ -1,10 +1,12 @@
-"""Which GCMS variance is right: Theorem 3 as printed, or the corrected form of DESIGN.md?
+"""Which GCMS variance is right: Theorem 3 as printed, or the corrected form?
+
+The page that reports and explains these tables is docs/gcms-variance.md.
 
 Runs the pipeline's own code path (``ldpipe.producers.simulate.simulate`` over a
 ``ldpipe.producers.datasets.Population``, fresh hash functions every trial) and prints three tables:
 
-1. the DESIGN.md setting (k=50, m=20, n=20,000, p=0.8, s=4, f=6,000; epsilon = ln 16 from
-   GCMS eq. 5) under several ways of spreading the other 14,000 reports, comparing the
+1. the reference setting (k=50, m=20, n=20,000, p=0.8, s=4, f=6,000; epsilon = ln 16
+   from GCMS eq. 5) under several ways of spreading the other 14,000 reports, comparing the
    empirical variance of f_hat with ``variance_paper`` (Thm 3 as printed) and ``variance``
    (``ContributionModel``, the corrected form);
 2. the two OCMS optimizers (``optimal_parameters`` method "exact" vs "paper") over a grid of
@@ -43,7 +45,7 @@ from ldpipe.schemas.hashing import collision_probability  # noqa: E402
 from ldpipe.schemas.mechanisms import build_mechanism  # noqa: E402
 from ldpipe.schemas.mechanisms.gcms import GeneralizedCountMeanSketch, subset_max_p  # noqa: E402
 
-# the DESIGN.md setting
+# the reference setting (docs/gcms-variance.md, section 1)
 K, M, N, P, S_SIZE, F_TARGET = 50, 20, 20_000, 0.8, 4, 6_000
 EPSILON = math.log(P * (M - S_SIZE) / ((1 - P) * S_SIZE))  # GCMS eq. 5: ln 16
 

@@ -1,6 +1,6 @@
 """What every mechanism shares: reports as arrays, the sketch state, estimates, the base class.
 
-Server state is the same for all mechanisms (DESIGN.md): an integer matrix ``counts[k, m]``
+Server state is the same for all mechanisms (docs/mechanisms.md): an integer matrix ``counts[k, m]``
 plus per-row totals, so one snapshot format and one query path serve all of them.
 """
 

@@ -4,14 +4,14 @@ Each kernel has a plain numpy reference that tests compare bit for bit
 (``columns.column_sums_reference``, ``hcms.walsh_hadamard_rows``, ``cms.scatter_bits_reference``):
 every value here is an integer computed exactly, so the order of the work never changes a bit.
 
-Why numba (docs/performance.md): the estimate of a 250,000-item dictionary at k = 65,536 is 16
-billion hash evaluations in GF(2^61 - 1), each two 61-bit products. numpy evaluates them as ~40
-whole-array passes of 64-bit temporaries (``hashing._mulmod``); a compiled loop keeps a product in
-registers and reads the sketch row it hashes into while that row is in cache. numba compiles
-the loops below from Python at first use (cached on disk, ``cache=True``), ships wheels for every
-platform numpy does, and needs no compiler on the user's machine. ``nogil=True`` lets the caller
-run one kernel per core on threads of its own (``columns.py``), which keeps the parallelism in
-one place and safe for servers that query from several threads.
+Why numba (docs/mechanisms.md, Server kernels): the estimate of a 250,000-item dictionary at
+k = 65,536 is 16 billion hash evaluations in GF(2^61 - 1), each two 61-bit products. numpy
+evaluates them as ~40 whole-array passes of 64-bit temporaries (``hashing._mulmod``); a compiled
+loop keeps a product in registers and reads the sketch row it hashes into while that row is in
+cache. numba compiles the loops below from Python at first use (cached on disk, ``cache=True``),
+ships wheels for every platform numpy does, and needs no compiler on the user's machine.
+``nogil=True`` lets the caller run one kernel per core on threads of its own (``columns.py``),
+which keeps the parallelism in one place and safe for servers that query from several threads.
 
 The field arithmetic: keys and coefficients are below ``P = 2^61 - 1``; a product is split in
 32-bit halves (no 128-bit integers in numba) and folded with ``2^61 = 1 (mod P)`` to a value

@@ -1,9 +1,9 @@
 """Optimal CMS: GCMS with p and s chosen for a target frequency (GCMS paper §4.3, Alg. 4).
 
 ``method="exact"`` (default) minimizes the *verified* variance of ``f_hat`` at the target
-``lambda = f/n`` (``variance.ContributionModel``, the corrected Thm 3 of DESIGN.md) over every
-integer s in ``[1, m-1]`` and every p meeting eps (GCMS eq. 5), by a vectorized grid over (s, p)
-refined with a bounded scalar search. ``method="paper"`` is Lemma 1 / Alg. 4 as published: it
+``lambda = f/n`` (``variance.ContributionModel``, the corrected Thm 3 of docs/gcms-variance.md)
+over every integer s in ``[1, m-1]`` and every p meeting eps (GCMS eq. 5), by a vectorized grid over
+(s, p) refined with a bounded scalar search. ``method="paper"`` is Lemma 1 / Alg. 4 as published: it
 minimizes ``(k w - p + lambda (w-1)(k w - p - w p)) / (k (1-p)^2 p)``, ``w = e^eps (1-p) + p``,
 over p in [1/2, 1) and sets ``s = ceil(m / (1 + (1/p - 1) e^eps))``. The printed search loop
 never terminates (its two probes coincide), so it is run as a golden-section search, the

@@ -10,7 +10,7 @@ holder of d, with probability ``gamma`` for anyone else) ``Y`` has mean ``a`` an
       f_hat = (C - n*mu) / ((a - b)(1 - gamma)),   mu = gamma*a + (1 - gamma)*b
 
 * variance over the randomizers *and* the draw of the k hash functions (the corrected form of
-  GCMS Thm 3 in DESIGN.md, generalized; derived in ``docs/variance.md``)::
+  GCMS Thm 3, generalized; derived in ``docs/gcms-variance.md``, section 3)::
 
       Var[C] = f*var_a + (n-f)*(gamma*var_a + (1-gamma)*var_b + gamma(1-gamma)(a-b)^2 - alpha2)
                + alpha2 * S,     alpha2 = gamma(1-gamma)(a-b)^2 / k,   S = sum_{d' != d} f(d')^2

@@ -4,7 +4,8 @@ Given epsilon, the reports n per window, and optionally a dictionary size d, a t
 range ``[lo, hi]`` (fractions f/n), a message budget in bits and the number of hash functions k,
 ``advise`` builds candidate mechanisms with ``build_mechanism`` (each validates itself and its
 epsilon), predicts their error from the mechanism's own ``variance`` (``ContributionModel``: over
-the randomizers *and* the draw of the k hash functions, DESIGN.md's corrected GCMS Thm 3), reads
+the randomizers *and* the draw of the k hash functions, the corrected GCMS Thm 3 of
+docs/gcms-variance.md), reads
 their ``message_bits``, and recommends the best by one of three objectives:
 
 * ``"target"``: the largest Var[f_hat] over f in [lo n, hi n] (GCMS §4.3: error at a target

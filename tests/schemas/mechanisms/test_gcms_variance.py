@@ -1,6 +1,7 @@
-"""Which GCMS variance does simulation support: Theorem 3 as printed, or DESIGN.md's correction?
+"""Which GCMS variance does simulation support: Theorem 3 as printed, or the correction?
 
-DESIGN.md's setting: k=50, m=20, n=20000, p=0.8, s=4, f=6000, fresh hash functions each trial.
+The setting of docs/gcms-variance.md, section 1: k=50, m=20, n=20000, p=0.8, s=4, f=6000,
+fresh hash functions each trial.
 The empirical variance of T estimates has relative standard error sqrt(2/(T-1)); a formula is
 supported when it lies within 4 of those, and rejected when it lies more than 4 away.
 """
@@ -49,7 +50,7 @@ def test_simulation_supports_the_corrected_variance(heavy_others: bool) -> None:
 
 
 def test_corrected_form_matches_design_md_closed_form() -> None:
-    """ContributionModel reproduces the formula as written in DESIGN.md, term by term."""
+    """ContributionModel reproduces the formula of docs/gcms-variance.md, term by term."""
     mech, pop = setting(heavy_others=True)
     p, q, m, k, n, f = 0.8, (4 - 0.8) / 19, 20, 50, pop.n, 6000.0
     s_others = pop.sum_sq() - f * f

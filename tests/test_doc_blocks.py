@@ -1,0 +1,313 @@
+"""Every shell and Python block of the README and of ``docs/`` runs verbatim, twice in a row.
+
+The test copies the repository's files as they are on disk (tracked, plus new files not yet
+ignored: what a fresh clone of the next commit holds) into a temporary directory, links this
+repository's ``.venv`` into it and runs each file's blocks in the file's order from the copy's
+root: a ```` ```sh ```` or ```` ```bash ```` block with ``bash -e``, a ```` ```python ````
+block with ``python`` (its code in a file of its own outside the copy). The blocks run in a
+shell whose ``PATH`` starts with that venv's ``bin/``, as for a user who followed the README
+(``./dev.sh setup``, then ``. .venv/bin/activate``), so ``ldpipe`` and ``python`` are the venv's;
+the linked venv's editable install imports this checkout's ``ldpipe``, whose files the copy
+holds byte for byte. Then every block runs a second time on what the first pass left behind:
+a block owns its state (it starts afresh or cleans up after itself), so both passes must pass.
+
+Each block runs in its own process group, which is killed when the block ends, however it
+ends, so nothing it started in the background outlives it. A block is not run when it runs
+``./dev.sh`` (the demo and the test suite: CI runs both itself) or when an HTML comment
+``<!-- not run: REASON -->`` stands on the line before its fence; the test lists those with
+their reasons, and a ``not run`` comment without a reason fails. Fragments that are not
+meant to run at all use another info string (```` ```text ````, ```` ```toml ````, ...).
+
+README's Kafka blocks listen on fixed ports (their configurations' ``bootstrap_servers`` and
+the services block's metrics ports); the test fails at once, naming them, if one is taken.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.repo_files import copy_repository
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
+FENCE = re.compile(r"^```([\w+-]*)[^\n]*\n(.*?)^```[ \t]*$", re.M | re.S)
+RUN_AS = {"sh": "bash", "bash": "bash", "python": "python"}
+NOT_RUN = re.compile(r"<!--\s*not run\b:?\s*(.*?)\s*-->\s*\Z", re.S)
+WITH_README = re.compile(r"<!--\s*run with README\.md\b:?\s*(.*?)\s*-->\s*\Z", re.S)
+DEV_SH = "./dev.sh"  # `./dev.sh demo` and `./dev.sh test`: CI runs them anyway
+PORTS = (9092, 9093, 9094, 9101, 9102)  # README's example configurations' brokers, metrics
+BLOCK_TIMEOUT_S = 240.0
+PASSES = 2
+
+
+@dataclass(frozen=True)
+class Block:
+    """One fenced block: where it is, how it runs, and why not, if it is not run."""
+
+    doc: Path
+    line: int
+    language: str
+    code: str
+    skip: str | None
+    with_readme: bool = False
+
+    @property
+    def name(self) -> str:
+        first = self.code.strip().splitlines()[0] if self.code.strip() else ""
+        return f"{self.doc.relative_to(ROOT)}:{self.line} ({first[:60]})"
+
+
+@dataclass(frozen=True)
+class Expect:
+    """A block, known by a string only it contains, and what its output must show."""
+
+    marker: str
+    patterns: tuple[str, ...]
+
+
+EXPECTED = (
+    Expect("ldpipe simulate --mechanism rrcms", (r"max empirical MSE [\d.]+",)),
+    Expect(
+        "--config infra/example.toml --metrics-port 9101",
+        (
+            r"produced 100,000 reports \(0 failed\)",
+            r"(?m)^emoji: 100,000 reports in \d+ window\(s\)",
+            r"(?m)^item +estimate +std err +95% interval$",
+            r"replayed 100,000 reports \(0 rejected\)",
+            r"published epoch 2",
+            r"amplified eps, closed form",
+            r"ldp\.emoji\.dlq \(emoji\): no dead letters",
+            r"(?m)^broker stopped$",
+        ),
+    ),
+    Expect(
+        "C=infra/discovery-example.toml",
+        (
+            r"produced 40,000 reports \(0 failed\)",
+            r"use case words: [1-9]\d* items found in 2 windows",
+            r"(?m)^  the +2 ",  # the most common word, released in both windows
+            r"(?m)^words: 20,000 reports in \d+ window\(s\)",
+            r"(?m)^the +\d+\.\d +\d+\.\d +\[",  # ... and its estimate from the sketch
+            r"(?m)^broker stopped$",
+        ),
+    ),
+    Expect(
+        "C=infra/sfp-example.toml",
+        (
+            r"produced 40,000 reports \(0 failed\)",
+            r"20,000 word and 20,000 fragment reports",
+            r"recorded in \S*infra/state/sfp/snapshots/newwords/discoveries/",
+            r"use case newwords: [1-9]\d* items found in 1 windows",
+            r"(?m)^newwords: 20,000 reports in 1 window\(s\)",
+            r"(?m)^the +\d+\.\d +\d+\.\d +\[",
+            r"(?m)^broker stopped$",
+        ),
+    ),
+    Expect(
+        "ldpipe init my-deployment      #",
+        (
+            r"wrote 15 files into my-deployment/",
+            r"produced 20,000 reports \(0 failed\)",
+            r"(?m)^emoji: 20,000 reports in \d+ window\(s\)",
+            r"(?m)^broker stopped$",
+        ),
+    ),
+    Expect("ldpipe params --epsilon 4", (r'"epsilon":', r'"f1":')),
+    # the guides' blocks that read README's store (docs/query.md, docs/calibrate.md)
+    Expect("load_merged(open_store(uc))", (r"'reports': 100000", r"epoch 1: 100,000 reports")),
+    Expect(
+        "--serve --metrics-port 9102",
+        (r'"name": ?"emoji"', r'"reports": ?100000', r'"item": ?"NINJA"', r'"z": ?-?\d'),
+    ),
+    Expect("--calibrate powerlaw --calibrate-fit ml --json", (r'"calibrated',)),
+)
+
+
+def blocks_of(doc: Path) -> list[Block]:
+    """The ```sh, ```bash and ```python blocks of ``doc``, each with its reason not to run."""
+    text = doc.read_text(encoding="utf-8")
+    found = []
+    for match in FENCE.finditer(text):
+        language = match.group(1)
+        if language not in RUN_AS:
+            continue
+        before = text[: match.start()].rstrip("\n").rsplit("\n", 1)[-1]
+        comment = NOT_RUN.search(before)
+        skip = None
+        with_readme = WITH_README.search(before) is not None
+        if comment:
+            skip = comment.group(1)
+        elif DEV_SH in match.group(2):
+            skip = "runs ./dev.sh (the demo or the test suite: CI runs them itself)"
+        line = text.count("\n", 0, match.start()) + 1
+        found.append(Block(doc, line, language, match.group(2), skip, with_readme))
+    return found
+
+
+ALL_BLOCKS = [block for doc in DOCS for block in blocks_of(doc)]
+RUN_DOCS = sorted(
+    {b.doc for b in ALL_BLOCKS if b.skip is None and not b.with_readme} | {DOCS[0]},
+    key=DOCS.index,
+)
+
+
+def blocks_to_run(doc: Path) -> list[Block]:
+    """``doc``'s blocks to run, in order; README's are followed by the guides' blocks marked
+    ``<!-- run with README.md: ... -->``, which read what README's services block left in
+    ``infra/state/`` (its sketch store) and so run in README's copy, after its blocks."""
+    own = [b for b in blocks_of(doc) if b.skip is None and not b.with_readme]
+    if doc.name != "README.md":
+        return own
+    return own + [b for b in ALL_BLOCKS if b.skip is None and b.with_readme]
+
+
+def fresh_copy(dest: Path) -> Path:
+    """The repository's files as on disk, without what .gitignore ignores (keys, state,
+    caches), and this repository's .venv linked in; returns the venv's ``bin``."""
+    copy_repository(dest)
+    venv = ROOT / ".venv"
+    if not (venv / "bin" / "ldpipe").exists():
+        pytest.skip("no .venv with ldpipe installed (./dev.sh setup)")
+    (dest / ".venv").symlink_to(venv, target_is_directory=True)
+    return dest / ".venv" / "bin"
+
+
+def activated(bin_dir: Path) -> dict[str, str]:
+    """The environment of a shell after ``. .venv/bin/activate``: the venv's bin first."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONHOME", "PYTHONPATH")}
+    env["VIRTUAL_ENV"] = str(bin_dir.parent)
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
+    return env
+
+
+def taken_ports() -> list[int]:
+    taken = []
+    for port in PORTS:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                taken.append(port)
+    return taken
+
+
+def kill_group(pgid: int) -> None:
+    """SIGTERM the block's process group, then SIGKILL what is left after a grace period."""
+    for sig, grace in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(pgid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.1)
+
+
+def run_block(block: Block, tag: str, cwd: Path, env: dict[str, str]) -> tuple[int, str, float]:
+    """Exit status, output (stdout and stderr) and seconds of one block."""
+    log = cwd.parent / f"{tag}.log"
+    if RUN_AS[block.language] == "bash":
+        argv = ["bash", "-e", "-c", block.code]
+    else:
+        script = cwd.parent / f"{tag}.py"
+        script.write_text(block.code, encoding="utf-8")
+        argv = ["python", str(script)]
+    started = time.monotonic()
+    with log.open("wb") as out:
+        # output to a file, not a pipe: background services keep their stdout open
+        proc = subprocess.Popen(
+            argv,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            status = proc.wait(timeout=BLOCK_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            status = -1
+        finally:
+            kill_group(proc.pid)
+            proc.wait()
+    return status, log.read_text(encoding="utf-8", errors="replace"), time.monotonic() - started
+
+
+def test_blocks_cover_the_expectations() -> None:
+    """Each expectation names exactly one block (a renamed block must not be missed)."""
+    for expect in EXPECTED:
+        found = [b.name for b in ALL_BLOCKS if expect.marker in b.code]
+        assert len(found) == 1, f"{expect.marker!r} is in {len(found)} blocks, not 1: {found}"
+
+
+def test_every_skip_says_why() -> None:
+    """A block that is not run names its reason; the list printed is the one to review."""
+    skipped = [b for b in ALL_BLOCKS if b.skip is not None]
+    print("\n".join(["blocks not run:", *(f"  {b.name}: {b.skip}" for b in skipped)]))
+    unexplained = [b.name for b in skipped if len(b.skip or "") < 10]
+    assert not unexplained, f"<!-- not run: ... --> without a reason before {unexplained}"
+    # what may keep a block from running: Kafka it cannot have here, ./dev.sh (CI runs it),
+    # a package index, or a run of minutes beyond the slow suite's budget
+    allowed = ("Kafka", DEV_SH, "package index", "minutes")
+    other = [
+        f"{b.name}: {b.skip}" for b in skipped if not any(a in (b.skip or "") for a in allowed)
+    ]
+    assert not other, "blocks not run for a reason the suite does not accept:\n" + "\n".join(other)
+
+
+def test_the_scan_sees_the_blocks() -> None:
+    # a pattern that silently matched nothing would leave the slow test nothing to run
+    readme = blocks_of(ROOT / "README.md")
+    assert [b.language for b in readme].count("python") == 1
+    assert sum(b.language == "sh" for b in readme) >= 7
+    assert any(b.language == "bash" for b in ALL_BLOCKS)
+    assert any(b.with_readme for b in blocks_to_run(ROOT / "README.md"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("doc", RUN_DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_blocks_run_verbatim_twice(doc: Path, tmp_path: Path) -> None:
+    blocks = blocks_to_run(doc)
+    if doc.name == "README.md":  # the guides' blocks take free ports (EmbeddedBroker())
+        taken = taken_ports()
+        if taken:
+            pytest.fail(
+                f"port(s) {', '.join(map(str, taken))} in use on 127.0.0.1: README's blocks "
+                f"listen there (stop whatever holds them, e.g. a broker left from the README)"
+            )
+    tree = tmp_path / "ldpipe"
+    tree.mkdir()
+    env = activated(fresh_copy(tree))
+    timings = []
+    for run in range(1, PASSES + 1):
+        for block in blocks:
+            status, output, seconds = run_block(block, f"pass{run}-{block.line}", tree, env)
+            timings.append(f"{seconds:6.1f} s  pass {run}  {block.name}")
+            tail = output[-4000:]
+            where = f"{block.name}, pass {run}"
+            if status == -1:
+                pytest.fail(f"{where} ran over {BLOCK_TIMEOUT_S:g} s:\n{tail}")
+            assert status == 0, f"{where} exited {status}:\n{tail}"
+            for expect in EXPECTED:
+                if expect.marker in block.code:
+                    for pattern in expect.patterns:
+                        assert re.search(pattern, output), (
+                            f"{where}: no match for {pattern!r} in its output:\n{tail}"
+                        )
+    print("\n".join([f"{doc.relative_to(ROOT)}:", *timings]), file=sys.stderr)

@@ -199,7 +199,8 @@ class SketchStore:
     def unreadable(self, exc: BaseException) -> StoreError:
         """A read of the table that failed (a garbled log, a missing or damaged Parquet file,
         an unreachable bucket), as one line naming the store and the fix."""
-        what = " ".join(str(exc).split()) or type(exc).__name__
+        lines = str(exc).strip().splitlines()  # delta-rs may append a Rust backtrace
+        what = lines[0].strip() if lines else type(exc).__name__
         return StoreError(
             f"cannot read the sketch store {self.uri}: {what}; `ldpipe store verify` checks "
             f"it: restore its damaged or missing files from a backup, or move it away and "

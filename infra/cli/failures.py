@@ -15,6 +15,7 @@ only once imported (``sys.modules``), so ``ldpipe --help`` loads none of them.
 from __future__ import annotations
 
 import json
+import re
 import sys
 import threading
 import tomllib
@@ -28,6 +29,7 @@ __all__ = ["Failure", "ThreadFailures", "explain", "install_thread_hook"]
 USAGE, RUNTIME, INTERRUPTED = 2, 1, 130
 _TRACE = "run with -v for the traceback"
 _LONGEST = 400  # characters of a foreign message kept in the line
+_FRAME = re.compile(r"\s+\d+: ")
 
 
 @dataclass(frozen=True)
@@ -39,12 +41,18 @@ class Failure:
     code: int
 
 
-def _first_line(exc: BaseException) -> str:
-    """The exception's own words on one line (a Rust error may span several), shortened."""
-    text = " ".join(str(exc).split())
+def _first_line(exc: BaseException, *, shorten: bool = True) -> str:
+    """The exception's own words on one line, without the Rust backtrace delta-rs may append
+    (lines `` 0: <frame>``), shortened."""
+    kept = []
+    for line in str(exc).strip().splitlines():
+        if _FRAME.match(line):
+            break
+        kept.append(line)
+    text = " ".join(" ".join(kept).split())
     if not text and isinstance(exc, KeyError | IndexError) and exc.args:
         text = repr(exc.args[0])
-    if len(text) > _LONGEST:
+    if shorten and len(text) > _LONGEST:  # a foreign library's words; ldpipe's are kept whole
         text = text[: _LONGEST - 3] + "..."
     return text or "(no message)"
 
@@ -132,9 +140,9 @@ def explain(exc: BaseException) -> Failure:
     if isinstance(exc, tomllib.TOMLDecodeError):
         return Failure(f"malformed TOML: {_first_line(exc)}; fix the configuration file", USAGE)
     if isinstance(exc, LdpipeError) and not isinstance(exc, ValueError):
-        return Failure(_first_line(exc), RUNTIME)  # a run-time failure that says what to do
+        return Failure(_first_line(exc, shorten=False), RUNTIME)  # it says what to do
     if isinstance(exc, ValueError):  # validation errors name the problem and the fix
-        return Failure(_first_line(exc), USAGE)
+        return Failure(_first_line(exc, shorten=False), USAGE)
     if isinstance(exc, TimeoutError):
         return Failure(
             f"timed out: {_first_line(exc)} ({_kind(exc)}); what it waited for did not happen "

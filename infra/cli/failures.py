@@ -109,8 +109,8 @@ def _os(exc: OSError) -> Failure:
     why = exc.strerror or _first_line(exc)
     if isinstance(exc, FileNotFoundError):
         fix = (
-            "check the path; `ldpipe init DIR` writes a starter configuration with its keys, "
-            "`ldpipe keys generate` writes a key pair"
+            "create it, or correct the option or configuration entry that names it "
+            "(`ldpipe init DIR` writes a starter configuration and its keys)"
         )
     elif isinstance(exc, PermissionError):
         fix = "give the user running ldpipe access to it, or choose another path"

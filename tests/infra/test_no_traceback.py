@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +26,9 @@ import pytest
 
 from ldpipe.infra.cli.init import init
 from ldpipe.infra.cli.main import COMMANDS, build_parser
+from ldpipe.infra.runtime.broker import EmbeddedBroker
+from ldpipe.infra.runtime.kafka import KafkaSettings, ensure_topics
+from ldpipe.infra.runtime.topics import config_topics
 from ldpipe.schemas.config import load_config
 from tests.store_helpers import seal_windows
 
@@ -321,3 +324,84 @@ def test_a_command_meets_a_broken_situation_in_one_line(
 ) -> None:
     argv = _situation_argv(leaf, situation, world)
     _check(leaf, argv, _run(leaf, argv, world.root, situation), situation)
+
+
+CONSUMERS = [leaf for leaf in LEAVES if "--idle-exit" in leaf.options()]  # the Kafka services
+
+
+class _Running:
+    """``ldpipe argv`` started in the background, its output collected line by line."""
+
+    def __init__(self, argv: list[str], cwd: Path) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "ldpipe.infra.cli", *argv],
+            cwd=cwd,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.out: list[str] = []
+        self.err: list[str] = []
+        streams = ((self.process.stdout, self.out), (self.process.stderr, self.err))
+        self._readers = [
+            threading.Thread(target=lines.extend, args=(iter(stream.readline, ""),))  # type: ignore[union-attr]
+            for stream, lines in streams
+        ]
+        for reader in self._readers:
+            reader.start()
+
+    def wait_for(self, condition: Callable[[], bool], what: str) -> None:
+        deadline = time.monotonic() + TIMEOUT
+        while not condition():
+            if time.monotonic() > deadline:
+                pytest.fail(f"waited {TIMEOUT:.0f} s for {what}; stderr:\n{''.join(self.err)}")
+            time.sleep(0.1)
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        for reader in self._readers:
+            reader.join()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("leaf", CONSUMERS, ids=str)
+def test_a_service_whose_broker_dies_warns_in_lines_and_stops_on_sigterm(
+    leaf: Leaf, tmp_path: Path
+) -> None:
+    """The broker answers at the start, then dies: a service keeps retrying (librdkafka does),
+    says so in log lines, not a traceback, and still stops cleanly on SIGTERM."""
+    init(tmp_path)
+    broker = EmbeddedBroker(log_dir=tmp_path / "broker-log").start()
+    service: _Running | None = None
+    try:
+        servers = broker.bootstrap_servers
+        config = _rewrite(
+            tmp_path / "pipeline.toml", tmp_path / "live.toml", ("127.0.0.1:9092", servers)
+        )
+        ensure_topics(KafkaSettings(servers), config_topics(load_config(config)))
+        argv = [*_argv(leaf, config), "--progress", "0"]
+        service = _Running(argv, tmp_path)
+        service.wait_for(lambda: bool(service and service.out), f"{leaf.name} to start")
+        assert service.process.poll() is None, "".join(service.err)
+        broker.stop()
+        service.wait_for(
+            lambda: (
+                service.process.poll() is not None  # type: ignore[union-attr]
+                or any("ldpipe.rdkafka" in line for line in service.err)
+            ),  # type: ignore[union-attr]
+            f"{leaf.name} to warn that the broker is gone, or to give up",
+        )
+        if service.process.poll() is None:  # it retries: SIGTERM must still stop it
+            service.process.send_signal(signal.SIGTERM)
+            code = service.process.wait(timeout=TIMEOUT)
+            assert code == 0, "".join(service.err)
+    finally:
+        broker.stop()
+        if service is not None:
+            service.close()
+    # or it gave up (a transaction cannot start, say): then in one line, exit 1
+    _check(leaf, argv, Outcome(service.process.returncode, "".join(service.err)), "broker died")

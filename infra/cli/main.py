@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -243,6 +244,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     chosen = _chosen(words)
     command = chosen.name if chosen is not None else "ldpipe"
     threads = ThreadFailures()
+    previous_hook = threading.excepthook
     try:
         args = build_parser(words).parse_args(words)
         verbose, command = args.verbose, args.command
@@ -264,6 +266,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise
     except BaseException as exc:  # the last resort; a Rust panic (pyo3) is a BaseException
         return _report(command, exc, verbose)
+    finally:  # main() may run inside a test, or a program of its own: leave its hook as it was
+        threading.excepthook = previous_hook
     return 1 if threads.first is not None and code == 0 else code
 
 

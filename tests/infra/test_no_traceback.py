@@ -30,6 +30,7 @@ from ldpipe.infra.runtime.broker import EmbeddedBroker
 from ldpipe.infra.runtime.kafka import KafkaSettings, ensure_topics
 from ldpipe.infra.runtime.topics import config_topics
 from ldpipe.schemas.config import load_config
+from ldpipe.schemas.keys import KeyPair, save_key_pair
 from tests.store_helpers import seal_windows
 
 TIMEOUT = 60.0  # seconds a command may take to give up (the dead broker's: --connect-timeout)
@@ -52,7 +53,7 @@ FILL_FOR: dict[tuple[str, str], str] = {
 }
 # the use case each command is pointed at in the starter deployment (`ldpipe init`)
 USE_CASE = {"discovery-shuffler": "words", "discovery-aux": "words", "discovery-server": "words",
-            "discoveries": "words"}  # fmt: skip
+            "discoveries": "words", "sfp-discover": "newwords"}  # fmt: skip
 # commands that run until stopped, and the line that says they run: the test stops them (SIGTERM)
 SERVES = {"broker": "running; Ctrl-C stops"}
 # the situations a command with --config meets through its configuration
@@ -150,11 +151,12 @@ def _rewrite(source: Path, target: Path, *pairs: tuple[str, str]) -> Path:
 def world(tmp_path_factory: pytest.TempPathFactory) -> World:
     root = tmp_path_factory.mktemp("situations")
     init(root)
+    _add_sfp_use_case(root)
     dead = f'bootstrap_servers = "127.0.0.1:{_closed_port()}"'
     base = root / "pipeline.toml"
     good = _rewrite(base, root / "dead-broker.toml", ('bootstrap_servers = "127.0.0.1:9092"', dead))
     broken_store = _rewrite(good, root / "broken-store.toml", ('uri = "store"', 'uri = "garbled"'))
-    for use_case in ("emoji", "words"):
+    for use_case in TABLES:
         log = root / "garbled" / use_case / "_delta_log"
         log.mkdir(parents=True)
         (log / "00000000000000000000.json").write_text('{"protocol": {"minReaderVers', "utf-8")
@@ -176,10 +178,43 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> World:
     return World(root, good, broken_store, missing_segment, missing_key, bad_value)
 
 
+# the sketch store's tables in the situations' configuration
+TABLES = ("emoji", "words", "newwords", "newwords.fragments")
+SFP_USE_CASE = """
+[[use_case]]
+name = "newwords"          # small shapes: the test writes its store
+k = 16
+m = 32
+public_key = "keys/newwords-3.public.json"
+private_keys = ["keys"]
+
+[use_case.shuffle]
+public_key = "shuffler-keys/newwords-shuffler-12.public.json"
+private_keys = ["shuffler-keys/newwords-shuffler-12.private.json"]
+n_min = 1000
+
+[use_case.store]
+uri = "store"
+
+[use_case.sfp]
+fragment_k = 16
+fragment_m = 32
+"""
+
+
+def _add_sfp_use_case(root: Path) -> None:
+    """``ldpipe init``'s deployment has no SFP use case: add one, so sfp-discover reads a store."""
+    save_key_pair(KeyPair.generate(key_id=3, name="newwords"), root / "keys")
+    shuffler = KeyPair.generate(key_id=12, name="newwords-shuffler", role="shuffler")
+    save_key_pair(shuffler, root / "shuffler-keys")
+    config = root / "pipeline.toml"
+    config.write_text(config.read_text(encoding="utf-8") + SFP_USE_CASE, encoding="utf-8")
+
+
 def _seal_then_delete_segments(config_path: Path) -> None:
     """A real store, as the aggregator writes it, whose Parquet files are then deleted."""
     config = load_config(config_path)
-    for name in ("emoji", "words"):
+    for name in TABLES:
         use_case = config.use_case(name)
         sketch = use_case.mechanism.new_sketch()
         store = seal_windows(use_case, [(0, 3600, sketch)], offsets={0: 1})

@@ -115,7 +115,8 @@ def test_a_dying_background_thread_is_one_line_and_stops_the_command(
     install_thread_hook("shuffler", failures, verbose=False)
     try:
         with pytest.raises(KeyboardInterrupt):  # interrupt_main: the command stops as on Ctrl-C
-            thread = threading.Thread(target=lambda: {}["missing"], name="ldpipe-progress")
+            empty: dict[str, int] = {}
+            thread = threading.Thread(target=lambda: empty["missing"], name="ldpipe-progress")
             thread.start()
             thread.join()
             deadline = time.monotonic() + 5

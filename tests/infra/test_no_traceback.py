@@ -94,7 +94,9 @@ class Leaf:
         ]
 
 
-def _subparsers(parser: argparse.ArgumentParser) -> Iterator[argparse._SubParsersAction]:
+def _subparsers(
+    parser: argparse.ArgumentParser,
+) -> Iterator[argparse._SubParsersAction[argparse.ArgumentParser]]:
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             yield action
@@ -423,11 +425,12 @@ def test_a_service_whose_broker_dies_warns_in_lines_and_stops_on_sigterm(
         service.wait_for(lambda: bool(service and service.out), f"{leaf.name} to start")
         assert service.process.poll() is None, "".join(service.err)
         broker.stop()
-        service.wait_for(
+        running = service
+        running.wait_for(
             lambda: (
-                service.process.poll() is not None  # type: ignore[union-attr]
-                or any("ldpipe.rdkafka" in line for line in service.err)
-            ),  # type: ignore[union-attr]
+                running.process.poll() is not None
+                or any("ldpipe.rdkafka" in line for line in running.err)
+            ),
             f"{leaf.name} to warn that the broker is gone, or to give up",
         )
         if service.process.poll() is None:  # it retries: SIGTERM must still stop it

@@ -44,7 +44,7 @@ import pyarrow.compute as pc  # type: ignore[import-untyped]
 import pyarrow.fs as pafs  # type: ignore[import-untyped]
 import pyarrow.parquet as pq  # type: ignore[import-untyped]
 from deltalake import CommitProperties, DeltaTable, Transaction, WriterProperties, write_deltalake
-from deltalake.exceptions import CommitFailedError, TableNotFoundError
+from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from deltalake.fs import DeltaStorageHandler
 from deltalake.transaction import AddAction, RemoveAction
 
@@ -193,8 +193,19 @@ class SketchStore:
             return DeltaTable(self.uri, storage_options=self._options)
         except TableNotFoundError:
             return None
-        except OSError as exc:
-            raise StoreError(f"cannot read the sketch store {self.uri}: {exc}") from exc
+        except (OSError, DeltaError) as exc:
+            raise self.unreadable(exc) from exc
+
+    def unreadable(self, exc: BaseException) -> StoreError:
+        """A read of the table that failed (a garbled log, a missing or damaged Parquet file,
+        an unreachable bucket), as one line naming the store and the fix."""
+        lines = str(exc).strip().splitlines()  # delta-rs may append a Rust backtrace
+        what = lines[0].strip() if lines else type(exc).__name__
+        return StoreError(
+            f"cannot read the sketch store {self.uri}: {what}; `ldpipe store verify` checks "
+            f"it: restore its damaged or missing files from a backup, or move it away and "
+            f"rebuild it with `ldpipe replay`"
+        )
 
     def version(self) -> int | None:
         table = self.table()
@@ -389,7 +400,11 @@ class SketchStore:
             condition &= pc.field("window_start") >= start
         if end is not None:
             condition &= pc.field("window_end") <= end
-        rows = table.to_pyarrow_dataset().to_table(filter=condition, columns=_HEADER_COLUMNS)
+        try:
+            dataset = table.to_pyarrow_dataset()
+            rows = dataset.to_table(filter=condition, columns=_HEADER_COLUMNS)
+        except (OSError, DeltaError, pa.ArrowException) as exc:
+            raise self.unreadable(exc) from exc
         found = [_info(row) for row in rows.to_pylist()]
         return sorted(found, key=lambda s: (s.epoch, s.window_start, s.window_end, s.segment))
 
@@ -441,20 +456,27 @@ class SketchStore:
         A file with no row of them is skipped (its ``segment`` column read alone).
         """
         for path in pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist():
-            with self._open(path) as source:
-                parquet = pq.ParquetFile(source, pre_buffer=False)
-                named = parquet.read(columns=["segment"]).column("segment")
-                if not pc.any(pc.is_in(named, value_set=wanted)).as_py():
-                    continue
-                columns = ["segment", "row", "counts", "row_total"]
-                for batch in parquet.iter_batches(batch_size=256, columns=columns):
-                    keep = pc.and_(
-                        pc.is_in(batch.column(0), value_set=wanted),
-                        pc.greater_equal(batch.column(1), 0),
-                    )
-                    chosen = batch.filter(keep)
-                    if chosen.num_rows:
-                        yield chosen
+            try:
+                yield from self._file_rows(path, wanted)
+            except (OSError, pa.ArrowException) as exc:
+                raise self.unreadable(exc) from exc
+
+    def _file_rows(self, path: str, wanted: Any) -> Iterator[Any]:
+        """The sketch rows of the ``wanted`` segments in one Parquet file of the table."""
+        with self._open(path) as source:
+            parquet = pq.ParquetFile(source, pre_buffer=False)
+            named = parquet.read(columns=["segment"]).column("segment")
+            if not pc.any(pc.is_in(named, value_set=wanted)).as_py():
+                return
+            columns = ["segment", "row", "counts", "row_total"]
+            for batch in parquet.iter_batches(batch_size=256, columns=columns):
+                keep = pc.and_(
+                    pc.is_in(batch.column(0), value_set=wanted),
+                    pc.greater_equal(batch.column(1), 0),
+                )
+                chosen = batch.filter(keep)
+                if chosen.num_rows:
+                    yield chosen
 
     def _open(self, path: str) -> Any:
         """A readable file of the table: natively when local, else through delta-rs."""

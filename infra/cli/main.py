@@ -1,7 +1,8 @@
 """``ldpipe``: one command line for every service and tool.
 
 Each subcommand lives in a small module with ``add_parser(subparsers)`` and ``run(args)``;
-this file only wires them and turns validation errors into one clear line and exit code 2.
+this file only wires them and turns every error into one clear line (``failures.py``) and an exit
+code: 2 for bad usage or values, 1 for run-time failures.
 """
 
 from __future__ import annotations
@@ -13,12 +14,14 @@ import logging
 import os
 import signal
 import sys
+import threading
+import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from types import ModuleType
 
-from ldpipe.schemas.errors import LdpipeError
+from ldpipe.infra.cli.failures import ThreadFailures, explain, install_thread_hook
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 
@@ -211,7 +214,12 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         epilog=_grouped(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="log at DEBUG level, and print the traceback of an error",
+    )
     parser.add_argument(
         "--version", action="version", version=f"ldpipe {installed_version()}", help="print it"
     )
@@ -232,24 +240,49 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command ``argv`` names; every exception it meets ends as one line on stderr,
+    ``ldpipe CMD: error: <problem and fix>`` (``infra/cli/failures.py``), and an exit code:
+    2 bad usage or values, 1 a run-time failure, 130 Ctrl-C. ``-v`` prints the traceback too."""
     words = sys.argv[1:] if argv is None else list(argv)
-    args = build_parser(words).parse_args(words)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    verbose = bool(words) and words[0] in ("-v", "--verbose")
+    chosen = _chosen(words)
+    command = chosen.name if chosen is not None else "ldpipe"
+    threads = ThreadFailures()
+    previous_hook = threading.excepthook
     try:
-        return int(args.run(args))
+        args = build_parser(words).parse_args(words)
+        verbose, command = args.verbose, args.command
+        logging.basicConfig(
+            level=logging.DEBUG if verbose else logging.WARNING,
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        )
+        install_thread_hook(command, threads, verbose)
+        code = int(args.run(args))
     except BrokenPipeError:  # `ldpipe ... | head`: the reader left; stop quietly, like Unix tools
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush does not fail
         return 128 + signal.SIGPIPE
-    except ValueError as exc:  # validation errors name the problem and the fix
-        print(f"ldpipe {args.command}: error: {exc}", file=sys.stderr)
-        return 2
-    except LdpipeError as exc:  # a failure at run time (Kafka, snapshots, ...): one line too
-        print(f"ldpipe {args.command}: error: {exc}", file=sys.stderr)
-        return 1
+    except KeyboardInterrupt:
+        if threads.first is not None:  # a background thread died and stopped the command
+            return 1
+        return 130  # Ctrl-C: the user knows; no line, no traceback
+    except (SystemExit, GeneratorExit):
+        raise
+    except BaseException as exc:  # the last resort; a Rust panic (pyo3) is a BaseException
+        return _report(command, exc, verbose)
+    finally:  # main() may run inside a test, or a program of its own: leave its hook as it was
+        threading.excepthook = previous_hook
+    return 1 if threads.first is not None and code == 0 else code
+
+
+def _report(command: str, exc: BaseException, verbose: bool) -> int:
+    """Print ``exc`` as one line (after its traceback with -v); return the exit code."""
+    failure = explain(exc)
+    if verbose:
+        traceback.print_exception(exc)
+    prefix = "ldpipe" if command == "ldpipe" else f"ldpipe {command}"
+    print(f"{prefix}: error: {failure.message}", file=sys.stderr)
+    return failure.code
 
 
 def entry() -> None:

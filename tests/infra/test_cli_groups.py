@@ -14,7 +14,7 @@ import pytest
 from ldpipe.infra.cli import main as cli
 
 ROOT = Path(__file__).resolve().parents[2]
-FRAME = ("ldpipe.infra.cli.main",)  # the command line itself, loaded by every call
+FRAME = ("ldpipe.infra.cli.main", "ldpipe.infra.cli.failures")  # loaded by every call
 HEAVY = ("numpy", "scipy", "numba", "pyarrow", "deltalake", "confluent_kafka", "cryptography")
 
 

@@ -82,7 +82,7 @@ EXPECTED = (
         (
             r"produced 100,000 reports \(0 failed\)",
             r"(?m)^emoji: 100,000 reports in \d+ window\(s\)",
-            r"(?m)^item +estimate +std err +95% interval$",
+            r"(?m)^item +estimate +std err +95% interval +> 0$",
             r"replayed 100,000 reports \(0 rejected\)",
             r"published epoch 2",
             r"amplified eps, closed form",

@@ -33,13 +33,17 @@ from ldpipe.schemas.discovery.tags import TagKey
 from ldpipe.schemas.errors import LdpipeError
 from ldpipe.schemas.keys import KeyPair, PublicKey, save_key_pair
 
-__all__ = ["LocalPipeline", "PipelineError", "PipelineSettings"]
+__all__ = ["LocalPipeline", "PipelineError", "PipelineSettings", "PipelineStalledError"]
 
 log = logging.getLogger(__name__)
 
 
 class PipelineError(LdpipeError):
     """A local pipeline that cannot go on: a service exited, or nothing moved for too long."""
+
+
+class PipelineStalledError(PipelineError, TimeoutError):
+    """What a wait waited for did not happen in time (a ``TimeoutError`` too)."""
 
 
 @dataclass(frozen=True)
@@ -378,7 +382,7 @@ class LocalPipeline:
                 seen, deadline = now, time.monotonic() + timeout
             if time.monotonic() > deadline:
                 still = "nothing moved for" if progress is not None else "timed out after"
-                raise PipelineError(
+                raise PipelineStalledError(
                     f"{still} {timeout:.0f} s waiting for {what}; the services' logs are in "
                     f"{self.workdir}"
                 )

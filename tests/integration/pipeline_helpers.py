@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import signal
 import time
 import uuid
 from dataclasses import dataclass
@@ -135,6 +137,23 @@ def aggregator_refusals(pipe: LocalPipeline, good: bytes) -> list[bytes]:
     )
     tampered = inner[:-1] + bytes([inner[-1] ^ 1])
     return [seal_outer(uc.name, foreign, shuffler), seal_outer(uc.name, tampered, shuffler)]
+
+
+def release_the_last_window(pipe: LocalPipeline) -> None:
+    """Restart the shuffler with ``n_min = 1``, so its deadline releases whatever it holds.
+
+    A shuffler never releases fewer than ``n_min`` reports; in a deployment a remainder waits
+    for more devices. A test with a deadline cuts windows where the machine's load puts the
+    reports, so its last one may hold fewer than ``n_min`` forever. Tests of exactly-once
+    delivery (not of the ``n_min`` rule) call this once every report is published: the new
+    shuffler re-reads the held reports from the committed offsets and releases them.
+    """
+    text = pipe.config_path.read_text(encoding="utf-8")
+    lowered, found = re.subn(r"(?m)^n_min = \d+$", "n_min = 1", text)
+    assert found == 1, "the configuration has no n_min line"
+    pipe.config_path.write_text(lowered, encoding="utf-8")
+    pipe.kill("shuffler", signal.SIGTERM)
+    pipe.start_shuffler()
 
 
 def wait_dead(pipe: LocalPipeline, name: str, timeout: float) -> bool:

@@ -31,6 +31,7 @@ from tests.integration.pipeline_helpers import (
     make_workload,
     offline_sketch,
     publish,
+    release_the_last_window,
     wait_dead,
 )
 
@@ -127,6 +128,7 @@ def test_kill_nine_at_random_moments_and_crash_points(
                 kills["random"] += 1
             _restart(pipe, victim)
         total = len(work.values) + bursts * per_burst
+        release_the_last_window(pipe)
         pipe.wait_until(lambda: pipe.shuffler_backlog() == 0, 180, "the shuffler")
         dlq = pipe.use_case.topics.dlq
 
@@ -200,6 +202,7 @@ def test_scaling_aggregators_one_three_two_while_producing(
         burst(4)
         pipe.start_aggregator(0)
         burst(5)
+        release_the_last_window(pipe)
         pipe.wait_until(lambda: pipe.shuffler_backlog() == 0, 180, "the shuffler")
         pipe.wait_until(
             lambda: pipe.aggregated() >= len(work.values), 180, "the aggregators", poll=0.5

@@ -18,12 +18,23 @@ ends, so nothing it started in the background outlives it. A block is not run wh
 their reasons, and a ``not run`` comment without a reason fails. Fragments that are not
 meant to run at all use another info string (```` ```text ````, ```` ```toml ````, ...).
 
+A block marked ``<!-- run in a deployment: ... -->`` runs from the directory of a deployment
+``ldpipe init`` wrote, as an operator's commands would (``--config pipeline.toml``): its broker
+running with every topic, its emoji shuffler running, 20,000 reports sealed into its sketch
+store, and a ``c.toml`` beside it, ``infra/sfp-example.toml`` on the same broker with its keys.
+One deployment serves every such block of the module, both passes: like a real one, it outlives
+the commands run against it, and each block still owns what it makes there (it stops what it
+starts, and starts afresh where a rerun would be refused). The deployment takes free ports;
+ports the blocks name literally lie in 19500-19599 (checked), away from README's.
+
 README's Kafka blocks listen on fixed ports (their configurations' ``bootstrap_servers`` and
-the services block's metrics ports); the test fails at once, naming them, if one is taken.
+the services block's metrics ports); the test fails at once, naming them, if one is taken, as
+it does for a guide's block whose literal ports are taken.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -31,11 +42,15 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
+from ldpipe.infra.runtime.kafka import KafkaSettings, ensure_topics
+from ldpipe.infra.runtime.topics import config_topics
+from ldpipe.schemas.config import load_config
 from tests.repo_files import copy_repository
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,9 +59,14 @@ FENCE = re.compile(r"^```([\w+-]*)[^\n]*\n(.*?)^```[ \t]*$", re.M | re.S)
 RUN_AS = {"sh": "bash", "bash": "bash", "python": "python"}
 NOT_RUN = re.compile(r"<!--\s*not run\b:?\s*(.*?)\s*-->\s*\Z", re.S)
 WITH_README = re.compile(r"<!--\s*run with README\.md\b:?\s*(.*?)\s*-->\s*\Z", re.S)
+IN_DEPLOYMENT = re.compile(r"<!--\s*run in a deployment\b:?\s*(.*?)\s*-->\s*\Z", re.S)
+# a port a guide's block names: an option's value or an address on this machine
+LITERAL_PORT = re.compile(r"(?:--[\w-]*ports?[ =]|127\.0\.0\.1:|localhost:)(\d{2,5})\b")
+GUIDE_PORTS = range(19500, 19600)  # the guides' literal ports: README's are 9092-9094, 9101-9102
 DEV_SH = "./dev.sh"  # `./dev.sh demo` and `./dev.sh test`: CI runs them anyway
 PORTS = (9092, 9093, 9094, 9101, 9102)  # README's example configurations' brokers, metrics
 BLOCK_TIMEOUT_S = 240.0
+DEPLOYMENT_WAIT_S = 120.0
 PASSES = 2
 
 
@@ -60,6 +80,7 @@ class Block:
     code: str
     skip: str | None
     with_readme: bool = False
+    in_deployment: bool = False
 
     @property
     def name(self) -> str:
@@ -145,12 +166,13 @@ def blocks_of(doc: Path) -> list[Block]:
         comment = NOT_RUN.search(before)
         skip = None
         with_readme = WITH_README.search(before) is not None
+        in_deployment = IN_DEPLOYMENT.search(before) is not None
         if comment:
             skip = comment.group(1)
         elif DEV_SH in match.group(2):
             skip = "runs ./dev.sh (the demo or the test suite: CI runs them itself)"
         line = text.count("\n", 0, match.start()) + 1
-        found.append(Block(doc, line, language, match.group(2), skip, with_readme))
+        found.append(Block(doc, line, language, match.group(2), skip, with_readme, in_deployment))
     return found
 
 
@@ -190,18 +212,6 @@ def activated(bin_dir: Path) -> dict[str, str]:
     return env
 
 
-def taken_ports() -> list[int]:
-    taken = []
-    for port in PORTS:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                taken.append(port)
-    return taken
-
-
 def kill_group(pgid: int) -> None:
     """SIGTERM the block's process group, then SIGKILL what is left after a grace period."""
     for sig, grace in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
@@ -216,6 +226,195 @@ def kill_group(pgid: int) -> None:
             except ProcessLookupError:
                 return
             time.sleep(0.1)
+
+
+def stop_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM a service's process group, reap the service (a zombie leader would keep the
+    group alive for :func:`kill_group`), then kill whatever of the group is left."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=10.0)
+    kill_group(proc.pid)
+    proc.wait()
+
+
+def free_port() -> int:
+    """A port no one listens on now, as the OS picks it (the deployment's own ports)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def guide_ports(block: Block) -> list[int]:
+    """The ports a guide's block names literally (``--metrics-port 19508``, ``127.0.0.1:19508``)."""
+    return sorted({int(port) for port in LITERAL_PORT.findall(block.code)})
+
+
+def taken(ports: tuple[int, ...] | list[int]) -> list[int]:
+    """Those of ``ports`` something on 127.0.0.1 listens on."""
+    found = []
+    for port in ports:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                found.append(port)
+    return found
+
+
+@dataclass
+class Deployment:
+    """A deployment ``ldpipe init`` wrote, running, for the blocks marked ``run in a deployment``.
+
+    Started at the first such block (:meth:`directory`) and stopped when the module ends:
+    ``ldpipe init my-deployment`` with free ports, its broker with every topic of
+    ``pipeline.toml`` and of ``c.toml`` (``infra/sfp-example.toml`` on this broker, keys made as
+    README's SFP block makes them), the emoji shuffler, and 20,000 emoji reports sealed into
+    the store by an aggregator that is then stopped, so that the blocks' own aggregators (a
+    crash among them) find the consumer group empty. Every process runs in its own process
+    group; the logs lie beside the deployment, not in it.
+    """
+
+    base: Path
+    env: dict[str, str]
+    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    home: Path | None = None
+    seconds: float = 0.0
+
+    def directory(self) -> Path:
+        if self.home is None:
+            started = time.monotonic()
+            try:
+                self.home = self._start()
+            except BaseException:
+                self.stop()
+                raise
+            self.seconds = time.monotonic() - started
+        return self.home
+
+    def _run(self, *argv: str, cwd: Path) -> str:
+        done = subprocess.run(
+            argv, cwd=cwd, env=self.env, capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, (
+            f"deployment: {' '.join(argv)} exited {done.returncode}:\n{done.stdout}{done.stderr}"
+        )
+        return done.stdout
+
+    def _spawn(self, name: str, *argv: str) -> subprocess.Popen[bytes]:
+        assert self.home is not None
+        with (self.base / f"{name}.log").open("wb") as out:
+            proc = subprocess.Popen(
+                argv,
+                cwd=self.home,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.processes.append(proc)
+        return proc
+
+    def _log(self, name: str) -> str:
+        return (self.base / f"{name}.log").read_text(encoding="utf-8", errors="replace")[-3000:]
+
+    def _wait(
+        self, what: str, done: Callable[[], bool], proc: subprocess.Popen[bytes], name: str
+    ) -> None:
+        deadline = time.monotonic() + DEPLOYMENT_WAIT_S
+        while not done():
+            if proc.poll() is not None:
+                pytest.fail(
+                    f"deployment: {name} exited {proc.returncode} before {what}:\n{self._log(name)}"
+                )
+            if time.monotonic() > deadline:
+                pytest.fail(
+                    f"deployment: no {what} after {DEPLOYMENT_WAIT_S:g} s:\n{self._log(name)}"
+                )
+            time.sleep(0.5)
+
+    def _start(self) -> Path:
+        broker, shuffler, aggregator, prometheus = (free_port() for _ in range(4))
+        self._run(
+            "ldpipe",
+            "init",
+            "my-deployment",
+            "--broker-port",
+            str(broker),
+            "--metrics-ports",
+            f"{shuffler},{aggregator}",
+            "--prometheus-port",
+            str(prometheus),
+            cwd=self.base,
+        )
+        home = self.home = self.base / "my-deployment"
+        bootstrap = f"127.0.0.1:{broker}"
+        sfp = (ROOT / "infra" / "sfp-example.toml").read_text(encoding="utf-8")
+        sfp = sfp.replace("127.0.0.1:9094", bootstrap).replace("../schemas/", "./")
+        (home / "c.toml").write_text(sfp, encoding="utf-8")
+        self._run(
+            "ldpipe",
+            "keys",
+            "generate",
+            "--out",
+            "state/sfp/keys",
+            "--name",
+            "newwords",
+            "--key-id",
+            "3",
+            cwd=home,
+        )
+        self._run(
+            "ldpipe",
+            "keys",
+            "generate",
+            "--out",
+            "state/sfp/shuffler-keys",
+            "--name",
+            "newwords-shuffler",
+            "--key-id",
+            "12",
+            "--role",
+            "shuffler",
+            cwd=home,
+        )
+        config = ("--config", "pipeline.toml", "--use-case", "emoji")
+        proc = self._spawn("broker", "ldpipe", "broker", "--config", "pipeline.toml")
+        self._wait("topics", lambda: "running;" in self._log("broker"), proc, "broker")
+        ensure_topics(KafkaSettings(bootstrap), config_topics(load_config(home / "c.toml")))
+        self._spawn("shuffler", "ldpipe", "shuffler", *config)
+        proc = self._spawn("aggregator", "ldpipe", "aggregator", *config)
+        self._run(
+            "ldpipe", "produce", *config, "--dataset", "dictionary:a=1.1", "--n", "20000", cwd=home
+        )
+
+        def sealed() -> bool:
+            query = subprocess.run(
+                ["ldpipe", "query", *config], cwd=home, env=self.env, capture_output=True, text=True
+            )
+            return "20,000 reports" in query.stdout
+
+        self._wait("window sealed", sealed, proc, "aggregator")
+        stop_group(proc)
+        return home
+
+    def stop(self) -> None:
+        for proc in reversed(self.processes):  # the services first, the broker last
+            stop_group(proc)
+        self.processes.clear()
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    """The module's deployment, started by the first block that needs it."""
+    running = Deployment(tmp_path_factory.mktemp("deployment"), activated(ROOT / ".venv" / "bin"))
+    try:
+        yield running
+    finally:
+        running.stop()
 
 
 def run_block(block: Block, tag: str, cwd: Path, env: dict[str, str]) -> tuple[int, str, float]:
@@ -280,15 +479,28 @@ def test_the_scan_sees_the_blocks() -> None:
     assert any(b.with_readme for b in blocks_to_run(ROOT / "README.md"))
 
 
+def test_guide_ports_are_the_guides() -> None:
+    """A guide's block that runs names only ports of 19500-19599, so it never meets README's
+    brokers and services (9092-9094, 9101-9102) nor the ports the deployment takes."""
+    outside = [
+        f"{b.name}: {port}"
+        for b in ALL_BLOCKS
+        if b.doc.name != "README.md" and b.skip is None and not b.with_readme
+        for port in guide_ports(b)
+        if port not in GUIDE_PORTS
+    ]
+    assert not outside, "give these blocks' ports in 19500-19599:\n" + "\n".join(outside)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("doc", RUN_DOCS, ids=lambda p: str(p.relative_to(ROOT)))
-def test_blocks_run_verbatim_twice(doc: Path, tmp_path: Path) -> None:
+def test_blocks_run_verbatim_twice(doc: Path, tmp_path: Path, deployment: Deployment) -> None:
     blocks = blocks_to_run(doc)
     if doc.name == "README.md":  # the guides' blocks take free ports (EmbeddedBroker())
-        taken = taken_ports()
-        if taken:
+        busy = taken(PORTS)
+        if busy:
             pytest.fail(
-                f"port(s) {', '.join(map(str, taken))} in use on 127.0.0.1: README's blocks "
+                f"port(s) {', '.join(map(str, busy))} in use on 127.0.0.1: README's blocks "
                 f"listen there (stop whatever holds them, e.g. a broker left from the README)"
             )
     tree = tmp_path / "ldpipe"
@@ -297,7 +509,21 @@ def test_blocks_run_verbatim_twice(doc: Path, tmp_path: Path) -> None:
     timings = []
     for run in range(1, PASSES + 1):
         for block in blocks:
-            status, output, seconds = run_block(block, f"pass{run}-{block.line}", tree, env)
+            cwd = tree
+            if block.in_deployment:
+                cwd = deployment.directory()
+                if deployment.seconds:
+                    timings.append(f"{deployment.seconds:6.1f} s  the deployment started")
+                    deployment.seconds = 0.0
+            if doc.name != "README.md":
+                busy = taken(guide_ports(block))
+                if busy:
+                    pytest.fail(
+                        f"{block.name} listens on port(s) {', '.join(map(str, busy))}, in use "
+                        f"on 127.0.0.1: stop whatever holds them"
+                    )
+            tag = f"{doc.stem}-pass{run}-{block.line}"
+            status, output, seconds = run_block(block, tag, cwd, env)
             timings.append(f"{seconds:6.1f} s  pass {run}  {block.name}")
             tail = output[-4000:]
             where = f"{block.name}, pass {run}"

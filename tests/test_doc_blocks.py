@@ -151,6 +151,30 @@ EXPECTED = (
         (r'"name": ?"emoji"', r'"reports": ?100000', r'"item": ?"NINJA"', r'"z": ?-?\d'),
     ),
     Expect("--calibrate powerlaw --calibrate-fit ml --json", (r'"calibrated',)),
+    # the guides' blocks run in a deployment (docs/cli.md, producers.md, aggregator.md, sfp.md)
+    Expect(
+        "--broker-port 19520",
+        (r"wrote \d+ files into my-deployment/", r"(?m)^broker stopped$"),
+    ),
+    Expect("--n 20000 --seed 7 --rate 5000", (r"produced 20,000 reports \(0 failed\)",)),
+    Expect(
+        "zipf:d=1000,a=1.5",
+        (r"produced 20,000 reports \(0 failed\)", r'"produced": 10000, "failed": 0'),
+    ),
+    Expect("--member emoji-a", (r"(?m)^ldpipe_aggregator_partitions_owned\{.*\} 1",)),
+    Expect("--metrics-port 19512", (r"(?m)^ldpipe_aggregator_partitions_owned\{.*\} 1",)),
+    Expect(
+        "--metrics-port 19508",
+        (
+            r"(?m)^emoji: [\d,]+ reports in \d+ window\(s\)",
+            r'"item": ?"GRINNING FACE"',  # --items ... --json over the last two days
+            r'serving http://127\.0\.0\.1:19508/.*\n\{"use_case": ?"emoji"',  # /v1/top
+            r"calibrated with a powerlaw prior",
+        ),
+    ),
+    Expect("--store rerun-5min --window-seconds 300", (r'"aggregated": [1-9]', "writers replay")),
+    Expect("--member emoji-crash", (r"died as asked: exit 137",)),
+    Expect("--metrics-port 19510", (r"(?m)^ldpipe_sfp_runs_total\{",)),
 )
 
 
@@ -461,9 +485,10 @@ def test_every_skip_says_why() -> None:
     print("\n".join(["blocks not run:", *(f"  {b.name}: {b.skip}" for b in skipped)]))
     unexplained = [b.name for b in skipped if len(b.skip or "") < 10]
     assert not unexplained, f"<!-- not run: ... --> without a reason before {unexplained}"
-    # what may keep a block from running: Kafka it cannot have here, ./dev.sh (CI runs it),
-    # a package index, or a run of minutes beyond the slow suite's budget
-    allowed = ("Kafka", DEV_SH, "package index", "minutes")
+    # what may keep a block from running: a real Kafka cluster (SASL, several brokers, Kafka's
+    # own tools), ./dev.sh (CI runs it), a package index, or a run of minutes beyond the slow
+    # suite's budget; a block that needs a running broker or deployment runs in one (above)
+    allowed = ("real Kafka cluster", DEV_SH, "package index", "minutes")
     other = [
         f"{b.name}: {b.skip}" for b in skipped if not any(a in (b.skip or "") for a in allowed)
     ]
@@ -477,6 +502,7 @@ def test_the_scan_sees_the_blocks() -> None:
     assert sum(b.language == "sh" for b in readme) >= 7
     assert any(b.language == "bash" for b in ALL_BLOCKS)
     assert any(b.with_readme for b in blocks_to_run(ROOT / "README.md"))
+    assert any(b.in_deployment and b.skip is None for b in ALL_BLOCKS)
 
 
 def test_guide_ports_are_the_guides() -> None:

@@ -263,11 +263,14 @@ def stop_group(proc: subprocess.Popen[bytes]) -> None:
     proc.wait()
 
 
-def free_port() -> int:
-    """A port no one listens on now, as the OS picks it (the deployment's own ports)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct ports no one listens on now, as the OS picks them (held together
+    while picked, so none is picked twice): the deployment's own ports."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in socks]
 
 
 def guide_ports(block: Block) -> list[int]:
@@ -303,35 +306,45 @@ class Deployment:
 
     base: Path
     env: dict[str, str]
-    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)  # by log name
     home: Path | None = None
-    seconds: float = 0.0
+    failure: str | None = None
+    seconds: float = 0.0  # how long the start took, until the test reports it
 
     def directory(self) -> Path:
+        if self.failure is not None:  # one failed start fails every block that needs it
+            pytest.fail(f"the deployment did not start: {self.failure}")
         if self.home is None:
             started = time.monotonic()
             try:
-                self.home = self._start()
-            except BaseException:
+                self._start()
+            except BaseException as exc:
+                self.failure = str(exc)[-3000:] or type(exc).__name__
                 self.stop()
                 raise
             self.seconds = time.monotonic() - started
+        assert self.home is not None
         return self.home
 
-    def _run(self, *argv: str, cwd: Path) -> str:
+    def _run(self, command: str, *, check: bool = True) -> str:
         done = subprocess.run(
-            argv, cwd=cwd, env=self.env, capture_output=True, text=True, timeout=120
+            command.split(),
+            cwd=self.home,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
-        assert done.returncode == 0, (
-            f"deployment: {' '.join(argv)} exited {done.returncode}:\n{done.stdout}{done.stderr}"
-        )
+        if check and done.returncode != 0:
+            raise AssertionError(
+                f"deployment: {command} exited {done.returncode}:\n{done.stdout}{done.stderr}"
+            )
         return done.stdout
 
-    def _spawn(self, name: str, *argv: str) -> subprocess.Popen[bytes]:
-        assert self.home is not None
+    def _spawn(self, name: str, command: str) -> subprocess.Popen[bytes]:
         with (self.base / f"{name}.log").open("wb") as out:
             proc = subprocess.Popen(
-                argv,
+                command.split(),
                 cwd=self.home,
                 env=self.env,
                 stdin=subprocess.DEVNULL,
@@ -339,94 +352,63 @@ class Deployment:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        self.processes.append(proc)
+        self.processes[name] = proc
         return proc
 
     def _log(self, name: str) -> str:
         return (self.base / f"{name}.log").read_text(encoding="utf-8", errors="replace")[-3000:]
 
-    def _wait(
-        self, what: str, done: Callable[[], bool], proc: subprocess.Popen[bytes], name: str
-    ) -> None:
+    def _wait(self, what: str, done: Callable[[], bool], name: str) -> None:
+        """Until ``done()``; fails with the log of the service ``name`` if it exits or
+        ``DEPLOYMENT_WAIT_S`` pass first."""
+        proc = self.processes[name]
         deadline = time.monotonic() + DEPLOYMENT_WAIT_S
         while not done():
             if proc.poll() is not None:
-                pytest.fail(
-                    f"deployment: {name} exited {proc.returncode} before {what}:\n{self._log(name)}"
+                raise AssertionError(
+                    f"deployment: the {name} exited {proc.returncode} before {what}:\n"
+                    f"{self._log(name)}"
                 )
             if time.monotonic() > deadline:
-                pytest.fail(
+                raise AssertionError(
                     f"deployment: no {what} after {DEPLOYMENT_WAIT_S:g} s:\n{self._log(name)}"
                 )
             time.sleep(0.5)
 
-    def _start(self) -> Path:
-        broker, shuffler, aggregator, prometheus = (free_port() for _ in range(4))
+    def _start(self) -> None:
+        broker, shuffler, aggregator, prometheus = free_ports(4)
+        self.home = self.base
         self._run(
-            "ldpipe",
-            "init",
-            "my-deployment",
-            "--broker-port",
-            str(broker),
-            "--metrics-ports",
-            f"{shuffler},{aggregator}",
-            "--prometheus-port",
-            str(prometheus),
-            cwd=self.base,
+            f"ldpipe init my-deployment --broker-port {broker} --metrics-ports "
+            f"{shuffler},{aggregator} --prometheus-port {prometheus}"
         )
-        home = self.home = self.base / "my-deployment"
+        self.home = self.base / "my-deployment"
         bootstrap = f"127.0.0.1:{broker}"
         sfp = (ROOT / "infra" / "sfp-example.toml").read_text(encoding="utf-8")
         sfp = sfp.replace("127.0.0.1:9094", bootstrap).replace("../schemas/", "./")
-        (home / "c.toml").write_text(sfp, encoding="utf-8")
+        (self.home / "c.toml").write_text(sfp, encoding="utf-8")
+        self._run("ldpipe keys generate --out state/sfp/keys --name newwords --key-id 3")
         self._run(
-            "ldpipe",
-            "keys",
-            "generate",
-            "--out",
-            "state/sfp/keys",
-            "--name",
-            "newwords",
-            "--key-id",
-            "3",
-            cwd=home,
+            "ldpipe keys generate --out state/sfp/shuffler-keys --name newwords-shuffler "
+            "--key-id 12 --role shuffler"
         )
-        self._run(
-            "ldpipe",
-            "keys",
-            "generate",
-            "--out",
-            "state/sfp/shuffler-keys",
-            "--name",
-            "newwords-shuffler",
-            "--key-id",
-            "12",
-            "--role",
-            "shuffler",
-            cwd=home,
-        )
-        config = ("--config", "pipeline.toml", "--use-case", "emoji")
-        proc = self._spawn("broker", "ldpipe", "broker", "--config", "pipeline.toml")
-        self._wait("topics", lambda: "running;" in self._log("broker"), proc, "broker")
-        ensure_topics(KafkaSettings(bootstrap), config_topics(load_config(home / "c.toml")))
-        self._spawn("shuffler", "ldpipe", "shuffler", *config)
-        proc = self._spawn("aggregator", "ldpipe", "aggregator", *config)
-        self._run(
-            "ldpipe", "produce", *config, "--dataset", "dictionary:a=1.1", "--n", "20000", cwd=home
-        )
+        self._spawn("broker", "ldpipe broker --config pipeline.toml")
+        self._wait("topics", lambda: "running;" in self._log("broker"), "broker")
+        sfp_topics = config_topics(load_config(self.home / "c.toml"))
+        ensure_topics(KafkaSettings(bootstrap), sfp_topics)
+        emoji = "--config pipeline.toml --use-case emoji"
+        self._spawn("shuffler", f"ldpipe shuffler {emoji}")
+        self._spawn("aggregator", f"ldpipe aggregator {emoji}")
+        self._run(f"ldpipe produce {emoji} --dataset dictionary:a=1.1 --n 20000")
 
-        def sealed() -> bool:
-            query = subprocess.run(
-                ["ldpipe", "query", *config], cwd=home, env=self.env, capture_output=True, text=True
-            )
-            return "20,000 reports" in query.stdout
+        def sealed() -> bool:  # exit 3 with "no data yet" until then
+            return "20,000 reports" in self._run(f"ldpipe query {emoji}", check=False)
 
-        self._wait("window sealed", sealed, proc, "aggregator")
-        stop_group(proc)
-        return home
+        self._wait("window sealed", sealed, "aggregator")
+        stop_group(self.processes.pop("aggregator"))
 
     def stop(self) -> None:
-        for proc in reversed(self.processes):  # the services first, the broker last
+        for proc in reversed(self.processes.values()):  # the services first, the broker last
             stop_group(proc)
         self.processes.clear()
 

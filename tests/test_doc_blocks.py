@@ -18,12 +18,23 @@ ends, so nothing it started in the background outlives it. A block is not run wh
 their reasons, and a ``not run`` comment without a reason fails. Fragments that are not
 meant to run at all use another info string (```` ```text ````, ```` ```toml ````, ...).
 
+A block marked ``<!-- run in a deployment: ... -->`` runs from the directory of a deployment
+``ldpipe init`` wrote, as an operator's commands would (``--config pipeline.toml``): its broker
+running with every topic, its emoji shuffler running, 20,000 reports sealed into its sketch
+store, and a ``c.toml`` beside it, ``infra/sfp-example.toml`` on the same broker with its keys.
+One deployment serves every such block of the module, both passes: like a real one, it outlives
+the commands run against it, and each block still owns what it makes there (it stops what it
+starts, and starts afresh where a rerun would be refused). The deployment takes free ports;
+ports the blocks name literally lie in 19500-19599 (checked), away from README's.
+
 README's Kafka blocks listen on fixed ports (their configurations' ``bootstrap_servers`` and
-the services block's metrics ports); the test fails at once, naming them, if one is taken.
+the services block's metrics ports); the test fails at once, naming them, if one is taken, as
+it does for a guide's block whose literal ports are taken.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -31,11 +42,15 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
+from ldpipe.infra.runtime.kafka import KafkaSettings, ensure_topics
+from ldpipe.infra.runtime.topics import config_topics
+from ldpipe.schemas.config import load_config
 from tests.repo_files import copy_repository
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,9 +59,14 @@ FENCE = re.compile(r"^```([\w+-]*)[^\n]*\n(.*?)^```[ \t]*$", re.M | re.S)
 RUN_AS = {"sh": "bash", "bash": "bash", "python": "python"}
 NOT_RUN = re.compile(r"<!--\s*not run\b:?\s*(.*?)\s*-->\s*\Z", re.S)
 WITH_README = re.compile(r"<!--\s*run with README\.md\b:?\s*(.*?)\s*-->\s*\Z", re.S)
+IN_DEPLOYMENT = re.compile(r"<!--\s*run in a deployment\b:?\s*(.*?)\s*-->\s*\Z", re.S)
+# a port a guide's block names: an option's value or an address on this machine
+LITERAL_PORT = re.compile(r"(?:--[\w-]*ports?[ =]|127\.0\.0\.1:|localhost:)(\d{2,5})\b")
+GUIDE_PORTS = range(19500, 19600)  # the guides' literal ports: README's are 9092-9094, 9101-9102
 DEV_SH = "./dev.sh"  # `./dev.sh demo` and `./dev.sh test`: CI runs them anyway
 PORTS = (9092, 9093, 9094, 9101, 9102)  # README's example configurations' brokers, metrics
 BLOCK_TIMEOUT_S = 240.0
+DEPLOYMENT_WAIT_S = 120.0
 PASSES = 2
 
 
@@ -60,6 +80,7 @@ class Block:
     code: str
     skip: str | None
     with_readme: bool = False
+    in_deployment: bool = False
 
     @property
     def name(self) -> str:
@@ -130,6 +151,30 @@ EXPECTED = (
         (r'"name": ?"emoji"', r'"reports": ?100000', r'"item": ?"NINJA"', r'"z": ?-?\d'),
     ),
     Expect("--calibrate powerlaw --calibrate-fit ml --json", (r'"calibrated',)),
+    # the guides' blocks run in a deployment (docs/cli.md, producers.md, aggregator.md, sfp.md)
+    Expect(
+        "--broker-port 19520",
+        (r"wrote \d+ files into my-deployment/", r"(?m)^broker stopped$"),
+    ),
+    Expect("--n 20000 --seed 7 --rate 5000", (r"produced 20,000 reports \(0 failed\)",)),
+    Expect(
+        "zipf:d=1000,a=1.5",
+        (r"produced 20,000 reports \(0 failed\)", r'"produced": 10000, "failed": 0'),
+    ),
+    Expect("--member emoji-a", (r"(?m)^ldpipe_aggregator_partitions_owned\{.*\} 1",)),
+    Expect("--metrics-port 19512", (r"(?m)^ldpipe_aggregator_partitions_owned\{.*\} 1",)),
+    Expect(
+        "--metrics-port 19508",
+        (
+            r"(?m)^emoji: [\d,]+ reports in \d+ window\(s\)",
+            r'"item": ?"GRINNING FACE"',  # --items ... --json over the last two days
+            r'serving http://127\.0\.0\.1:19508/.*\n\{"use_case": ?"emoji"',  # /v1/top
+            r"calibrated with a powerlaw prior",
+        ),
+    ),
+    Expect("--store rerun-5min --window-seconds 300", (r'"aggregated": [1-9]', "writers replay")),
+    Expect("--member emoji-crash", (r"died as asked: exit 137",)),
+    Expect("--metrics-port 19510", (r"(?m)^ldpipe_sfp_runs_total\{",)),
 )
 
 
@@ -145,12 +190,13 @@ def blocks_of(doc: Path) -> list[Block]:
         comment = NOT_RUN.search(before)
         skip = None
         with_readme = WITH_README.search(before) is not None
+        in_deployment = IN_DEPLOYMENT.search(before) is not None
         if comment:
             skip = comment.group(1)
         elif DEV_SH in match.group(2):
             skip = "runs ./dev.sh (the demo or the test suite: CI runs them itself)"
         line = text.count("\n", 0, match.start()) + 1
-        found.append(Block(doc, line, language, match.group(2), skip, with_readme))
+        found.append(Block(doc, line, language, match.group(2), skip, with_readme, in_deployment))
     return found
 
 
@@ -190,18 +236,6 @@ def activated(bin_dir: Path) -> dict[str, str]:
     return env
 
 
-def taken_ports() -> list[int]:
-    taken = []
-    for port in PORTS:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                taken.append(port)
-    return taken
-
-
 def kill_group(pgid: int) -> None:
     """SIGTERM the block's process group, then SIGKILL what is left after a grace period."""
     for sig, grace in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
@@ -216,6 +250,177 @@ def kill_group(pgid: int) -> None:
             except ProcessLookupError:
                 return
             time.sleep(0.1)
+
+
+def stop_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM a service's process group, reap the service (a zombie leader would keep the
+    group alive for :func:`kill_group`), then kill whatever of the group is left."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=10.0)
+    kill_group(proc.pid)
+    proc.wait()
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct ports no one listens on now, as the OS picks them (held together
+    while picked, so none is picked twice): the deployment's own ports."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in socks]
+
+
+def guide_ports(block: Block) -> list[int]:
+    """The ports a guide's block names literally (``--metrics-port 19508``, ``127.0.0.1:19508``)."""
+    return sorted({int(port) for port in LITERAL_PORT.findall(block.code)})
+
+
+def taken(ports: tuple[int, ...] | list[int]) -> list[int]:
+    """Those of ``ports`` something on 127.0.0.1 listens on."""
+    found = []
+    for port in ports:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                found.append(port)
+    return found
+
+
+@dataclass
+class Deployment:
+    """A deployment ``ldpipe init`` wrote, running, for the blocks marked ``run in a deployment``.
+
+    Started at the first such block (:meth:`directory`) and stopped when the module ends:
+    ``ldpipe init my-deployment`` with free ports, its broker with every topic of
+    ``pipeline.toml`` and of ``c.toml`` (``infra/sfp-example.toml`` on this broker, keys made as
+    README's SFP block makes them), the emoji shuffler, and 20,000 emoji reports sealed into
+    the store by an aggregator that is then stopped, so that the blocks' own aggregators (a
+    crash among them) find the consumer group empty. Every process runs in its own process
+    group; the logs lie beside the deployment, not in it.
+    """
+
+    base: Path
+    env: dict[str, str]
+    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)  # by log name
+    home: Path | None = None
+    failure: str | None = None
+    seconds: float = 0.0  # how long the start took, until the test reports it
+
+    def directory(self) -> Path:
+        if self.failure is not None:  # one failed start fails every block that needs it
+            pytest.fail(f"the deployment did not start: {self.failure}")
+        if self.home is None:
+            started = time.monotonic()
+            try:
+                self._start()
+            except BaseException as exc:
+                self.failure = str(exc)[-3000:] or type(exc).__name__
+                self.stop()
+                raise
+            self.seconds = time.monotonic() - started
+        assert self.home is not None
+        return self.home
+
+    def _run(self, command: str, *, check: bool = True) -> str:
+        done = subprocess.run(
+            command.split(),
+            cwd=self.home,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if check and done.returncode != 0:
+            raise AssertionError(
+                f"deployment: {command} exited {done.returncode}:\n{done.stdout}{done.stderr}"
+            )
+        return done.stdout
+
+    def _spawn(self, name: str, command: str) -> subprocess.Popen[bytes]:
+        with (self.base / f"{name}.log").open("wb") as out:
+            proc = subprocess.Popen(
+                command.split(),
+                cwd=self.home,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.processes[name] = proc
+        return proc
+
+    def _log(self, name: str) -> str:
+        return (self.base / f"{name}.log").read_text(encoding="utf-8", errors="replace")[-3000:]
+
+    def _wait(self, what: str, done: Callable[[], bool], name: str) -> None:
+        """Until ``done()``; fails with the log of the service ``name`` if it exits or
+        ``DEPLOYMENT_WAIT_S`` pass first."""
+        proc = self.processes[name]
+        deadline = time.monotonic() + DEPLOYMENT_WAIT_S
+        while not done():
+            if proc.poll() is not None:
+                raise AssertionError(
+                    f"deployment: the {name} exited {proc.returncode} before {what}:\n"
+                    f"{self._log(name)}"
+                )
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"deployment: no {what} after {DEPLOYMENT_WAIT_S:g} s:\n{self._log(name)}"
+                )
+            time.sleep(0.5)
+
+    def _start(self) -> None:
+        broker, shuffler, aggregator, prometheus = free_ports(4)
+        self.home = self.base
+        self._run(
+            f"ldpipe init my-deployment --broker-port {broker} --metrics-ports "
+            f"{shuffler},{aggregator} --prometheus-port {prometheus}"
+        )
+        self.home = self.base / "my-deployment"
+        bootstrap = f"127.0.0.1:{broker}"
+        sfp = (ROOT / "infra" / "sfp-example.toml").read_text(encoding="utf-8")
+        sfp = sfp.replace("127.0.0.1:9094", bootstrap).replace("../schemas/", "./")
+        (self.home / "c.toml").write_text(sfp, encoding="utf-8")
+        self._run("ldpipe keys generate --out state/sfp/keys --name newwords --key-id 3")
+        self._run(
+            "ldpipe keys generate --out state/sfp/shuffler-keys --name newwords-shuffler "
+            "--key-id 12 --role shuffler"
+        )
+        self._spawn("broker", "ldpipe broker --config pipeline.toml")
+        self._wait("topics", lambda: "running;" in self._log("broker"), "broker")
+        sfp_topics = config_topics(load_config(self.home / "c.toml"))
+        ensure_topics(KafkaSettings(bootstrap), sfp_topics)
+        emoji = "--config pipeline.toml --use-case emoji"
+        self._spawn("shuffler", f"ldpipe shuffler {emoji}")
+        self._spawn("aggregator", f"ldpipe aggregator {emoji}")
+        self._run(f"ldpipe produce {emoji} --dataset dictionary:a=1.1 --n 20000")
+
+        def sealed() -> bool:  # exit 3 with "no data yet" until then
+            return "20,000 reports" in self._run(f"ldpipe query {emoji}", check=False)
+
+        self._wait("window sealed", sealed, "aggregator")
+        stop_group(self.processes.pop("aggregator"))
+
+    def stop(self) -> None:
+        for proc in reversed(self.processes.values()):  # the services first, the broker last
+            stop_group(proc)
+        self.processes.clear()
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    """The module's deployment, started by the first block that needs it."""
+    running = Deployment(tmp_path_factory.mktemp("deployment"), activated(ROOT / ".venv" / "bin"))
+    try:
+        yield running
+    finally:
+        running.stop()
 
 
 def run_block(block: Block, tag: str, cwd: Path, env: dict[str, str]) -> tuple[int, str, float]:
@@ -262,9 +467,10 @@ def test_every_skip_says_why() -> None:
     print("\n".join(["blocks not run:", *(f"  {b.name}: {b.skip}" for b in skipped)]))
     unexplained = [b.name for b in skipped if len(b.skip or "") < 10]
     assert not unexplained, f"<!-- not run: ... --> without a reason before {unexplained}"
-    # what may keep a block from running: Kafka it cannot have here, ./dev.sh (CI runs it),
-    # a package index, or a run of minutes beyond the slow suite's budget
-    allowed = ("Kafka", DEV_SH, "package index", "minutes")
+    # what may keep a block from running: a real Kafka cluster (SASL, several brokers, Kafka's
+    # own tools), ./dev.sh (CI runs it), a package index, or a run of minutes beyond the slow
+    # suite's budget; a block that needs a running broker or deployment runs in one (above)
+    allowed = ("real Kafka cluster", DEV_SH, "package index", "minutes")
     other = [
         f"{b.name}: {b.skip}" for b in skipped if not any(a in (b.skip or "") for a in allowed)
     ]
@@ -278,17 +484,31 @@ def test_the_scan_sees_the_blocks() -> None:
     assert sum(b.language == "sh" for b in readme) >= 7
     assert any(b.language == "bash" for b in ALL_BLOCKS)
     assert any(b.with_readme for b in blocks_to_run(ROOT / "README.md"))
+    assert any(b.in_deployment and b.skip is None for b in ALL_BLOCKS)
+
+
+def test_guide_ports_are_the_guides() -> None:
+    """A guide's block that runs names only ports of 19500-19599, so it never meets README's
+    brokers and services (9092-9094, 9101-9102) nor the ports the deployment takes."""
+    outside = [
+        f"{b.name}: {port}"
+        for b in ALL_BLOCKS
+        if b.doc.name != "README.md" and b.skip is None and not b.with_readme
+        for port in guide_ports(b)
+        if port not in GUIDE_PORTS
+    ]
+    assert not outside, "give these blocks' ports in 19500-19599:\n" + "\n".join(outside)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("doc", RUN_DOCS, ids=lambda p: str(p.relative_to(ROOT)))
-def test_blocks_run_verbatim_twice(doc: Path, tmp_path: Path) -> None:
+def test_blocks_run_verbatim_twice(doc: Path, tmp_path: Path, deployment: Deployment) -> None:
     blocks = blocks_to_run(doc)
     if doc.name == "README.md":  # the guides' blocks take free ports (EmbeddedBroker())
-        taken = taken_ports()
-        if taken:
+        busy = taken(PORTS)
+        if busy:
             pytest.fail(
-                f"port(s) {', '.join(map(str, taken))} in use on 127.0.0.1: README's blocks "
+                f"port(s) {', '.join(map(str, busy))} in use on 127.0.0.1: README's blocks "
                 f"listen there (stop whatever holds them, e.g. a broker left from the README)"
             )
     tree = tmp_path / "ldpipe"
@@ -297,7 +517,21 @@ def test_blocks_run_verbatim_twice(doc: Path, tmp_path: Path) -> None:
     timings = []
     for run in range(1, PASSES + 1):
         for block in blocks:
-            status, output, seconds = run_block(block, f"pass{run}-{block.line}", tree, env)
+            cwd = tree
+            if block.in_deployment:
+                cwd = deployment.directory()
+                if deployment.seconds:
+                    timings.append(f"{deployment.seconds:6.1f} s  the deployment started")
+                    deployment.seconds = 0.0
+            if doc.name != "README.md":
+                busy = taken(guide_ports(block))
+                if busy:
+                    pytest.fail(
+                        f"{block.name} listens on port(s) {', '.join(map(str, busy))}, in use "
+                        f"on 127.0.0.1: stop whatever holds them"
+                    )
+            tag = f"{doc.stem}-pass{run}-{block.line}"
+            status, output, seconds = run_block(block, tag, cwd, env)
             timings.append(f"{seconds:6.1f} s  pass {run}  {block.name}")
             tail = output[-4000:]
             where = f"{block.name}, pass {run}"

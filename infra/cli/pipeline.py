@@ -309,26 +309,28 @@ class LocalPipeline:
     def shuffler_committed(self, use_case: UseCase | None = None) -> dict[int, int]:
         """The shuffler's committed offset of each reports partition (0 where none): every
         report below it is in a released window or the dead-letter topic."""
-        uc = use_case or self.use_case
+        return self._shuffler_offsets(use_case or self.use_case, ends=False)[0]
+
+    def shuffler_backlog(self) -> int:
+        """Reports not yet covered by a committed shuffler transaction (0: all published)."""
+        committed, ends = self._shuffler_offsets(self.use_case, ends=True)
+        return sum(max(0, high - committed.get(p, 0)) for p, high in ends.items())
+
+    def _shuffler_offsets(
+        self, uc: UseCase, *, ends: bool
+    ) -> tuple[dict[int, int], dict[int, int]]:
+        """The shuffler group's committed offsets of the reports partitions and, with
+        ``ends``, each partition's end, read by one consumer."""
         topic = uc.topics.reports
         consumer = Consumer(self.kafka.consumer_config(f"ldpipe-shuffler-{uc.name}"))
         try:
             parts = [TopicPartition(topic, p) for p in range(uc.topics.partitions)]
-            return {tp.partition: max(tp.offset, 0) for tp in consumer.committed(parts, 10)}
-        finally:
-            consumer.close()
-
-    def shuffler_backlog(self) -> int:
-        """Reports not yet covered by a committed shuffler transaction (0: all published)."""
-        topic = self.use_case.topics.reports
-        committed = self.shuffler_committed()
-        consumer = Consumer(self.kafka.consumer_config(f"ldpipe-shuffler-{self.use_case.name}"))
-        try:
-            backlog = 0
-            for p in range(self.use_case.topics.partitions):
-                _low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
-                backlog += max(0, high - committed.get(p, 0))
-            return backlog
+            committed = {tp.partition: max(tp.offset, 0) for tp in consumer.committed(parts, 10)}
+            high = {
+                tp.partition: consumer.get_watermark_offsets(tp, timeout=10)[1]
+                for tp in (parts if ends else [])
+            }
+            return committed, high
         finally:
             consumer.close()
 

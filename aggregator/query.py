@@ -144,7 +144,7 @@ def load_merged(
     Memory: one k x m accumulator per epoch and one Parquet row group, however many segments.
     """
     table = store.table()
-    if table is None:
+    if table is None or table.version() == 0:  # version 0: created empty, before its first commit
         raise NoCommitYetError(
             f"the sketch store {store.uri} has no commits yet; start the aggregator (ldpipe "
             f"aggregator) and wait for its first sealed window (docs/store.md)"

@@ -20,8 +20,10 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
+from ldpipe.aggregator.exceptions import NoCommitYetError
 from ldpipe.aggregator.metrics import QueryMetrics
 from ldpipe.aggregator.query import _membership, interval, query_use_case
+from ldpipe.aggregator.store import SketchStore
 from ldpipe.infra.cli.main import main
 from ldpipe.infra.cli.query import NO_DATA, export_gauges
 from ldpipe.schemas.config import UseCase, load_config
@@ -63,6 +65,23 @@ def test_a_range_with_no_window_is_one_line_and_exit_3(
             "emoji: no window in this range: no sealed window lies wholly within [86400, 90000) "
             "(unix seconds); ldpipe store list shows the windows the store holds\n"
         )
+
+
+def test_a_store_created_but_not_yet_committed_to_is_no_data_yet(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An aggregator's first commit creates the empty table (version 0), then commits to it: a
+    query in between is "no data yet" (a serving worker stays not ready), not an empty answer."""
+    config = write_config(tmp_path, EMOJI.replace('"store"', f'"{tmp_path / "store"}"'))
+    use_case = load_config(config).use_case("emoji")
+    store = SketchStore(use_case.store.uri, use_case.name)
+    store._ensure_table()
+    assert store.version() == 0
+    with pytest.raises(NoCommitYetError, match="has no commits yet"):
+        query_use_case(use_case, top=3)
+    code, out, err = run(capsys, "--config", str(config), "--top", "3")
+    assert (code, err) == (NO_DATA, "")
+    assert out.startswith("emoji: no data yet: the sketch store ")
 
 
 def test_the_json_of_no_data_is_null_with_a_reason(

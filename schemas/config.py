@@ -38,6 +38,7 @@ __all__ = [
     "ConfigError",
     "DiscoverySettings",
     "DiscoveryTopics",
+    "GatewayConfig",
     "KafkaConfig",
     "PipelineConfig",
     "SfpSettings",
@@ -343,10 +344,103 @@ class UseCase:
 
 
 @dataclass(frozen=True)
+class GatewayConfig:
+    """``[gateway]``: the front door devices upload to (``ldpipe gateway``, docs/gateway.md)."""
+
+    origin_name: str  # the challenge's origin_info (RFC 9577 §2.1): this gateway's name
+    issuer_name: str  # the challenge's issuer_name: the token issuer's configured name
+    issuer_directory_url: str  # RFC 9578 §4 issuer directory (the issuer's public keys)
+    addr: str = "127.0.0.1"
+    port: int = 8480
+    max_body_bytes: int = 1 << 20  # 413 beyond, checked while reading
+    max_reports_per_request: int = 100  # 429 beyond
+    max_concurrent_requests: int = 64  # 429 beyond
+    body_timeout_seconds: float = 10.0  # 408 for a body slower than this
+    config_max_age_seconds: int = 300  # Cache-Control of the device configuration
+    directory_refresh_seconds: float = 10.0  # at most one directory fetch per this long
+    cors_origins: tuple[str, ...] = ()  # browser origins allowed to upload ("*": any)
+    tls_certificate: Path | None = None  # PEM; with tls_private_key: HTTPS
+    tls_private_key: Path | None = None
+
+
+_GATEWAY_KEYS = {
+    "origin_name", "issuer_name", "issuer_directory_url", "addr", "port", "max_body_bytes",
+    "max_reports_per_request", "max_concurrent_requests", "body_timeout_seconds",
+    "config_max_age_seconds", "directory_refresh_seconds", "cors_origins", "tls_certificate",
+    "tls_private_key",
+}  # fmt: skip
+
+
+def _gateway(raw: Mapping[str, Any], base: Path) -> GatewayConfig:
+    where = "gateway"
+    _check_keys(where, raw, _GATEWAY_KEYS)
+    names = {}
+    for key in ("origin_name", "issuer_name"):
+        value = _get(where, raw, key, str)
+        if not 1 <= len(value) <= 255 or not value.isprintable():
+            raise ConfigError(f"{where}.{key}: 1-255 printable characters, got {value!r}")
+        names[key] = value
+    url = _get(where, raw, "issuer_directory_url", str)
+    if not re.fullmatch(r"https?://[^\s/]+(/\S*)?", url):
+        raise ConfigError(
+            f"{where}.issuer_directory_url: {url!r} is not an http(s) URL; give the issuer's "
+            f"https://HOST/.well-known/private-token-issuer-directory"
+        )
+    port = _get(where, raw, "port", int, 8480)
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"{where}.port: must be in [0, 65535], got {port}")
+    ints = {}
+    for key, default in (
+        ("max_body_bytes", 1 << 20),
+        ("max_reports_per_request", 100),
+        ("max_concurrent_requests", 64),
+        ("config_max_age_seconds", 300),
+    ):
+        ints[key] = _get(where, raw, key, int, default)
+        _positive(f"{where}.{key}", ints[key], allow_zero=key == "config_max_age_seconds")
+    if ints["max_reports_per_request"] > 65535:
+        raise ConfigError(
+            f"{where}.max_reports_per_request: at most 65,535 (the batch's count is a u16), "
+            f"got {ints['max_reports_per_request']:,}"
+        )
+    floats = {}
+    for key, fdefault in (("body_timeout_seconds", 10.0), ("directory_refresh_seconds", 10.0)):
+        floats[key] = _get(where, raw, key, float, fdefault)
+        _positive(f"{where}.{key}", floats[key])
+    origins = _get(where, raw, "cors_origins", list, [])
+    if not all(isinstance(o, str) and o for o in origins):
+        raise ConfigError(
+            f'{where}.cors_origins: a list of origins such as "https://app.example" (or "*")'
+        )
+    tls: list[Path | None] = []
+    for key in ("tls_certificate", "tls_private_key"):
+        value = _get(where, raw, key, str, None)
+        tls.append(None if value is None else base / Path(value).expanduser())
+    if (tls[0] is None) != (tls[1] is None):
+        raise ConfigError(
+            f"{where}: tls_certificate and tls_private_key go together; give both for HTTPS, "
+            f"or neither for plain HTTP behind a TLS proxy"
+        )
+    return GatewayConfig(
+        origin_name=names["origin_name"],
+        issuer_name=names["issuer_name"],
+        issuer_directory_url=url,
+        addr=_get(where, raw, "addr", str, "127.0.0.1"),
+        port=port,
+        cors_origins=tuple(origins),
+        tls_certificate=tls[0],
+        tls_private_key=tls[1],
+        **ints,
+        **floats,
+    )
+
+
+@dataclass(frozen=True)
 class PipelineConfig:
     kafka: KafkaConfig
     use_cases: tuple[UseCase, ...]
     source: Path | None = None
+    gateway: GatewayConfig | None = None  # None: no [gateway] table
 
     @property
     def declared(self) -> tuple[UseCase, ...]:
@@ -792,7 +886,7 @@ def config_from_mapping(
 ) -> PipelineConfig:
     """Validate a configuration already decoded from TOML (what :func:`parse_config` reads)."""
     base = base or Path.cwd()
-    _check_keys("configuration", raw, {"kafka", "use_case"})
+    _check_keys("configuration", raw, {"kafka", "use_case", "gateway"})
     kafka_raw = _get("configuration", raw, "kafka", dict, {})
     _check_keys("kafka", kafka_raw, {"bootstrap_servers", "extra"})
     extra = _get("kafka", kafka_raw, "extra", dict, {})
@@ -810,7 +904,9 @@ def config_from_mapping(
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise ConfigError(f"use_case: duplicate name(s) {', '.join(dupes)}; names must be unique")
-    return PipelineConfig(kafka=kafka, use_cases=cases, source=source)
+    gateway_raw = _get("configuration", raw, "gateway", dict, None)
+    gateway = None if gateway_raw is None else _gateway(gateway_raw, base)
+    return PipelineConfig(kafka=kafka, use_cases=cases, source=source, gateway=gateway)
 
 
 def load_config(path: str | Path) -> PipelineConfig:

@@ -11,7 +11,7 @@ mechanism's parameters, SFP's alphabet, discovery's privacy, paths) and names th
 
 >>> schema = config_json_schema()
 >>> sorted(schema["properties"])
-['kafka', 'use_case']
+['gateway', 'kafka', 'use_case']
 """
 
 from __future__ import annotations
@@ -22,12 +22,14 @@ from typing import Any, get_args
 
 from ldpipe.schemas.config import (
     _DISCOVERY_KEYS,
+    _GATEWAY_KEYS,
     _MECH_KEYS,
     _NAME,
     _SFP_KEYS,
     _SFP_PARAMS,
     _UC_KEYS,
     DiscoveryTopics,
+    GatewayConfig,
     ShuffleConfig,
     SnapshotConfig,
     StoreConfig,
@@ -55,6 +57,7 @@ _ANNOTATIONS: dict[str, dict[str, Any]] = {
     "Path": {"type": "string"},
     "Path | None": {"type": "string"},
     "tuple[Path, ...]": _PATHS,
+    "tuple[str, ...]": {"type": "array", "items": {"type": "string"}},
     "Mapping[str, str]": _STRINGS,
 }
 
@@ -144,6 +147,13 @@ def _use_case() -> dict[str, Any]:
     return _table(kinds, "one [[use_case]]: what is collected, how, and where", required=["name"])
 
 
+def _gateway() -> dict[str, Any]:
+    table = _dataclass_table(GatewayConfig, "[gateway]: the front door devices upload to")
+    table["required"] = ["origin_name", "issuer_name", "issuer_directory_url"]
+    assert set(table["properties"]) == _GATEWAY_KEYS, "config.py's gateway keys changed"
+    return table
+
+
 def config_json_schema() -> dict[str, Any]:
     """The JSON Schema (draft 2020-12) of a pipeline configuration file, as TOML decodes it."""
     return {
@@ -166,6 +176,7 @@ def config_json_schema() -> dict[str, Any]:
                 },
                 "[kafka]: the cluster every service talks to",
             ),
+            "gateway": _gateway(),
             "use_case": {"type": "array", "items": _use_case()},
         },
     }

@@ -1,0 +1,93 @@
+"""The device configuration a gateway serves for a use case (``GET /v1/use-cases/{name}/config``).
+
+Everything a device needs to randomize, seal and upload: the parameter epoch and mechanism, the
+analyzer's and the shuffler's public keys (lists in preference order: a device walks each in
+order and uses the first it can), the token issuer and the challenge's origin name, the period
+tokens are issued for, and the time precision of the outer header. Every integer a JavaScript
+number cannot hold exactly (``hash_seed`` always) is a decimal string. The body's SHA-256 is its
+``ETag``.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ldpipe.infra.gateway.rules import UseCaseRules
+from ldpipe.schemas.config import GatewayConfig, UseCase
+from ldpipe.schemas.keys import KEM_NAME, PublicKey
+from ldpipe.schemas.upload import MEDIA_TYPE
+
+__all__ = ["DeviceConfig", "device_config"]
+
+_SAFE_INTEGER = (1 << 53) - 1  # Number.MAX_SAFE_INTEGER
+
+
+@dataclass(frozen=True)
+class DeviceConfig:
+    body: bytes  # the JSON document
+    etag: str  # a strong validator: the quoted hex SHA-256 of the body (RFC 9110 §8.8.3)
+
+    def matches(self, if_none_match: str | None) -> bool:
+        """Whether an ``If-None-Match`` header matches this document (RFC 9110 §13.1.2: weak
+        comparison, ``*`` matches)."""
+        if not if_none_match:
+            return False
+        for tag in if_none_match.split(","):
+            tag = tag.strip()
+            if tag == "*" or tag.removeprefix("W/") == self.etag:
+                return True
+        return False
+
+
+def _number(value: Any) -> Any:
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > _SAFE_INTEGER:
+        return str(value)
+    return value
+
+
+def _key(key: PublicKey) -> dict[str, Any]:
+    return {
+        "key_id": key.key_id,
+        "kem": KEM_NAME,
+        "public_key": base64.b64encode(key.raw).decode("ascii"),
+    }
+
+
+def device_config(uc: UseCase, rules: UseCaseRules, gateway: GatewayConfig) -> DeviceConfig:
+    """The configuration document of ``uc`` as this gateway serves it."""
+    options: Mapping[str, Any] = uc.mechanism_options
+    seed = options.get("seed", getattr(uc.mechanism, "seed", None))
+    parameters = {k: _number(v) for k, v in sorted(options.items()) if k != "seed"}
+    document = {
+        "use_case": uc.name,
+        "epoch": uc.epoch,
+        "mechanism": uc.mechanism_name,
+        "epsilon": uc.epsilon,
+        "parameters": parameters,
+        "hash_seed": None if seed is None else str(seed),
+        "analyzer_keys": [_key(k) for k in rules.analyzer_keys],
+        "shuffler_keys": [_key(k) for k in rules.shuffler_keys],
+        "token_issuer": {
+            "name": gateway.issuer_name,
+            "directory_url": gateway.issuer_directory_url,
+        },
+        "origin_name": gateway.origin_name,
+        "period_seconds": rules.period_seconds,
+        "contribution_limit": uc.shuffle.contribution_limit,
+        "time_precision_seconds": rules.time_precision_seconds,
+        "report_expiry_seconds": rules.report_expiry_seconds,
+        "max_clock_skew_seconds": rules.max_clock_skew_seconds,
+        "upload": {
+            "path": f"/v1/use-cases/{uc.name}/reports",
+            "media_type": MEDIA_TYPE,
+            "max_reports_per_request": gateway.max_reports_per_request,
+            "max_body_bytes": gateway.max_body_bytes,
+        },
+    }
+    body = json.dumps(document, separators=(",", ":")).encode("utf-8")
+    return DeviceConfig(body, f'"{hashlib.sha256(body).hexdigest()}"')

@@ -1,0 +1,110 @@
+"""One confluent-kafka producer shared by the gateway's async handlers.
+
+A poll thread serves delivery reports; each produced record's delivery resolves an asyncio
+future on the event loop (``loop.call_soon_threadsafe``), so a handler awaits Kafka's
+acknowledgement of every accepted report before it answers 200. Records carry a key and a value
+and nothing else: no headers (the gateway never writes anything about the client).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
+
+from ldpipe.infra.runtime.kafka import KafkaSettings, PipelineKafkaError
+
+__all__ = ["AsyncProducer", "ProduceError"]
+
+log = logging.getLogger(__name__)
+
+#: acks=all and idempotence: an acknowledged report is on every in-sync replica, once
+_PRODUCER: dict[str, Any] = {
+    "enable.idempotence": True,
+    "acks": "all",
+    "linger.ms": 2,
+    "message.timeout.ms": 10_000,
+}
+
+
+class ProduceError(PipelineKafkaError):
+    """Kafka did not acknowledge every record of a batch (the gateway answers 503)."""
+
+
+class AsyncProducer:
+    """``await produce_all(topic, records)`` once Kafka acknowledged all of them, or raises
+    ``ProduceError``. Thread-safe delivery into the loop that called it."""
+
+    def __init__(self, settings: KafkaSettings, *, overrides: dict[str, Any] | None = None):
+        self._producer = Producer(
+            settings.producer_config({**_PRODUCER, **(overrides or {})}, error_cb=self._on_error)
+        )
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, name="ldpipe-gateway-kafka", daemon=True)
+        self._thread.start()
+        self.last_error = ""
+
+    def _on_error(self, error: KafkaError) -> None:
+        self.last_error = f"{error.name()}: {error.str()}"
+        log.warning("kafka: %s", self.last_error)
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            self._producer.poll(0.1)
+
+    async def produce_all(self, topic: str, records: Sequence[tuple[bytes, bytes]]) -> None:
+        """Produce ``(key, value)`` records and wait until Kafka acknowledged every one."""
+        if not records:
+            return
+        loop = asyncio.get_running_loop()
+        futures: list[asyncio.Future[None]] = []
+
+        def deliver(future: asyncio.Future[None]) -> Any:
+            def on_delivery(err: KafkaError | None, _msg: Message) -> None:
+                loop.call_soon_threadsafe(_settle, future, err)
+
+            return on_delivery
+
+        try:
+            for key, value in records:
+                future: asyncio.Future[None] = loop.create_future()
+                futures.append(future)
+                self._producer.produce(topic, value=value, key=key, on_delivery=deliver(future))
+        except (KafkaException, BufferError) as exc:
+            for future in futures:
+                future.cancel()
+            raise ProduceError(f"producing to {topic}: {exc}") from None
+        results = await asyncio.gather(*futures, return_exceptions=True)
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:
+            raise ProduceError(
+                f"Kafka did not acknowledge {len(failed)} of {len(records)} records on {topic}: "
+                f"{failed[0]}"
+            )
+
+    def reachable(self, timeout: float = 2.0) -> bool:
+        """Whether a broker answers a metadata request within ``timeout`` (for ``/readyz``)."""
+        try:
+            self._producer.list_topics(timeout=timeout)
+        except KafkaException:
+            return False
+        return True
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Deliver what is queued (up to ``timeout``), then stop the poll thread."""
+        self._producer.flush(timeout)
+        self._stop.set()
+        self._thread.join(timeout=2)
+
+
+def _settle(future: asyncio.Future[None], err: KafkaError | None) -> None:
+    if future.done():
+        return
+    if err is None:
+        future.set_result(None)
+    else:
+        future.set_exception(ProduceError(f"{err.name()}: {err.str()}", error=err))

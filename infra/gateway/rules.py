@@ -1,0 +1,62 @@
+"""A use case as the gateway checks its uploads: topic, shuffler key ids, time bounds, period.
+
+Built once from the pipeline configuration (``UseCaseRules.of``). The time settings are those
+of ``[use_case.shuffle]`` (``time_precision_seconds``, ``report_expiry_seconds``,
+``max_clock_skew_seconds``), with the defaults of the outer layer v3 where a configuration
+predates them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ldpipe.schemas.config import UseCase
+from ldpipe.schemas.keys import PublicKey, load_public_key
+
+__all__ = ["UseCaseRules"]
+
+
+@dataclass(frozen=True)
+class UseCaseRules:
+    name: str
+    topic: str
+    analyzer_keys: tuple[PublicKey, ...]  # preference order: a device walks it in order
+    shuffler_keys: tuple[PublicKey, ...]
+    period_seconds: int
+    time_precision_seconds: int
+    report_expiry_seconds: int
+    max_clock_skew_seconds: int
+
+    @property
+    def shuffler_key_ids(self) -> frozenset[int]:
+        return frozenset(key.key_id for key in self.shuffler_keys)
+
+    def period(self, unix_seconds: int) -> int:
+        """The period index of a time: the token key of a report is for this period."""
+        return unix_seconds // self.period_seconds
+
+    @classmethod
+    def of(cls, uc: UseCase) -> UseCaseRules:
+        """The rules of a configured use case; its public key files are read here (one line
+        if one cannot be). The gateway reads no private key file."""
+        shuffle = uc.shuffle
+        if not shuffle.nested or shuffle.public_key is None:
+            raise ValueError(
+                f"use_case.{uc.name}.shuffle: the gateway accepts nested envelopes only; set "
+                f"layers = \"nested\" and public_key (ldpipe keys generate --role shuffler)"
+            )
+        if uc.public_key is None:
+            raise ValueError(
+                f"use_case.{uc.name}.public_key: missing; devices need the analyzer's key"
+            )
+        precision = int(getattr(shuffle, "time_precision_seconds", 3600))
+        return cls(
+            name=uc.name,
+            topic=uc.topics.reports,
+            analyzer_keys=(load_public_key(uc.public_key),),
+            shuffler_keys=(load_public_key(shuffle.public_key),),
+            period_seconds=shuffle.contribution_period_seconds,
+            time_precision_seconds=precision,
+            report_expiry_seconds=int(getattr(shuffle, "report_expiry_seconds", 86_400)),
+            max_clock_skew_seconds=int(getattr(shuffle, "max_clock_skew_seconds", precision)),
+        )

@@ -16,6 +16,7 @@ import pytest
         "ldpipe.schemas.keys",
         "ldpipe.schemas.privacy.ledger",
         "ldpipe.schemas.headers",
+        "ldpipe.schemas.tokens",
         "ldpipe.shuffler.inner",
         "ldpipe.producers.client",
         "ldpipe.infra.runtime.secret_refs",

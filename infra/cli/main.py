@@ -50,6 +50,8 @@ COMMANDS: tuple[Command, ...] = (
             "strip metadata, hold windows of at least n_min reports, permute, publish"),
     Command("aggregator", "aggregator", "Services",
             "aggregate shuffled reports into window sketches sealed into the sketch store"),
+    Command("gateway", "gateway", "Services",
+            "the HTTP front door: device configuration, token-checked report uploads to Kafka"),
     Command("query", "query", "Services",
             "estimate item counts (with standard errors and intervals) from the store"),
     Command("discovery-shuffler", "discovery_shuffler", "Services",
@@ -100,6 +102,8 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "ldpipe aggregator --config pipeline.toml --use-case emoji --metrics-port 9102",
         "ldpipe aggregator --config pipeline.toml --member emoji-b --metrics-port 9103",
     ),
+    "gateway": ("ldpipe gateway --config pipeline.toml --metrics-port 9110",
+                "ldpipe gateway --config pipeline.toml --use-case emoji --port 8443"),
     "query": (
         "ldpipe query --config pipeline.toml --top 20",
         "ldpipe query --config pipeline.toml --items 'GRINNING FACE,PILE OF POO' --json",

@@ -88,7 +88,7 @@ def problem(
     )
 
 
-class _BodyTooLarge(Exception):
+class _BodyTooLargeError(Exception):
     pass
 
 
@@ -97,12 +97,12 @@ async def _read_body(request: Request, limit: int, timeout: float) -> bytes:
     or while reading), within ``timeout`` seconds (``TimeoutError``)."""
     declared = request.headers.get("content-length")
     if declared is not None and (not declared.isdigit() or int(declared) > limit):
-        raise _BodyTooLarge
+        raise _BodyTooLargeError
     body = bytearray()
     async with asyncio.timeout(timeout):
         async for chunk in request.stream():
             if len(body) + len(chunk) > limit:
-                raise _BodyTooLarge
+                raise _BodyTooLargeError
             body += chunk
     return bytes(body)
 
@@ -177,7 +177,7 @@ def build_app(state: GatewayState) -> ASGIApp:
     async def _checked_upload(request: Request, name: str) -> Response:
         try:
             body = await _read_body(request, config.max_body_bytes, config.body_timeout_seconds)
-        except _BodyTooLarge:
+        except _BodyTooLargeError:
             return problem(
                 413,
                 "body_too_large",
@@ -222,7 +222,8 @@ def build_app(state: GatewayState) -> ASGIApp:
         try:
             await state.producer.produce_all(rules.topic, verdict.records)
         except Exception as exc:  # any failure: nothing of this batch is reported as accepted
-            log.warning("upload to %s not acknowledged: %s", rules.topic, " ".join(str(exc).split()))
+            reason = " ".join(str(exc).split())
+            log.warning("upload to %s not acknowledged: %s", rules.topic, reason)
             return problem(
                 503,
                 "kafka_unavailable",

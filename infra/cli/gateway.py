@@ -1,0 +1,95 @@
+"""``ldpipe gateway``: the front door devices upload to (docs/gateway.md)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+from typing import Any
+
+from ldpipe.infra.cli.argtypes import port
+from ldpipe.infra.cli.common import add_service_args, announce, kafka_settings, start_metrics
+from ldpipe.infra.cli.progress import ProgressLines
+from ldpipe.infra.gateway.headers import parse_report_header
+from ldpipe.infra.gateway.issuer_keys import DirectoryVerifier
+from ldpipe.infra.gateway.producer import AsyncProducer
+from ldpipe.infra.gateway.server import ServeOptions, bind, check_tls, serve
+from ldpipe.infra.gateway.wiring import gateway_config, gateway_state, served_use_cases
+from ldpipe.infra.runtime.kafka import TopicSpec, ensure_topics
+from ldpipe.infra.runtime.observability import Readiness, service_registry
+from ldpipe.schemas.config import load_config
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "gateway",
+        help="the HTTP front door: device configuration, token-checked report uploads to Kafka",
+    )
+    add_service_args(
+        p, use_case_help="serve only this use case (default: every one with nested envelopes)"
+    )
+    p.add_argument("--addr", help="listen address (default: [gateway] addr, else 127.0.0.1)")
+    p.add_argument("--port", type=port, help="listen port (default: [gateway] port, else 8480)")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    gateway = gateway_config(config)
+    use_cases = served_use_cases(config, [args.use_case] if args.use_case else [])
+    tls = False
+    if gateway.tls_certificate is not None and gateway.tls_private_key is not None:
+        check_tls(gateway.tls_certificate, gateway.tls_private_key)
+        tls = True
+    addr = args.addr or gateway.addr
+    sock = bind(addr, gateway.port if args.port is None else args.port)
+    kafka = kafka_settings(config, args)
+    ensure_topics(kafka, [TopicSpec(uc.topics.reports, uc.topics.partitions) for uc in use_cases])
+    registry = service_registry("gateway")
+    readiness = Readiness(reason="starting: issuer directory and Kafka not checked yet")
+    start_metrics(args, registry, readiness)
+    producer = AsyncProducer(kafka)
+    state = gateway_state(
+        config,
+        use_cases,
+        producer=producer,
+        parse_header=parse_report_header,
+        registry=registry,
+        readiness=readiness,
+    )
+    verifier = state.verifier
+    refresh = verifier.refresh if isinstance(verifier, DirectoryVerifier) else None
+    progress = None
+    if args.progress:
+        progress = ProgressLines(registry, "ldpipe gateway", args.progress).start()
+    host = f"[{addr}]" if ":" in addr else addr
+    scheme = "https" if tls else "http"
+    bound = sock.getsockname()[1]
+    served = ", ".join(uc.name for uc in use_cases)
+    announce(
+        args,
+        f"{served} on {scheme}://{host}:{bound}/v1/use-cases/NAME/(config|reports), reports "
+        f"to {', '.join(uc.topics.reports for uc in use_cases)}; tokens of "
+        f"{gateway.issuer_name!r} from {gateway.issuer_directory_url}; health on /healthz and "
+        f"/readyz",
+    )
+    options = ServeOptions(gateway.tls_certificate, gateway.tls_private_key)
+    try:
+        asyncio.run(
+            serve(
+                state,
+                sock,
+                options,
+                kafka_reachable=producer.reachable,
+                refresh_directory=refresh,
+            )
+        )
+    finally:
+        if progress is not None:
+            progress.stop()
+        producer.close()
+        with contextlib.suppress(OSError):
+            sock.close()
+    return 0

@@ -1,0 +1,266 @@
+"""Shared by the gateway's tests: a configuration with keys, an issuer with real blind-RSA keys
+and its directory served over real HTTP, real tokens, outer v3 envelopes, and a gateway served
+by uvicorn on a loopback port in a thread."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from prometheus_client import CollectorRegistry
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from ldpipe.infra.gateway.app import GatewayState, Producing
+from ldpipe.infra.gateway.headers import parse_report_header
+from ldpipe.infra.gateway.server import ServeOptions, bind, serve
+from ldpipe.infra.gateway.verifier import TokenVerifier
+from ldpipe.infra.gateway.wiring import gateway_state
+from ldpipe.infra.runtime.observability import Readiness
+from ldpipe.schemas.config import PipelineConfig, config_from_mapping
+from ldpipe.schemas.keys import KeyPair, write_public_key
+from ldpipe.schemas.tokens import (
+    IssuerKeyPair,
+    TokenChallenge,
+    begin_token_request,
+    finalize_token,
+    issue_token_response,
+    redemption_context,
+)
+from ldpipe.schemas.upload import UploadedReport, encode_batch
+
+ISSUER = "issuer.test"
+ORIGIN = "gateway.test"
+PERIOD = 86_400
+SHUFFLER_KEY_ID = 11
+
+
+def make_config(
+    tmp: Path,
+    *,
+    bootstrap: str = "127.0.0.1:9",
+    use_case: str = "emoji",
+    topic: str | None = None,
+    directory_url: str = "http://127.0.0.1:9/.well-known/private-token-issuer-directory",
+    **gateway: Any,
+) -> PipelineConfig:
+    """A configuration with one nested use case (its public keys written under ``tmp``)."""
+    analyzer = KeyPair.generate(key_id=1, name=use_case)
+    shuffler = KeyPair.generate(key_id=SHUFFLER_KEY_ID, name="shuffler", role="shuffler")
+    write_public_key(analyzer, tmp / "analyzer.public.json")
+    write_public_key(shuffler, tmp / "shuffler.public.json")
+    topics = {"reports": topic} if topic else {}
+    raw = {
+        "kafka": {"bootstrap_servers": bootstrap},
+        "gateway": {
+            "origin_name": ORIGIN,
+            "issuer_name": ISSUER,
+            "issuer_directory_url": directory_url,
+            **gateway,
+        },
+        "use_case": [
+            {
+                "name": use_case,
+                "mechanism": "cms",
+                "epsilon": 4.0,
+                "k": 16,
+                "m": 64,
+                "hash_seed": 2**63 + 5,
+                "dictionary": "builtin:emoji",
+                "public_key": "analyzer.public.json",
+                "topics": topics,
+                "shuffle": {
+                    "layers": "nested",
+                    "public_key": "shuffler.public.json",
+                    "contribution_period_seconds": PERIOD,
+                },
+                "snapshot": {"directory": "snap"},
+                "store": {"uri": "store"},
+            }
+        ],
+    }
+    return config_from_mapping(raw, base=tmp)
+
+
+@dataclass
+class Issuer:
+    """Blind-RSA keys per (use case, period), and tokens made by the real protocol."""
+
+    keys: dict[tuple[str, int], IssuerKeyPair] = field(default_factory=dict)
+
+    def key(self, use_case: str, period: int) -> IssuerKeyPair:
+        if (use_case, period) not in self.keys:
+            self.keys[(use_case, period)] = IssuerKeyPair.generate()
+        return self.keys[(use_case, period)]
+
+    def token(
+        self,
+        use_case: str,
+        period: int,
+        *,
+        issuer: str = ISSUER,
+        origin: str = ORIGIN,
+        key: IssuerKeyPair | None = None,
+    ) -> bytes:
+        signer = key or self.key(use_case, period)
+        challenge = TokenChallenge(issuer, redemption_context(use_case, period), origin)
+        request, state = begin_token_request(challenge, signer.public)
+        return finalize_token(state, issue_token_response(signer, request)).to_bytes()
+
+    def directory(self) -> dict[str, Any]:
+        return {
+            "issuer-request-uri": "/token-request",
+            "token-keys": [
+                {
+                    "token-type": 2,
+                    "token-key": base64.urlsafe_b64encode(pair.public.spki).decode().rstrip("="),
+                    "use-case": use_case,
+                    "period": period,
+                }
+                for (use_case, period), pair in self.keys.items()
+            ],
+        }
+
+
+def v3_envelope(
+    use_case: str,
+    *,
+    key_id: int = SHUFFLER_KEY_ID,
+    when: int | None = None,
+    report_id: bytes | None = None,
+    body: int = 80,
+) -> bytes:
+    """An outer v3 envelope: its cleartext header, then ``body`` random bytes standing for the
+    HPKE encapsulated key and ciphertext (the gateway never opens it)."""
+    when = int(time.time()) // 3600 * 3600 if when is None else when
+    name = use_case.encode()
+    rid = report_id or os.urandom(16)
+    header = struct.pack("<3sBI16sQB", b"LDS", 3, key_id, rid, when, len(name))
+    return header + name + os.urandom(body)
+
+
+def batch(reports: Sequence[tuple[bytes, bytes]]) -> bytes:
+    return encode_batch([UploadedReport(t, e) for t, e in reports])
+
+
+def now_period() -> int:
+    return int(time.time()) // PERIOD
+
+
+@contextmanager
+def serve_app(app: Any, *, host: str = "127.0.0.1") -> Iterator[str]:
+    """Serve any ASGI app with uvicorn on a free loopback port in a thread: yields its URL."""
+    sock = bind(host, 0)
+    server = uvicorn.Server(uvicorn.Config(app, access_log=False, log_config=None, lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    try:
+        yield f"http://{host}:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+
+
+def directory_app(issuer: Issuer) -> Starlette:
+    async def directory(_request: Request) -> Response:
+        return JSONResponse(issuer.directory())
+
+    return Starlette(
+        routes=[Route("/.well-known/private-token-issuer-directory", directory)]
+    )
+
+
+@dataclass
+class RunningGateway:
+    url: str
+    state: GatewayState
+    port: int
+
+
+@contextmanager
+def run_gateway(
+    config: PipelineConfig,
+    *,
+    producer: Producing,
+    kafka_reachable: Callable[[], bool] = lambda: True,
+    verifier: TokenVerifier | None = None,
+    registry: CollectorRegistry | None = None,
+    options: ServeOptions | None = None,
+) -> Iterator[RunningGateway]:
+    """A gateway on uvicorn on a free loopback port, in a thread with its own loop."""
+    state = gateway_state(
+        config,
+        list(config.declared),
+        producer=producer,
+        parse_header=parse_report_header,
+        registry=registry or CollectorRegistry(),
+        readiness=Readiness(),
+        verifier=verifier,
+    )
+    sock = bind("127.0.0.1", 0)
+    stop = threading.Event()
+    serving = threading.Event()
+    refresh = getattr(state.verifier, "refresh", None)
+    failures: list[BaseException] = []
+
+    def main() -> None:
+        try:
+            asyncio.run(
+                serve(
+                    state,
+                    sock,
+                    options or ServeOptions(ready_every=0.2),
+                    kafka_reachable=kafka_reachable,
+                    refresh_directory=refresh,
+                    stop=stop,
+                    on_serving=serving.set,
+                )
+            )
+        except BaseException as exc:  # surfaced by the test
+            failures.append(exc)
+            serving.set()
+
+    thread = threading.Thread(target=main, daemon=True)
+    thread.start()
+    assert serving.wait(15), "gateway did not start"
+    assert not failures, failures
+    port = sock.getsockname()[1]
+    try:
+        yield RunningGateway(f"http://127.0.0.1:{port}", state, port)
+    finally:
+        stop.set()
+        thread.join(15)
+        sock.close()
+    assert not failures, failures
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

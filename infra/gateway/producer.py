@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,6 +32,9 @@ _PRODUCER: dict[str, Any] = {
 }
 
 
+_LOG_EVERY = 30.0
+
+
 class ProduceError(PipelineKafkaError):
     """Kafka did not acknowledge every record of a batch (the gateway answers 503)."""
 
@@ -39,18 +43,26 @@ class AsyncProducer:
     """``await produce_all(topic, records)`` once Kafka acknowledged all of them, or raises
     ``ProduceError``. Thread-safe delivery into the loop that called it."""
 
-    def __init__(self, settings: KafkaSettings, *, overrides: dict[str, Any] | None = None):
+    def __init__(
+        self, settings: KafkaSettings, *, overrides: dict[str, Any] | None = None
+    ) -> None:
+        self.last_error = ""
+        self._logged: dict[int, float] = {}
         self._producer = Producer(
             settings.producer_config({**_PRODUCER, **(overrides or {})}, error_cb=self._on_error)
         )
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, name="ldpipe-gateway-kafka", daemon=True)
         self._thread.start()
-        self.last_error = ""
 
     def _on_error(self, error: KafkaError) -> None:
+        """librdkafka's errors, logged once per ``_LOG_EVERY`` seconds each (it repeats them
+        for every reconnect attempt)."""
         self.last_error = f"{error.name()}: {error.str()}"
-        log.warning("kafka: %s", self.last_error)
+        now = time.monotonic()
+        if now - self._logged.get(error.code(), float("-inf")) >= _LOG_EVERY:
+            self._logged[error.code()] = now
+            log.warning("kafka: %s", self.last_error)
 
     def _poll(self) -> None:
         while not self._stop.is_set():

@@ -17,6 +17,7 @@ import pytest
         "ldpipe.schemas.privacy.ledger",
         "ldpipe.schemas.headers",
         "ldpipe.schemas.tokens",
+        "ldpipe.schemas.upload",
         "ldpipe.shuffler.inner",
         "ldpipe.producers.client",
         "ldpipe.infra.runtime.secret_refs",

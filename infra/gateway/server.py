@@ -10,11 +10,13 @@ connections cost a socket for seconds, not forever.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import signal
 import socket
 import ssl
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +39,25 @@ class _IdleClosing(H11Protocol):
         self.timeout_keep_alive_task = self.loop.call_later(
             self.timeout_keep_alive, self.timeout_keep_alive_handler
         )
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, stopping gracefully on SIGINT/SIGTERM and then returning: uvicorn
+    raises the signal again once it has stopped (the process would die of it, exit -15); an
+    ldpipe service exits 0 after a clean stop, as ``docs/cli.md`` ("Signals") says."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        signals = (signal.SIGINT, signal.SIGTERM)
+        original = {sig: signal.signal(sig, self.handle_exit) for sig in signals}
+        try:
+            yield
+        finally:
+            for sig, handler in original.items():
+                signal.signal(sig, handler)
 
 
 @dataclass(frozen=True)
@@ -129,7 +150,7 @@ async def serve(
         ssl_certfile=str(options.tls_certificate) if tls else None,
         ssl_keyfile=str(options.tls_private_key) if tls else None,
     )
-    server = uvicorn.Server(config)
+    server = _Server(config)
     monitor = asyncio.create_task(_monitor(state, kafka_reachable, refresh_directory, options))
 
     async def watch() -> None:

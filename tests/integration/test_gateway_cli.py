@@ -1,0 +1,127 @@
+"""``ldpipe gateway`` as a user runs it: a subprocess on the embedded broker with a real issuer
+directory; it announces its address, takes a batch, prints progress lines and stops cleanly on
+SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+from ldpipe.infra.runtime.kafka import KafkaSettings, read_to_end
+from ldpipe.schemas.keys import KeyPair, write_public_key
+from ldpipe.schemas.upload import MEDIA_TYPE
+from tests.gateway_helpers import (
+    ISSUER,
+    ORIGIN,
+    Issuer,
+    batch,
+    directory_app,
+    now_period,
+    serve_app,
+    v3_envelope,
+    wait_for,
+)
+
+CONFIG = """
+[kafka]
+bootstrap_servers = "{bootstrap}"
+
+[gateway]
+origin_name = "{origin}"
+issuer_name = "{issuer}"
+issuer_directory_url = "{directory}"
+port = 0
+
+[[use_case]]
+name = "emoji"
+mechanism = "cms"
+epsilon = 4.0
+k = 16
+m = 64
+dictionary = "builtin:emoji"
+public_key = "analyzer.public.json"
+
+[use_case.topics]
+reports = "{topic}"
+
+[use_case.shuffle]
+public_key = "shuffler.public.json"
+"""
+
+
+def test_the_command_serves_and_stops_on_sigterm(
+    broker: KafkaSettings, tmp_path: Path, group_id: str
+) -> None:
+    issuer = Issuer()
+    issuer.key("emoji", now_period())
+    write_public_key(KeyPair.generate(key_id=1), tmp_path / "analyzer.public.json")
+    shuffler = KeyPair.generate(key_id=11, role="shuffler")
+    write_public_key(shuffler, tmp_path / "shuffler.public.json")
+    topic = f"gateway-cli-{group_id[-8:]}"
+    with serve_app(directory_app(issuer)) as url:
+        config = tmp_path / "pipeline.toml"
+        config.write_text(
+            CONFIG.format(
+                bootstrap=broker.bootstrap_servers,
+                origin=ORIGIN,
+                issuer=ISSUER,
+                directory=f"{url}/.well-known/private-token-issuer-directory",
+                topic=topic,
+            ),
+            encoding="utf-8",
+        )
+        process = subprocess.Popen(
+            [sys.executable, "-m", "ldpipe.infra.cli", "gateway", "--config", str(config),
+             "--progress", "1"],
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        out: list[str] = []
+        err: list[str] = []
+        readers = [
+            threading.Thread(target=lambda: out.extend(iter(process.stdout.readline, ""))),  # type: ignore[union-attr]
+            threading.Thread(target=lambda: err.extend(iter(process.stderr.readline, ""))),  # type: ignore[union-attr]
+        ]
+        for reader in readers:
+            reader.start()
+        try:
+            assert wait_for(lambda: any("/v1/use-cases/" in line for line in out), 60), (out, err)
+            line = next(line for line in out if "/v1/use-cases/" in line)
+            match = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
+            assert match, line
+            base = f"http://127.0.0.1:{match.group(1)}"
+            assert wait_for(lambda: httpx.get(f"{base}/readyz").status_code == 200, 30)
+            token = issuer.token("emoji", now_period())
+            envelope = v3_envelope("emoji")
+            response = httpx.post(
+                f"{base}/v1/use-cases/emoji/reports",
+                content=batch([(token, envelope)]),
+                headers={"Content-Type": MEDIA_TYPE},
+                timeout=30,
+            )
+            assert response.status_code == 200, response.text
+            assert response.json() == {"accepted": 1, "refused": []}
+            assert wait_for(lambda: any("reports_accepted 1 " in line for line in out), 10), out
+        finally:
+            process.send_signal(signal.SIGTERM)
+            try:
+                code = process.wait(30)
+            finally:
+                process.kill()
+                for reader in readers:
+                    reader.join()
+    assert code == 0, ("".join(out), "".join(err))
+    assert "Traceback" not in "".join(err)
+    records = read_to_end(broker, topic, group_id)
+    assert [(m.key(), m.value()) for m in records] == [(token[2:34], envelope)]
+    time.sleep(0)

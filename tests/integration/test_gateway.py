@@ -8,6 +8,7 @@ what httpx will not send).
 * hostile input: 0 B and 10 MB bodies (declared and chunked), truncated and garbage batches,
   wrong media types, too many reports, a slow body, 1,000 idle connections: each gets its clear
   error, and the gateway keeps serving;
+* TLS when given a certificate and key;
 * Kafka down: 503, nothing reported as accepted, /readyz not ready;
 * privacy at the edge: a client bound to 127.0.0.77 sending forwarding headers with distinctive
   addresses; neither appears in the gateway's logs, the Kafka records or /metrics.
@@ -15,9 +16,12 @@ what httpx will not send).
 
 from __future__ import annotations
 
+import datetime
+import ipaddress
 import logging
 import select
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -27,10 +31,14 @@ from typing import Any
 import httpx
 import pytest
 from confluent_kafka import Message
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 from prometheus_client import CollectorRegistry, generate_latest
 
 from ldpipe.infra.gateway.producer import AsyncProducer
-from ldpipe.infra.gateway.server import ServeOptions
+from ldpipe.infra.gateway.server import ServeOptions, check_tls
 from ldpipe.infra.runtime.kafka import KafkaSettings, read_to_end
 from ldpipe.schemas.upload import MEDIA_TYPE, UploadAnswer
 from tests.gateway_helpers import (
@@ -446,3 +454,53 @@ def test_no_client_address_or_forwarding_header_is_written_anywhere(
         assert mark.encode() not in stored, mark
         assert mark not in logs, mark
         assert mark not in exposition, mark
+
+
+def self_signed(tmp: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 and its key, as PEM files."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gateway.test")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = tmp / "gateway.crt", tmp / "gateway.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_path, key_path
+
+
+def test_tls_when_given_a_certificate_and_key(
+    gateway_factory: Callable[..., tuple[RunningGateway, str]], issuer: Issuer, tmp_path: Path
+) -> None:
+    cert, key = self_signed(tmp_path)
+    gw, _ = gateway_factory(options=ServeOptions(cert, key, ready_every=0.2))
+    context = ssl.create_default_context(cafile=str(cert))
+    url = f"https://127.0.0.1:{gw.port}"
+    with httpx.Client(verify=context, timeout=30) as client:
+        assert client.get(f"{url}/healthz").text == "ok\n"
+        body = batch([(issuer.token("emoji", now_period()), v3_envelope("emoji"))])
+        response = client.post(f"{url}/v1/use-cases/emoji/reports", content=body, headers=UPLOAD)
+        assert response.status_code == 200 and response.json()["accepted"] == 1
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"http://127.0.0.1:{gw.port}/healthz", timeout=5)  # plain HTTP is not served
+    with pytest.raises(ValueError, match="cannot load") as info:
+        check_tls(cert, tmp_path / "missing.key")
+    assert "\n" not in str(info.value)

@@ -224,7 +224,11 @@ def test_device_configuration_etag_and_cors(
     assert "access-control-allow-origin" not in other.headers
     missing = httpx.get(f"{gw.url}/v1/use-cases/nope/config")
     assert missing.status_code == 404
-    assert missing.headers["content-type"] == "application/problem+json"
+    assert problem_of(missing)["reason"] == "unknown_use_case"
+    assert problem_of(httpx.get(f"{gw.url}/nowhere"))["reason"] == "not_found"
+    wrong_method = httpx.get(f"{gw.url}/v1/use-cases/emoji/reports")
+    assert wrong_method.status_code == 405
+    assert problem_of(wrong_method)["reason"] == "method_not_allowed"
 
 
 def raw_exchange(port: int, head: bytes, body: Iterator[bytes], timeout: float = 15.0) -> bytes:

@@ -54,6 +54,7 @@ def make_config(
     bootstrap: str = "127.0.0.1:9",
     use_case: str = "emoji",
     topic: str | None = None,
+    params_topic: str | None = None,
     directory_url: str = "http://127.0.0.1:9/.well-known/private-token-issuer-directory",
     **gateway: Any,
 ) -> PipelineConfig:
@@ -63,6 +64,8 @@ def make_config(
     write_public_key(analyzer, tmp / "analyzer.public.json")
     write_public_key(shuffler, tmp / "shuffler.public.json")
     topics = {"reports": topic} if topic else {}
+    if params_topic:
+        topics["params"] = params_topic
     raw = {
         "kafka": {"bootstrap_servers": bootstrap},
         "gateway": {

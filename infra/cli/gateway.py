@@ -14,7 +14,13 @@ from ldpipe.infra.gateway.headers import parse_report_header
 from ldpipe.infra.gateway.issuer_keys import DirectoryVerifier
 from ldpipe.infra.gateway.producer import AsyncProducer
 from ldpipe.infra.gateway.server import ServeOptions, bind, check_tls, serve
-from ldpipe.infra.gateway.wiring import gateway_config, gateway_state, served_use_cases
+from ldpipe.infra.gateway.wiring import (
+    gateway_config,
+    gateway_state,
+    latest_epochs,
+    served_use_cases,
+    update_documents,
+)
 from ldpipe.infra.runtime.kafka import TopicSpec, ensure_topics
 from ldpipe.infra.runtime.observability import Readiness, service_registry
 from ldpipe.schemas.config import load_config
@@ -58,7 +64,15 @@ def run(args: argparse.Namespace) -> int:
         parse_header=parse_report_header,
         registry=registry,
         readiness=readiness,
+        epochs=latest_epochs(kafka, use_cases),
     )
+
+    async def refresh_documents() -> None:
+        epochs = await asyncio.to_thread(latest_epochs, kafka, use_cases)
+        for name in update_documents(state, use_cases, epochs):
+            epoch = epochs[name].epoch
+            print(f"ldpipe gateway: {name}: serving parameter epoch {epoch}", flush=True)
+
     verifier = state.verifier
     refresh = verifier.refresh if isinstance(verifier, DirectoryVerifier) else None
     progress = None
@@ -84,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
                 options,
                 kafka_reachable=producer.reachable,
                 refresh_directory=refresh,
+                refresh_documents=refresh_documents,
             )
         )
     finally:

@@ -59,7 +59,7 @@ class GatewayState:
     """Everything the handlers share; ``use_cases`` maps a name to its rules and document."""
 
     config: GatewayConfig
-    use_cases: Mapping[str, tuple[UseCaseRules, DeviceConfig]]
+    use_cases: dict[str, tuple[UseCaseRules, DeviceConfig]]  # documents replaced on new epochs
     verifier: TokenVerifier
     producer: Producing
     parse_header: HeaderParser

@@ -1,6 +1,7 @@
 """The device configuration a gateway serves for a use case (``GET /v1/use-cases/{name}/config``).
 
-Everything a device needs to randomize, seal and upload: the parameter epoch and mechanism, the
+Everything a device needs to randomize, seal and upload: the newest parameter epoch (the
+configured one, or a later one ``ldpipe adapt`` published) and its mechanism, the
 analyzer's and the shuffler's public keys (lists in preference order: a device walks each in
 order and uses the first it can), the token issuer and the challenge's origin name, the period
 tokens are issued for, and the time precision of the outer header. Every integer a JavaScript
@@ -19,6 +20,7 @@ from typing import Any
 
 from ldpipe.infra.gateway.rules import UseCaseRules
 from ldpipe.schemas.config import GatewayConfig, UseCase
+from ldpipe.schemas.epochs import ParameterEpoch
 from ldpipe.schemas.keys import KEM_NAME, PublicKey
 from ldpipe.schemas.upload import MEDIA_TYPE
 
@@ -58,16 +60,22 @@ def _key(key: PublicKey) -> dict[str, Any]:
     }
 
 
-def device_config(uc: UseCase, rules: UseCaseRules, gateway: GatewayConfig) -> DeviceConfig:
-    """The configuration document of ``uc`` as this gateway serves it."""
-    options: Mapping[str, Any] = uc.mechanism_options
-    seed = options.get("seed", getattr(uc.mechanism, "seed", None))
+def device_config(
+    uc: UseCase, rules: UseCaseRules, gateway: GatewayConfig, epoch: ParameterEpoch | None = None
+) -> DeviceConfig:
+    """The configuration document of ``uc`` as this gateway serves it, with the parameters of
+    ``epoch`` (the newest published one; default: the configured epoch)."""
+    epoch = epoch or uc.base_epoch()
+    options: Mapping[str, Any] = epoch.options
+    seed = options.get("seed")
+    if seed is None and epoch.epoch == uc.epoch:
+        seed = getattr(uc.mechanism, "seed", None)  # the mechanism's default seed
     parameters = {k: _number(v) for k, v in sorted(options.items()) if k != "seed"}
     document = {
         "use_case": uc.name,
-        "epoch": uc.epoch,
-        "mechanism": uc.mechanism_name,
-        "epsilon": uc.epsilon,
+        "epoch": epoch.epoch,
+        "mechanism": epoch.mechanism,
+        "epsilon": epoch.epsilon,
         "parameters": parameters,
         "hash_seed": None if seed is None else str(seed),
         "analyzer_keys": [_key(k) for k in rules.analyzer_keys],

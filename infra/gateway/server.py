@@ -67,6 +67,7 @@ class ServeOptions:
     idle_seconds: float = 5.0  # an idle connection (new or kept alive) is closed after this
     ready_every: float = 5.0  # seconds between readiness checks
     directory_every: float = 60.0  # seconds between issuer directory fetches
+    epochs_every: float = 60.0  # seconds between reads of the parameters topics
 
 
 def bind(addr: str, port: int) -> socket.socket:
@@ -105,15 +106,24 @@ async def _monitor(
     state: GatewayState,
     kafka_reachable: Callable[[], bool],
     refresh_directory: Callable[[], Awaitable[object]] | None,
+    refresh_documents: Callable[[], Awaitable[object]] | None,
     options: ServeOptions,
 ) -> None:
-    """Readiness: not ready while Kafka or the issuer directory is unreachable."""
-    last_fetch = float("-inf")
+    """Readiness (not ready while Kafka or the issuer directory is unreachable), the issuer's
+    keys and the device configurations' epochs, each on its own period."""
     loop = asyncio.get_running_loop()
+    last_fetch = float("-inf")  # fetched at once: readiness waits for it
+    last_epochs = loop.time()  # read at start by the command already
     while True:
         if refresh_directory is not None and loop.time() - last_fetch >= options.directory_every:
             last_fetch = loop.time()
             await refresh_directory()
+        if refresh_documents is not None and loop.time() - last_epochs >= options.epochs_every:
+            last_epochs = loop.time()
+            try:
+                await refresh_documents()
+            except Exception as exc:  # Kafka unreachable: keep serving the documents we have
+                log.warning("parameter epochs not read: %s", " ".join(str(exc).split()))
         reachable = await asyncio.to_thread(kafka_reachable)
         issuer_ready, issuer_reason = state.verifier.state()
         if not reachable:
@@ -132,6 +142,7 @@ async def serve(
     *,
     kafka_reachable: Callable[[], bool],
     refresh_directory: Callable[[], Awaitable[object]] | None = None,
+    refresh_documents: Callable[[], Awaitable[object]] | None = None,
     stop: threading.Event | None = None,
     on_serving: Callable[[], None] | None = None,
 ) -> None:
@@ -151,7 +162,9 @@ async def serve(
         ssl_keyfile=str(options.tls_private_key) if tls else None,
     )
     server = _Server(config)
-    monitor = asyncio.create_task(_monitor(state, kafka_reachable, refresh_directory, options))
+    monitor = asyncio.create_task(
+        _monitor(state, kafka_reachable, refresh_directory, refresh_documents, options)
+    )
 
     async def watch() -> None:
         while not server.started:

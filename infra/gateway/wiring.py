@@ -3,7 +3,7 @@ issuer directory's verifier, the Kafka producer, metrics (``ldpipe gateway`` and
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from prometheus_client import CollectorRegistry
 
@@ -14,10 +14,19 @@ from ldpipe.infra.gateway.issuer_keys import DirectoryVerifier
 from ldpipe.infra.gateway.metrics import GatewayMetrics
 from ldpipe.infra.gateway.rules import UseCaseRules
 from ldpipe.infra.gateway.verifier import TokenVerifier
+from ldpipe.infra.runtime.epochs_io import load_epochs
+from ldpipe.infra.runtime.kafka import KafkaSettings
 from ldpipe.infra.runtime.observability import Readiness
 from ldpipe.schemas.config import ConfigError, GatewayConfig, PipelineConfig, UseCase
+from ldpipe.schemas.epochs import ParameterEpoch
 
-__all__ = ["gateway_config", "gateway_state", "served_use_cases"]
+__all__ = [
+    "gateway_config",
+    "gateway_state",
+    "latest_epochs",
+    "served_use_cases",
+    "update_documents",
+]
 
 
 def gateway_config(config: PipelineConfig) -> GatewayConfig:
@@ -52,14 +61,17 @@ def gateway_state(
     registry: CollectorRegistry,
     readiness: Readiness,
     verifier: TokenVerifier | None = None,
+    epochs: Mapping[str, ParameterEpoch] | None = None,
 ) -> GatewayState:
-    """The handlers' state; without ``verifier``, a ``DirectoryVerifier`` of ``[gateway]``."""
+    """The handlers' state; without ``verifier``, a ``DirectoryVerifier`` of ``[gateway]``;
+    ``epochs``: each use case's newest parameter epoch (default: the configured one)."""
     gateway = gateway_config(config)
     metrics = GatewayMetrics.create(registry)
     served: dict[str, tuple[UseCaseRules, DeviceConfig]] = {}
     for uc in use_cases:
         rules = UseCaseRules.of(uc)
-        served[uc.name] = (rules, device_config(uc, rules, gateway))
+        epoch = (epochs or {}).get(uc.name)
+        served[uc.name] = (rules, device_config(uc, rules, gateway, epoch))
     if verifier is None:
         verifier = DirectoryVerifier(
             issuer_name=gateway.issuer_name,
@@ -77,3 +89,31 @@ def gateway_state(
         metrics=metrics,
         readiness=readiness,
     )
+
+
+def latest_epochs(kafka: KafkaSettings, use_cases: Sequence[UseCase]) -> dict[str, ParameterEpoch]:
+    """Each use case's newest parameter epoch: the configured one or a later one published on
+    its parameters topic (``ldpipe adapt``). Blocking: reads Kafka."""
+    latest: dict[str, ParameterEpoch] = {}
+    for uc in use_cases:
+        epochs = load_epochs(kafka, uc)
+        latest[uc.name] = epochs.epochs[epochs.latest]
+    return latest
+
+
+def update_documents(
+    state: GatewayState, use_cases: Sequence[UseCase], epochs: Mapping[str, ParameterEpoch]
+) -> list[str]:
+    """Serve each use case's configuration with its epoch in ``epochs``; the names whose
+    document changed (a new ETag)."""
+    changed = []
+    for uc in use_cases:
+        epoch = epochs.get(uc.name)
+        if epoch is None or uc.name not in state.use_cases:
+            continue
+        rules, old = state.use_cases[uc.name]
+        new = device_config(uc, rules, state.config, epoch)
+        if new.etag != old.etag:
+            state.use_cases[uc.name] = (rules, new)
+            changed.append(uc.name)
+    return changed

@@ -9,6 +9,7 @@ what httpx will not send).
   wrong media types, too many reports, a slow body, 1,000 idle connections: each gets its clear
   error, and the gateway keeps serving;
 * TLS when given a certificate and key;
+* the device configuration follows the parameter epochs published on Kafka;
 * Kafka down: 503, nothing reported as accepted, /readyz not ready;
 * privacy at the edge: a client bound to 127.0.0.77 sending forwarding headers with distinctive
   addresses; neither appears in the gateway's logs, the Kafka records or /metrics.
@@ -18,13 +19,14 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import json
 import logging
 import select
 import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +39,14 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from prometheus_client import CollectorRegistry, generate_latest
 
+from ldpipe.infra.gateway.headers import parse_report_header
 from ldpipe.infra.gateway.producer import AsyncProducer
 from ldpipe.infra.gateway.server import ServeOptions, check_tls
+from ldpipe.infra.gateway.wiring import gateway_state, latest_epochs, update_documents
+from ldpipe.infra.runtime.epochs_io import publish_epoch
 from ldpipe.infra.runtime.kafka import KafkaSettings, read_to_end
+from ldpipe.infra.runtime.observability import Readiness
+from ldpipe.schemas.epochs import ParameterEpoch
 from ldpipe.schemas.upload import MEDIA_TYPE, UploadAnswer
 from tests.gateway_helpers import (
     Issuer,
@@ -508,3 +515,36 @@ def test_tls_when_given_a_certificate_and_key(
     with pytest.raises(ValueError, match="cannot load") as info:
         check_tls(cert, tmp_path / "missing.key")
     assert "\n" not in str(info.value)
+
+
+class NoProducer:
+    async def produce_all(self, topic: str, records: Sequence[tuple[bytes, bytes]]) -> None:
+        raise AssertionError("nothing is produced here")
+
+
+def test_the_configuration_follows_published_parameter_epochs(
+    broker: KafkaSettings, topic_factory: Callable[..., str], tmp_path: Path
+) -> None:
+    config = make_config(
+        tmp_path, bootstrap=broker.bootstrap_servers, params_topic=topic_factory()
+    )
+    uc = config.use_case("emoji")
+    state = gateway_state(
+        config,
+        [uc],
+        producer=NoProducer(),
+        parse_header=parse_report_header,
+        registry=CollectorRegistry(),
+        readiness=Readiness(),
+        epochs=latest_epochs(broker, [uc]),
+    )
+    before = state.use_cases["emoji"][1]
+    assert json.loads(before.body)["epoch"] == 1
+    assert update_documents(state, [uc], latest_epochs(broker, [uc])) == []
+    adapted = ParameterEpoch("emoji", 2, "cms", 4.0, {"k": 16, "m": 128, "seed": 7})
+    publish_epoch(broker, uc, adapted)
+    assert update_documents(state, [uc], latest_epochs(broker, [uc])) == ["emoji"]
+    after = json.loads(state.use_cases["emoji"][1].body)
+    assert (after["epoch"], after["parameters"]) == (2, {"k": 16, "m": 128})
+    assert after["hash_seed"] == "7"
+    assert state.use_cases["emoji"][1].etag != before.etag

@@ -75,7 +75,7 @@ from ldpipe.schemas.envelope import (
     EnvelopeHeader,
 )
 from ldpipe.schemas.keys import KeyPair, KeyRing
-from ldpipe.schemas.outer import OuterHeader, open_outer
+from ldpipe.schemas.outer import open_outer, parse_outer_header
 from ldpipe.shuffler.contributions import ContributionLedger
 from ldpipe.shuffler.inner import InnerCheck, payload_lengths
 from ldpipe.shuffler.service import Shuffler
@@ -128,11 +128,17 @@ class Workload:
         tokens = os.urandom(16 * n)
         self.tokens = [tokens[16 * i : 16 * i + 16] for i in range(n)]
         self.sources: list[Source] = [(TOPIC, 0, offset) for offset in range(n)]
-        outer_info = OuterHeader(uc.name, SHUFFLER_KEY_ID).to_bytes()
-        self.outer_info = outer_info
-        if any(not report.startswith(outer_info) for report in self.reports):
+        # every report has its own outer header (report id, time: outer layer version 3)
+        self.outer_infos = [parse_outer_header(report).to_bytes() for report in self.reports]
+        self.outer_info = self.outer_infos[0]  # the devices' seal cost: one header like any
+        if any(
+            not report.startswith(info) or parse_outer_header(report).key_id != SHUFFLER_KEY_ID
+            for report, info in zip(self.reports, self.outer_infos, strict=True)
+        ):
             raise RuntimeError("a nested report does not start with the expected outer header")
-        self.sealed = [report[len(outer_info) :] for report in self.reports]
+        self.sealed = [
+            report[len(info) :] for report, info in zip(self.reports, self.outer_infos, strict=True)
+        ]
         inner_header = EnvelopeHeader(uc.name, uc.epoch, ANALYZER_KEY_ID, NESTED_VERSION)
         self.inner_info = inner_header.to_bytes()
         self.payloads = self.nested.codec.encode(uc.mechanism.randomize(self.items, self.rng))
@@ -171,7 +177,7 @@ class BareOpen:
     name = "bare HPKE open"
 
     def __init__(self, work: Workload) -> None:
-        self.sealed, self.info = work.sealed, work.outer_info
+        self.sealed, self.infos = work.sealed, work.outer_infos
         self.key = work.shuffler.private_key
         self.opened = 0
 
@@ -179,9 +185,9 @@ class BareOpen:
         self.opened = 0
 
     def step(self, start: int) -> None:
-        decrypt, key, info = SUITE.decrypt, self.key, self.info
+        decrypt, key = SUITE.decrypt, self.key
         batch = self.sealed[start : start + BATCH]
-        for ciphertext in batch:
+        for ciphertext, info in zip(batch, self.infos[start : start + BATCH], strict=True):
             decrypt(ciphertext, key, info=info)
         self.opened += len(batch)
 

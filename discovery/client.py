@@ -35,7 +35,7 @@ from ldpipe.schemas.discovery.layers import (
 from ldpipe.schemas.discovery.tags import TagKey
 from ldpipe.schemas.envelope import seal
 from ldpipe.schemas.keys import PublicKey
-from ldpipe.schemas.outer import seal_outer
+from ldpipe.schemas.outer import DEFAULT_TIME_PRECISION_SECONDS, seal_outer
 
 __all__ = ["DiscoveryClient", "DiscoveryConfig", "TagKey"]
 
@@ -55,9 +55,11 @@ class DiscoveryClient:
         tag_key: TagKey,
         shuffler_key: PublicKey | None = None,
         shuffler_use_case: str | None = None,
+        time_precision_seconds: int = DEFAULT_TIME_PRECISION_SECONDS,
     ) -> None:
         """``shuffler_key`` (a use case with nested envelopes) seals each report once more to
-        the discovery shuffler, whose use case is ``shuffler_use_case`` (``<uc>.discovery``)."""
+        the discovery shuffler, whose use case is ``shuffler_use_case`` (``<uc>.discovery``),
+        with a fresh report id and the time rounded down to ``time_precision_seconds``."""
         if server_key.raw == aux_key.raw:
             raise ValueError(
                 "the server and the aux server must have different keys: the aux server must "
@@ -70,6 +72,7 @@ class DiscoveryClient:
         self._inner_header = config.inner_header(server_key.key_id)
         self._outer_header = config.outer_header(aux_key.key_id)
         self._shuffler_key = shuffler_key
+        self._time_precision = time_precision_seconds
         self._shuffler_use_case = shuffler_use_case or f"{config.use_case}.discovery"
         if shuffler_key is not None:
             seal_outer(self._shuffler_use_case, b"", shuffler_key)  # checks the key's role
@@ -87,7 +90,9 @@ class DiscoveryClient:
         report = seal(self._outer_header, outer, self._aux_key)
         if self._shuffler_key is None:
             return report
-        return seal_outer(self._shuffler_use_case, report, self._shuffler_key)
+        return seal_outer(
+            self._shuffler_use_case, report, self._shuffler_key, precision=self._time_precision
+        )
 
     def encode(self, item: object) -> bytes:
         """The report of one item; ``DiscoveryError`` if the item cannot be normalized."""

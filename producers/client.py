@@ -30,7 +30,7 @@ from ldpipe.schemas.config import ConfigError, UseCase
 from ldpipe.schemas.envelope import ENVELOPE_VERSION, NESTED_VERSION, EnvelopeHeader, seal
 from ldpipe.schemas.keys import PublicKey, load_public_key
 from ldpipe.schemas.mechanisms import Mechanism, Reports, secure_rng
-from ldpipe.schemas.outer import seal_outer
+from ldpipe.schemas.outer import DEFAULT_TIME_PRECISION_SECONDS, seal_outer
 from ldpipe.schemas.payloads import PayloadCodec
 
 __all__ = ["DeviceClient", "shuffler_public_key"]
@@ -43,7 +43,9 @@ class DeviceClient:
     ``codec`` (the mechanism's ``PayloadCodec``) and ``header`` are derived on construction.
     Randomness comes from a generator seeded by the OS CSPRNG unless ``rng`` is given: a
     predictable generator would let an observer undo the randomization. ``shuffler_key``
-    (role ``shuffler``) makes every report nested.
+    (role ``shuffler``) makes every report nested: each gets a fresh random report id and the
+    time rounded down to ``time_precision_seconds`` (the use case's
+    ``shuffle.time_precision_seconds``) in its outer header (version 3).
     """
 
     use_case: str
@@ -51,6 +53,7 @@ class DeviceClient:
     public_key: PublicKey
     mechanism: Mechanism
     shuffler_key: PublicKey | None = None
+    time_precision_seconds: int = DEFAULT_TIME_PRECISION_SECONDS
     codec: PayloadCodec = field(init=False, repr=False)
     header: EnvelopeHeader = field(init=False, repr=False)
 
@@ -99,7 +102,9 @@ class DeviceClient:
         """The shuffler layer around ``inner``, for a nested use case; else ``inner``."""
         if self.shuffler_key is None:
             return inner
-        return seal_outer(self.use_case, inner, self.shuffler_key)
+        return seal_outer(
+            self.use_case, inner, self.shuffler_key, precision=self.time_precision_seconds
+        )
 
 
 def shuffler_public_key(uc: UseCase) -> PublicKey | None:

@@ -43,6 +43,7 @@ def discovery_stream(
         tag_key=load_tag_key(settings.tag_key),
         shuffler_key=shuffler_key,
         shuffler_use_case=f"{use_case.name}.discovery",
+        time_precision_seconds=use_case.shuffle.time_precision_seconds,
     )
 
     def envelopes(items: Sequence[str], _rng: np.random.Generator) -> list[bytes | None]:

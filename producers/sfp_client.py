@@ -79,9 +79,21 @@ class SfpDeviceClient:
         fragments = config.use_case(use_case.sfp.fragments_use_case)
         return cls(
             params,
-            DeviceClient(use_case.name, epoch, public_key, params.word_oracle(), shuffler_key),
             DeviceClient(
-                fragments.name, epoch, public_key, fragment_wire_mechanism(params), shuffler_key
+                use_case.name,
+                epoch,
+                public_key,
+                params.word_oracle(),
+                shuffler_key,
+                use_case.shuffle.time_precision_seconds,
+            ),
+            DeviceClient(
+                fragments.name,
+                epoch,
+                public_key,
+                fragment_wire_mechanism(params),
+                shuffler_key,
+                fragments.shuffle.time_precision_seconds,
             ),
             use_case.topics.reports,
             fragments.topics.reports,

@@ -125,6 +125,12 @@ class ShuffleConfig:
     contribution_limit: int = 1
     contribution_period_seconds: int = 86_400
     delta: float = 1e-6  # for the amplified epsilon exported per window
+    # outer layer v3 (schemas/outer.py): devices round the report time down to this
+    time_precision_seconds: int = 3600
+    # the shuffler refuses reports older than this, and remembers report ids this long
+    report_expiry_seconds: int = 86_400
+    # the shuffler refuses reports later than now + this; unset: time_precision_seconds
+    max_clock_skew_seconds: int = 3600
     layers: str = "single"
     public_key: Path | None = None  # the shuffler's public key, devices seal the outer layer
     private_keys: tuple[Path, ...] = ()  # the shuffler's keyring (files or directories)
@@ -571,6 +577,12 @@ def _use_case(raw: Mapping[str, Any], index: int, base: Path) -> tuple[UseCase, 
             sw, sh_raw, "contribution_period_seconds", int, defaults.contribution_period_seconds
         ),
         delta=_get(sw, sh_raw, "delta", float, defaults.delta),
+        time_precision_seconds=_get(
+            sw, sh_raw, "time_precision_seconds", int, defaults.time_precision_seconds
+        ),
+        report_expiry_seconds=_get(
+            sw, sh_raw, "report_expiry_seconds", int, defaults.report_expiry_seconds
+        ),
         public_key=_single_path(base, f"{sw}.public_key", sh_raw.get("public_key")),
         private_keys=_paths(base, f"{sw}.private_keys", sh_raw.get("private_keys", [])),
     )
@@ -586,11 +598,21 @@ def _use_case(raw: Mapping[str, Any], index: int, base: Path) -> tuple[UseCase, 
             f'{sw}.layers: "single" but shuffler keys are configured; remove layers (nested '
             f"is implied by shuffler keys) or the keys"
         )
-    shuffle = replace(shuffle, layers=layers)
+    skew = _get(sw, sh_raw, "max_clock_skew_seconds", int, shuffle.time_precision_seconds)
+    shuffle = replace(shuffle, layers=layers, max_clock_skew_seconds=skew)
     _positive(f"{sw}.n_min", shuffle.n_min)
     _positive(f"{sw}.max_wait_seconds", shuffle.max_wait_seconds)
     _positive(f"{sw}.contribution_limit", shuffle.contribution_limit)
     _positive(f"{sw}.contribution_period_seconds", shuffle.contribution_period_seconds)
+    _positive(f"{sw}.time_precision_seconds", shuffle.time_precision_seconds)
+    _positive(f"{sw}.report_expiry_seconds", shuffle.report_expiry_seconds)
+    _positive(f"{sw}.max_clock_skew_seconds", shuffle.max_clock_skew_seconds, allow_zero=True)
+    if shuffle.report_expiry_seconds < shuffle.time_precision_seconds:
+        raise ConfigError(
+            f"{sw}.report_expiry_seconds: {shuffle.report_expiry_seconds} is below "
+            f"time_precision_seconds={shuffle.time_precision_seconds}; a report's rounded time "
+            f"is up to one precision old when it is sent, so every report would risk expiring"
+        )
     if shuffle.max_reports < shuffle.n_min:
         raise ConfigError(
             f"{sw}.max_reports: {shuffle.max_reports} is below n_min={shuffle.n_min}; "

@@ -34,7 +34,7 @@ def test_nested_benchmark_quick_json() -> None:
     assert shuffler["bare"]["ratio_cpu"] == 1.0
     assert shuffler["target_ratio"] == 0.85
     # outer = 14-byte header + 32-byte enc + inner + 16-byte tag
-    assert shuffler["outer_length"] == 14 + 32 + shuffler["inner_length"] + 16
+    assert shuffler["outer_length"] == 38 + 32 + shuffler["inner_length"] + 16
     device = result["device"]
     for key in ("one_seal_us", "two_seals_us", "single_us", "nested_us"):
         assert device[key] > 0

@@ -177,7 +177,12 @@ class LocalPipeline:
             epochs = load_epochs(self.kafka, uc)
         epoch = uc.epoch if epoch is None else epoch
         return DeviceClient(
-            uc.name, epoch, self.key_pair.public, epochs.mechanisms[epoch], self.shuffler_public
+            uc.name,
+            epoch,
+            self.key_pair.public,
+            epochs.mechanisms[epoch],
+            self.shuffler_public,
+            uc.shuffle.time_precision_seconds,
         )
 
     def discovery_client(self) -> DiscoveryClient:
@@ -190,6 +195,7 @@ class LocalPipeline:
             tag_key=self.tag_key,
             shuffler_key=self.shuffler_public,
             shuffler_use_case=f"{self.use_case.name}.discovery",
+            time_precision_seconds=self.use_case.shuffle.time_precision_seconds,
         )
 
     def _discovery_lines(self) -> list[str]:

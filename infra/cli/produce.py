@@ -83,7 +83,14 @@ def run(args: argparse.Namespace) -> int:
         sfp = SfpDeviceClient.for_use_case(ctx.config, uc, epoch, public_key, shuffler_key)
         streams = sfp.streams()
     else:
-        client = DeviceClient(uc.name, epoch, public_key, epochs.mechanisms[epoch], shuffler_key)
+        client = DeviceClient(
+            uc.name,
+            epoch,
+            public_key,
+            epochs.mechanisms[epoch],
+            shuffler_key,
+            uc.shuffle.time_precision_seconds,
+        )
         streams = client_streams(client, uc.topics.reports)
         if uc.discovery is not None and not args.no_discovery:  # and a discovery report
             streams.append(discovery_stream(uc, public_key, shuffler_key))

@@ -4,7 +4,9 @@
 * the library opens every valid nested vector to its use case, shuffler key id and inner
   envelope (which the analyzer's keys then open as version 2) and refuses every invalid one with
   its reason; the generator's independent RFC 9180 transcription opens what the library seals;
-* the layout: fixed part ``<3sBIB``, no epoch, length ``outer_length(use_case, len(inner))``;
+* the layout (version 3): fixed part ``<3sBI16sQB`` with report id and time, no epoch, length
+  ``outer_length(use_case, len(inner))``; a fresh random report id per report, the time rounded
+  down to the precision; version 2 refused with the fix;
 * every outer header byte and every body byte is bound: flipped, it gives a parse reason or
   ``decryption_failed``, never an inner envelope;
 * each reason with a message naming the fix; ``seal_outer`` only seals to a shuffler key;
@@ -19,6 +21,7 @@ import json
 import pickle
 import struct
 import sys
+import time
 from functools import cache
 from pathlib import Path
 from types import ModuleType
@@ -48,11 +51,16 @@ from ldpipe.schemas.outer import (
     OUTER_FIXED_LENGTH,
     OUTER_MAGIC,
     OUTER_VERSION,
+    REPORT_ID_LENGTH,
     OpenedOuter,
     OuterHeader,
+    ReplayRejection,
+    check_report_time,
     open_outer,
     open_outer_many,
     outer_length,
+    parse_outer_header,
+    round_time,
     seal_outer,
 )
 
@@ -139,7 +147,7 @@ def vector_ring(section: str, role: str) -> KeyRing:
 
 def test_nested_vectors_describe_the_format() -> None:
     data = nested()
-    assert data["format_version"] == OUTER_VERSION == 2
+    assert data["format_version"] == OUTER_VERSION == 3
     assert data["magic"].encode() == OUTER_MAGIC == b"LDS"
     assert data["inner_version"] == NESTED_VERSION
     assert data["suite"]["aad"] == ""
@@ -158,7 +166,11 @@ def test_nested_vectors_describe_the_format() -> None:
 def test_vector_reports_open(entry: dict[str, Any]) -> None:
     data = bytes.fromhex(entry["report_hex"])
     opened = open_outer(data, vector_ring("shuffler_keyring", "shuffler"))
-    assert opened.header == OuterHeader(entry["use_case"], entry["key_id"])
+    report_id = bytes.fromhex(entry["report_id_hex"])
+    assert opened.header == OuterHeader(
+        entry["use_case"], entry["key_id"], report_id, entry["time"]
+    )
+    assert parse_outer_header(data) == opened.header
     assert opened.header.to_bytes().hex() == entry["header_hex"]
     assert opened.inner.hex() == entry["inner_hex"]
     assert data.startswith(bytes.fromhex(entry["header_hex"] + entry["enc_hex"]))
@@ -208,8 +220,9 @@ def test_reference_implementation_opens_what_the_library_seals() -> None:
         for plaintext in (b"", inner(), bytes(range(256))):
             data = seal_outer(use_case, plaintext, shuffler().public)
             got = generator.open_outer_reference(data, keys, use_case=use_case)
-            assert got == (use_case, shuffler().key_id, plaintext)
-    opened = generator.open_outer_reference(report(), keys)[2]
+            header = parse_outer_header(data)
+            assert got == (use_case, shuffler().key_id, header.report_id, header.time, plaintext)
+    opened = generator.open_outer_reference(report(), keys)[4]
     assert generator.read_reference(opened, analyzer_keys, version=2) == (
         2,
         "emoji",
@@ -233,20 +246,64 @@ def test_public_surface() -> None:
     assert all(hasattr(outer_module, name) for name in outer_module.__all__)
 
 
+RID = bytes(range(16))
+
+
 def test_header_layout_has_no_epoch() -> None:
-    raw = OuterHeader("emoji", key_id=0x01020304).to_bytes()
-    assert raw == b"LDS\x02" + bytes.fromhex("04030201") + b"\x05emoji"
-    assert struct.calcsize("<3sBIB") == OUTER_FIXED_LENGTH == 9
-    assert MAX_OUTER_USE_CASE_LENGTH == 55 and MIN_OUTER_LENGTH == 58
-    assert len(OuterHeader("a" * MAX_OUTER_USE_CASE_LENGTH, key_id=0).to_bytes()) == 64
-    # inner envelopes of two epochs get the same outer header: a reader of the reports topic
-    # cannot sort them by the epoch their inner envelope shows on the shuffled topic
+    raw = OuterHeader("emoji", 0x01020304, RID, 0x0102030405060708).to_bytes()
+    assert (
+        raw
+        == (b"LDS\x03" + bytes.fromhex("04030201") + RID + bytes.fromhex("0807060504030201"))
+        + b"\x05emoji"
+    )
+    assert struct.calcsize("<3sBI16sQB") == OUTER_FIXED_LENGTH == 33
+    assert REPORT_ID_LENGTH == 16
+    assert MAX_OUTER_USE_CASE_LENGTH == 55 and MIN_OUTER_LENGTH == 82
+    assert len(OuterHeader("a" * MAX_OUTER_USE_CASE_LENGTH, 0, RID, 0).to_bytes()) == 88
+    # inner envelopes of two epochs get the same outer header apart from the report id: a
+    # reader of the reports topic cannot sort them by the epoch their inner envelope shows on
+    # the shuffled topic
     headers = set()
     for epoch in (1, 2, 0xFFFFFFFF):
         header = EnvelopeHeader("emoji", epoch, analyzer().key_id, version=2)
-        data = seal_outer("emoji", seal(header, PAYLOAD, analyzer().public), shuffler().public)
+        data = seal_outer(
+            "emoji", seal(header, PAYLOAD, analyzer().public), shuffler().public, report_id=RID
+        )
         headers.add(data[: OUTER_FIXED_LENGTH + len("emoji")])
     assert len(headers) == 1
+
+
+def test_seal_outer_draws_a_fresh_report_id_and_rounds_the_time() -> None:
+    before = int(time.time())
+    headers = [
+        parse_outer_header(seal_outer("emoji", inner(), shuffler().public)) for _ in range(50)
+    ]
+    assert len({h.report_id for h in headers}) == 50
+    assert {h.time for h in headers} <= {round_time(before, 3600), round_time(time.time(), 3600)}
+    daily = parse_outer_header(seal_outer("emoji", b"", shuffler().public, precision=86_400))
+    assert daily.time % 86_400 == 0 and daily.time > time.time() - 86_400
+    given_ = parse_outer_header(seal_outer("emoji", b"", shuffler().public, time=7, report_id=RID))
+    assert (given_.time, given_.report_id) == (7, RID)  # a given time is used as given
+    with pytest.raises(ValueError, match="positive integer"):
+        seal_outer("emoji", b"", shuffler().public, precision=0)
+
+
+def test_time_rules() -> None:
+    rules = {"expiry_seconds": 86_400, "max_skew_seconds": 3600}
+    now = 1_800_000_000
+    assert check_report_time(now - 86_400, now, **rules) is None  # exactly the expiry age
+    assert check_report_time(now - 86_401, now, **rules) is ReplayRejection.TOO_OLD
+    assert check_report_time(now + 3600, now, **rules) is None
+    assert check_report_time(now + 3601, now, **rules) is ReplayRejection.TOO_EARLY
+    assert round_time(now + 3599, 3600) == now and round_time(now, 3600) == now
+
+
+def test_version_2_is_refused_with_the_fix() -> None:
+    v2 = b"LDS\x02" + bytes(4) + b"\x05emoji" + bytes(100)
+    with pytest.raises(EnvelopeError) as info:
+        open_outer(v2, ring())
+    assert info.value.reason is R.UNSUPPORTED_VERSION
+    assert "no report id or time" in str(info.value) and "version 3" in str(info.value)
 
 
 @pytest.mark.parametrize("size", [0, 1, 77, 4096])
@@ -257,7 +314,10 @@ def test_round_trip_and_length(size: int, use_case: str) -> None:
     assert len(data) == outer_length(use_case, size)
     assert len(data) == OUTER_FIXED_LENGTH + len(use_case) + ENC_LENGTH + size + TAG_LENGTH
     opened = open_outer(data, ring(), use_case=use_case)
-    assert opened == OpenedOuter(OuterHeader(use_case, shuffler().key_id), plaintext)
+    header = parse_outer_header(data)
+    assert opened == OpenedOuter(
+        OuterHeader(use_case, shuffler().key_id, header.report_id, header.time), plaintext
+    )
     if use_case == "x" and size == 0:
         assert len(data) == MIN_OUTER_LENGTH
 
@@ -278,23 +338,28 @@ def test_bytes_like_inputs_and_dict_keyring() -> None:
 
 
 @pytest.mark.parametrize(
-    ("use_case", "key_id"),
+    ("use_case", "key_id", "report_id", "when"),
     [
-        ("", 0),
-        ("a" * (MAX_OUTER_USE_CASE_LENGTH + 1), 0),
-        ("Emoji", 0),
-        ("emo ji", 0),
-        ("émoji", 0),
-        (b"emoji", 0),
-        ("emoji", -1),
-        ("emoji", 1 << 32),
-        ("emoji", True),
-        ("emoji", 1.0),
+        ("", 0, RID, 0),
+        ("a" * (MAX_OUTER_USE_CASE_LENGTH + 1), 0, RID, 0),
+        ("Emoji", 0, RID, 0),
+        ("emo ji", 0, RID, 0),
+        ("émoji", 0, RID, 0),
+        (b"emoji", 0, RID, 0),
+        ("emoji", -1, RID, 0),
+        ("emoji", 1 << 32, RID, 0),
+        ("emoji", True, RID, 0),
+        ("emoji", 1.0, RID, 0),
+        ("emoji", 0, RID[:15], 0),
+        ("emoji", 0, bytearray(RID), 0),
+        ("emoji", 0, RID, -1),
+        ("emoji", 0, RID, 1 << 64),
+        ("emoji", 0, RID, 1.5),
     ],
 )
-def test_header_validation(use_case: Any, key_id: Any) -> None:
-    with pytest.raises(ValueError, match=r"use case id|key_id"):
-        OuterHeader(use_case, key_id)
+def test_header_validation(use_case: Any, key_id: Any, report_id: Any, when: Any) -> None:
+    with pytest.raises(ValueError, match=r"use case id|key_id|report_id|time"):
+        OuterHeader(use_case, key_id, report_id, when)
 
 
 def test_seal_outer_refuses_anything_but_a_shuffler_key() -> None:
@@ -314,7 +379,7 @@ def test_every_reason_with_a_message_that_names_the_fix() -> None:
     end = OUTER_FIXED_LENGTH + len("emoji")
     unknown = data[:4] + struct.pack("<I", 5) + data[8:]
     cases: list[tuple[Any, dict[str, Any], EnvelopeRejection, str]] = [
-        (b"", {}, R.TOO_SHORT, "9-byte fixed header of the shuffler layer"),
+        (b"", {}, R.TOO_SHORT, "33-byte fixed header of the shuffler layer"),
         (None, {}, R.TOO_SHORT, f"at least {MIN_OUTER_LENGTH} bytes"),
         (inner(), {}, R.SINGLE_LAYER, "seal it again to shuffle.public_key"),
         (
@@ -323,9 +388,9 @@ def test_every_reason_with_a_message_that_names_the_fix() -> None:
             R.BAD_MAGIC,
             "publish the output of ldpipe.schemas.outer.seal_outer",
         ),
-        (data[:3] + b"\x01" + data[4:], {}, R.UNSUPPORTED_VERSION, "opens version 2"),
+        (data[:3] + b"\x01" + data[4:], {}, R.UNSUPPORTED_VERSION, "opens version 3"),
         (data[: end + ENC_LENGTH + TAG_LENGTH - 1], {}, R.TRUNCATED, "was cut"),
-        (data[:9] + b"EMOJI" + data[14:], {}, R.BAD_USE_CASE, "[a-z0-9_.-]"),
+        (data[:33] + b"EMOJI" + data[38:], {}, R.BAD_USE_CASE, "[a-z0-9_.-]"),
         (data, {"use_case": "other"}, R.WRONG_USE_CASE, "this shuffler serves 'other'"),
         (unknown, {}, R.UNKNOWN_KEY_ID, "shuffle.private_keys"),
         (data[:-1] + bytes([data[-1] ^ 1]), {}, R.DECRYPTION_FAILED, "another public key"),
@@ -344,18 +409,19 @@ def test_every_reason_with_a_message_that_names_the_fix() -> None:
     ("data", "reason"),
     [
         (b"", R.TOO_SHORT),
-        (b"LDS\x02\x00\x00\x00\x00", R.TOO_SHORT),
+        (b"LDS\x03" + bytes(28), R.TOO_SHORT),
         (b"LDP\x02", R.TOO_SHORT),  # too short before single layer
-        (b"LDP\x01" + bytes(5), R.SINGLE_LAYER),
+        (b"LDP\x01" + bytes(29), R.SINGLE_LAYER),
         (b"LDP\x09" + bytes(100), R.SINGLE_LAYER),  # before the version is looked at
-        (b"LDQ\x02" + bytes(100), R.BAD_MAGIC),
-        (b"lds\x02" + bytes(100), R.BAD_MAGIC),
+        (b"LDQ\x03" + bytes(100), R.BAD_MAGIC),
+        (b"lds\x03" + bytes(100), R.BAD_MAGIC),
         (b"LDS\x01" + bytes(100), R.UNSUPPORTED_VERSION),
-        (b"LDS\x03" + bytes(4) + b"\x05abc", R.UNSUPPORTED_VERSION),  # before truncated
-        (b"LDS\x02" + bytes(4) + b"\x05abc", R.TRUNCATED),
-        (b"LDS\x02" + bytes(4) + b"\x00" + bytes(100), R.BAD_USE_CASE),
-        (b"LDS\x02" + bytes(4) + b"\x38" + b"a" * 56 + bytes(48), R.BAD_USE_CASE),
-        (b"LDS\x02" + bytes(4) + b"\x37" + b"a" * 55 + bytes(48), R.UNKNOWN_KEY_ID),
+        (b"LDS\x02" + bytes(100), R.UNSUPPORTED_VERSION),  # the format before report ids
+        (b"LDS\x04" + bytes(28) + b"\x05abc", R.UNSUPPORTED_VERSION),  # before truncated
+        (b"LDS\x03" + bytes(28) + b"\x05abc", R.TRUNCATED),
+        (b"LDS\x03" + bytes(28) + b"\x00" + bytes(100), R.BAD_USE_CASE),
+        (b"LDS\x03" + bytes(28) + b"\x38" + b"a" * 56 + bytes(48), R.BAD_USE_CASE),
+        (b"LDS\x03" + bytes(28) + b"\x37" + b"a" * 55 + bytes(48), R.UNKNOWN_KEY_ID),
     ],
 )
 def test_parse_reasons(data: bytes, reason: EnvelopeRejection) -> None:
@@ -366,19 +432,19 @@ def test_wrong_use_case_comes_before_the_key() -> None:
     unknown = report()[:4] + struct.pack("<I", 5) + report()[8:]
     assert reason_of(unknown, use_case="other") is R.WRONG_USE_CASE
     assert reason_of(unknown, use_case="emoji") is R.UNKNOWN_KEY_ID
-    assert reason_of(b"LDS\x02" + bytes(4) + b"\x05EMOJI" + bytes(48), use_case="x") is (
+    assert reason_of(b"LDS\x03" + bytes(28) + b"\x05EMOJI" + bytes(48), use_case="x") is (
         R.BAD_USE_CASE
     )
 
 
-@pytest.mark.parametrize("value", [None, "LDS\x02", 12345, 3.5, ["LDS"], object()])
+@pytest.mark.parametrize("value", [None, "LDS\x03", 12345, 3.5, ["LDS"], object()])
 def test_non_bytes_are_too_short(value: Any) -> None:
     assert reason_of(value) is R.TOO_SHORT
 
 
 def test_open_outer_many_keeps_order_and_never_raises() -> None:
     good = [seal_outer("emoji", bytes([i]), shuffler().public) for i in range(3)]
-    batch: list[Any] = [good[0], None, inner(), good[1], b"LDQ" + bytes(80), bytearray(good[2])]
+    batch: list[Any] = [good[0], None, inner(), good[1], b"LDQ" + bytes(90), bytearray(good[2])]
     results = open_outer_many(batch, ring())
     assert [r.inner if isinstance(r, OpenedOuter) else r.reason for r in results] == [
         b"\x00",
@@ -405,7 +471,9 @@ def allowed_reasons(index: int, use_case_length: int) -> set[EnvelopeRejection]:
         return {R.UNSUPPORTED_VERSION}
     if index < 8:  # key id: no other key in the ring
         return {R.UNKNOWN_KEY_ID}
-    if index == 8:  # use-case length: the id, enc and ciphertext boundaries move
+    if index < 32:  # report id and time: authenticated as HPKE info
+        return {R.DECRYPTION_FAILED}
+    if index == 32:  # use-case length: the id, enc and ciphertext boundaries move
         return {R.TRUNCATED, R.BAD_USE_CASE, R.DECRYPTION_FAILED}
     assert index < OUTER_FIXED_LENGTH + use_case_length
     return {R.BAD_USE_CASE, R.DECRYPTION_FAILED}

@@ -1,7 +1,8 @@
 """Write ``schemas/vectors/envelope.json``: test vectors for the encrypted report envelope.
 
 Envelopes of format v1 (single layer) and v2 (the inner layer of a nested report), and nested
-reports (the shuffler layer ``LDS`` around a v2 inner envelope), are built by the reference
+reports (the shuffler layer ``LDS`` version 3, with its report id and time, around a v2 inner
+envelope), are built by the reference
 below, written from ``schemas/envelope.md`` and RFC 9180 alone: the HPKE key schedule is
 spelled out with ``hmac``/``hashlib`` over the X25519 and ChaCha20-Poly1305 primitives of
 ``cryptography`` (never its ``hpke`` module, never ``ldpipe.schemas.envelope`` or
@@ -76,9 +77,10 @@ REASONS = (
 )
 # the shuffler layer of a nested report (envelope.md, "Nested envelopes (version 2)")
 OUTER_MAGIC = b"LDS"
-OUTER_VERSION = 2
-OUTER_FIXED = struct.Struct("<3sBIB")  # magic, version, key_id, use_case_length
-MAX_OUTER_USE_CASE = 64 - OUTER_FIXED.size
+OUTER_VERSION = 3
+# magic, version, key_id, report_id, time, use_case_length
+OUTER_FIXED = struct.Struct("<3sBI16sQB")
+MAX_OUTER_USE_CASE = 55  # a 51-byte use case, or "<uc>.discovery" of a 42-byte one
 OUTER_USE_CASE = re.compile(rb"[a-z0-9_.-]{1,%d}" % MAX_OUTER_USE_CASE)
 OUTER_REASONS = (
     "too_short",
@@ -268,20 +270,27 @@ def open_reference(
 
 # ---- the shuffler layer (envelope.md, "Nested envelopes (version 2)") -------------------------
 def encode_outer_header(
-    use_case: bytes, key_id: int, *, magic: bytes = OUTER_MAGIC, version: int = OUTER_VERSION
+    use_case: bytes,
+    key_id: int,
+    report_id: bytes,
+    time: int,
+    *,
+    magic: bytes = OUTER_MAGIC,
+    version: int = OUTER_VERSION,
 ) -> bytes:
     """The outer header bytes (= HPKE info of the outer layer); no validation."""
-    return OUTER_FIXED.pack(magic, version, key_id, len(use_case)) + use_case
+    return OUTER_FIXED.pack(magic, version, key_id, report_id, time, len(use_case)) + use_case
 
 
 def open_outer_reference(
     data: bytes, keys: dict[int, bytes], *, use_case: str | None = None
-) -> tuple[str, int, bytes]:
-    """(use_case, key_id, inner envelope) of a nested report, or ``RejectError(reason)``;
-    ``keys`` maps shuffler key id -> skR. The inner envelope is not looked at."""
+) -> tuple[str, int, bytes, int, bytes]:
+    """(use_case, key_id, report_id, time, inner envelope) of a nested report, or
+    ``RejectError(reason)``; ``keys`` maps shuffler key id -> skR. The inner envelope is not
+    looked at, nor whether report id and time are fresh (the shuffler's state)."""
     if len(data) < OUTER_FIXED.size:
         raise RejectError("too_short")
-    magic, version, key_id, length = OUTER_FIXED.unpack_from(data)
+    magic, version, key_id, report_id, time, length = OUTER_FIXED.unpack_from(data)
     if magic == MAGIC:
         raise RejectError("single_layer")
     if magic != OUTER_MAGIC:
@@ -299,7 +308,7 @@ def open_outer_reference(
     if key_id not in keys:
         raise RejectError("unknown_key_id")
     inner = _open_base(keys[key_id], data[end : end + N_ENC], data[:end], data[end + N_ENC :])
-    return name.decode(), key_id, inner
+    return name.decode(), key_id, report_id, time, inner
 
 
 # ---- the vectors ---------------------------------------------------------------------------------
@@ -357,23 +366,36 @@ _VALID = (
     ("empty-payload-v2", b"x", 5, KEYS[0].key_id, b"", NESTED_VERSION),
 )
 
-# nested reports: (name, outer use case, shuffler key, inner (use case, epoch, key, payload))
-_NESTED: tuple[tuple[str, bytes, _Key, tuple[bytes, int, _Key, bytes]], ...] = (
-    ("hcms-nested", b"emoji", SHUFFLER_KEYS[0], (b"emoji", 1, KEYS[0], HCMS_PAYLOAD)),
+# nested reports: (name, outer use case, shuffler key, time, inner (use case, epoch, key,
+# payload)); the report id is derived from the name, as a device would draw it at random
+_NESTED: tuple[tuple[str, bytes, _Key, int, tuple[bytes, int, _Key, bytes]], ...] = (
+    (
+        "hcms-nested",
+        b"emoji",
+        SHUFFLER_KEYS[0],
+        1_800_000_000,
+        (b"emoji", 1, KEYS[0], HCMS_PAYLOAD),
+    ),
     (
         "cms-nested",
         b"health.types",
         SHUFFLER_KEYS[1],
+        1_799_971_200,  # a multiple of 86400: a use case with daily precision
         (b"health.types", 20260131, KEYS[1], CMS_PAYLOAD),
     ),
     (
         "longest-outer-use-case",
         LONGEST_OUTER_USE_CASE,
         SHUFFLER_KEYS[0],
+        (1 << 64) - 1,
         (LONGEST_USE_CASE, 0xFFFFFFFF, KEYS[1], bytes(range(100))),
     ),
-    ("empty-payload-nested", b"x", SHUFFLER_KEYS[1], (b"x", 5, KEYS[0], b"")),
+    ("empty-payload-nested", b"x", SHUFFLER_KEYS[1], 0, (b"x", 5, KEYS[0], b"")),
 )
+
+
+def _report_id(name: str) -> bytes:
+    return _ikm(f"report id {name}")[:16]
 
 
 def _seal(
@@ -544,14 +566,19 @@ def _invalid(valid: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 # ---- nested vectors ------------------------------------------------------------------------------
-def _seal_outer(name: str, use_case: bytes, key: _Key, inner: bytes) -> dict[str, Any]:
-    header = encode_outer_header(use_case, key.key_id)
+def _seal_outer(
+    name: str, use_case: bytes, key: _Key, inner: bytes, time: int = 1_800_000_000
+) -> dict[str, Any]:
+    report_id = _report_id(name)
+    header = encode_outer_header(use_case, key.key_id, report_id, time)
     ikm_e = _ikm(f"ephemeral {name} outer")
     out = seal_reference(key.pair[1], header, inner, ikm_e)
     return {
         "name": name,
         "use_case": use_case.decode(),
         "key_id": key.key_id,
+        "report_id_hex": report_id.hex(),
+        "time": time,
         "inner_hex": inner.hex(),
         "ikm_e_hex": ikm_e.hex(),
         "sk_e_hex": out["sk_e"].hex(),
@@ -566,10 +593,12 @@ def _seal_outer(name: str, use_case: bytes, key: _Key, inner: bytes) -> dict[str
 
 def _nested_valid() -> list[dict[str, Any]]:
     out = []
-    for name, use_case, shuffler, (inner_use_case, epoch, analyzer, payload) in _NESTED:
+    for name, use_case, shuffler, time, (inner_use_case, epoch, analyzer, payload) in _NESTED:
         inner = _seal(f"{name} inner", inner_use_case, epoch, analyzer, payload, NESTED_VERSION)
         del inner["name"]
-        entry = _seal_outer(name, use_case, shuffler, bytes.fromhex(inner.pop("envelope_hex")))
+        entry = _seal_outer(
+            name, use_case, shuffler, bytes.fromhex(inner.pop("envelope_hex")), time
+        )
         entry["inner"] = inner
         out.append(entry)
     return out
@@ -583,9 +612,17 @@ def _nested_invalid(valid: list[dict[str, Any]], single: bytes) -> list[dict[str
     end = OUTER_FIXED.size + len(b"emoji")
     body = first[end:]
     key_a = SHUFFLER_KEYS[0]
+    report_id, time = bytes.fromhex(valid[0]["report_id_hex"]), valid[0]["time"]
 
-    def rebuilt(use_case: bytes, *, key_id: int = key_a.key_id) -> bytes:
-        return encode_outer_header(use_case, key_id) + body
+    def rebuilt(
+        use_case: bytes, *, key_id: int = key_a.key_id, rid: bytes = report_id, when: int = time
+    ) -> bytes:
+        return encode_outer_header(use_case, key_id, rid, when) + body
+
+    # a report of the previous format (version 2: no report id, no time), sealed correctly
+    v2_header = struct.pack("<3sBIB", OUTER_MAGIC, 2, key_a.key_id, 5) + b"emoji"
+    v2_out = seal_reference(key_a.pair[1], v2_header, inner, _ikm("ephemeral version 2 outer"))
+    version_2 = v2_header + v2_out["enc"] + v2_out["ct"]
 
     foreign = _seal_outer("foreign", b"emoji", FOREIGN_SHUFFLER_KEY, inner)
     to_analyzer = _seal_outer("sealed to the analyzer", b"emoji", KEYS[0], inner)
@@ -604,9 +641,12 @@ def _nested_invalid(valid: list[dict[str, Any]], single: bytes) -> list[dict[str
         ("bad-magic-and-version", b"LDT\x01" + first[4:], "bad_magic", {}),
         ("version-0", _set(first, 3, 0), "unsupported_version", {}),
         ("version-1", _set(first, 3, 1), "unsupported_version", {}),
-        ("version-3", _set(first, 3, 3), "unsupported_version", {}),
+        # version 2 had no report id and time: refused, not read with the old layout
+        ("version-2", version_2, "unsupported_version", {}),
+        ("version-2-relabelled-3", _set(first, 3, 2), "unsupported_version", {}),
+        ("version-4", _set(first, 3, 4), "unsupported_version", {}),
         ("version-255", _set(first, 3, 255), "unsupported_version", {}),
-        ("version-1-and-short", _set(first, 3, 1)[:20], "unsupported_version", {}),
+        ("version-1-and-short", _set(first, 3, 1)[:40], "unsupported_version", {}),
         ("fixed-header-only", first[:fixed], "truncated", {}),
         ("cut-in-use-case", first[: fixed + 2], "truncated", {}),
         ("cut-in-enc", first[: end + 10], "truncated", {}),
@@ -648,6 +688,10 @@ def _nested_invalid(valid: list[dict[str, Any]], single: bytes) -> list[dict[str
         ),
         ("use-case-changed", rebuilt(b"emojj"), "decryption_failed", {}),
         ("use-case-length-4", _set(first, fixed - 1, 4), "decryption_failed", {}),
+        # report id and time are authenticated: a replay cannot refresh them
+        ("report-id-changed", rebuilt(b"emoji", rid=_flip(report_id, 0)), "decryption_failed", {}),
+        ("time-changed", rebuilt(b"emoji", when=time + 3600), "decryption_failed", {}),
+        ("time-high-byte-changed", _flip(first, 8 + 16 + 7), "decryption_failed", {}),
         (
             "key-id-changed",
             rebuilt(b"emoji", key_id=SHUFFLER_KEYS[1].key_id),
@@ -724,9 +768,10 @@ def build_vectors() -> dict[str, Any]:
         "nested": {
             "description": (
                 "Nested reports (envelope.md, 'Nested envelopes (version 2)'): the shuffler "
-                "layer (magic LDS, version 2) around an inner envelope of version 2. Open every "
-                "'valid' report_hex with the shuffler_keyring and get its use case, shuffler key "
-                "id and inner_hex, then open inner_hex with the analyzer_keyring (reader "
+                "layer (magic LDS, version 3: with report id and time) around an inner envelope "
+                "of version 2. Open every 'valid' report_hex with the shuffler_keyring and get "
+                "its use case, shuffler key id, report_id_hex, time and inner_hex, then open "
+                "inner_hex with the analyzer_keyring (reader "
                 "version 2) and get 'inner'; refuse every 'invalid' report_hex with its reason "
                 "at the shuffler layer, given the shuffler's use case in 'expect' if any. Each "
                 "layer has its own ephemeral key (ikm_e_hex, inner.ikm_e_hex)."
@@ -802,11 +847,18 @@ def verify(vectors: dict[str, Any]) -> list[str]:
             problems.append(f"{label}: report_hex does not start with header_hex, enc_hex")
         try:
             opened = open_outer_reference(report, shuffler_keys)
-            got_inner = read_reference(opened[2], analyzer_keys, version=NESTED_VERSION)
+            got_inner = read_reference(opened[4], analyzer_keys, version=NESTED_VERSION)
         except RejectError as exc:
             problems.append(f"{label}: refused with {exc.args[0]}")
             continue
-        if opened != (entry["use_case"], entry["key_id"], bytes.fromhex(entry["inner_hex"])):
+        want_outer = (
+            entry["use_case"],
+            entry["key_id"],
+            bytes.fromhex(entry["report_id_hex"]),
+            entry["time"],
+            bytes.fromhex(entry["inner_hex"]),
+        )
+        if opened != want_outer:
             problems.append(f"{label}: the shuffler layer opened to {opened}")
         want = (
             inner["version"],

@@ -8,12 +8,12 @@ import asyncio
 import base64
 import os
 import socket
-import struct
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,8 @@ from ldpipe.infra.gateway.verifier import TokenVerifier
 from ldpipe.infra.gateway.wiring import gateway_state
 from ldpipe.infra.runtime.observability import Readiness
 from ldpipe.schemas.config import PipelineConfig, config_from_mapping
-from ldpipe.schemas.keys import KeyPair, write_public_key
+from ldpipe.schemas.keys import KeyPair, PublicKey, write_public_key
+from ldpipe.schemas.outer import seal_outer
 from ldpipe.schemas.tokens import (
     IssuerKeyPair,
     TokenChallenge,
@@ -46,6 +47,7 @@ ISSUER = "issuer.test"
 ORIGIN = "gateway.test"
 PERIOD = 86_400
 SHUFFLER_KEY_ID = 11
+SHUFFLER = KeyPair.generate(key_id=SHUFFLER_KEY_ID, name="shuffler", role="shuffler")
 
 
 def make_config(
@@ -60,9 +62,8 @@ def make_config(
 ) -> PipelineConfig:
     """A configuration with one nested use case (its public keys written under ``tmp``)."""
     analyzer = KeyPair.generate(key_id=1, name=use_case)
-    shuffler = KeyPair.generate(key_id=SHUFFLER_KEY_ID, name="shuffler", role="shuffler")
     write_public_key(analyzer, tmp / "analyzer.public.json")
-    write_public_key(shuffler, tmp / "shuffler.public.json")
+    write_public_key(SHUFFLER, tmp / "shuffler.public.json")
     topics = {"reports": topic} if topic else {}
     if params_topic:
         topics["params"] = params_topic
@@ -146,13 +147,16 @@ def v3_envelope(
     report_id: bytes | None = None,
     body: int = 80,
 ) -> bytes:
-    """An outer v3 envelope: its cleartext header, then ``body`` random bytes standing for the
-    HPKE encapsulated key and ciphertext (the gateway never opens it)."""
-    when = int(time.time()) // 3600 * 3600 if when is None else when
-    name = use_case.encode()
-    rid = report_id or os.urandom(16)
-    header = struct.pack("<3sBI16sQB", b"LDS", 3, key_id, rid, when, len(name))
-    return header + name + os.urandom(body)
+    """A real outer v3 envelope (``seal_outer``) around ``body`` random bytes standing for the
+    inner envelope (the gateway never opens either), sealed to the test shuffler's key (or to
+    a new key with ``key_id``)."""
+    key = SHUFFLER.public if key_id == SHUFFLER_KEY_ID else _other_shuffler(key_id)
+    return seal_outer(use_case, os.urandom(body), key, report_id=report_id, time=when)
+
+
+@cache
+def _other_shuffler(key_id: int) -> PublicKey:
+    return KeyPair.generate(key_id=key_id, name="other", role="shuffler").public
 
 
 def batch(reports: Sequence[tuple[bytes, bytes]]) -> bytes:

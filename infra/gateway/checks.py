@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from ldpipe.infra.gateway.headers import HeaderParser, ReportHeader
 from ldpipe.infra.gateway.rules import UseCaseRules
 from ldpipe.infra.gateway.verifier import TokenVerdict, TokenVerifier, token_nonce
+from ldpipe.schemas.outer import ReplayRejection, check_report_time
 from ldpipe.schemas.upload import Refusal, UploadedReport
 
 __all__ = ["BatchVerdict", "check_batch"]
@@ -44,8 +45,6 @@ async def check_batch(
     refused: list[Refusal] = []
     passed: list[tuple[int, ReportHeader]] = []
     key_ids = rules.shuffler_key_ids
-    oldest = now - rules.report_expiry_seconds
-    latest = now + rules.max_clock_skew_seconds
     for index, report in enumerate(reports):
         try:
             header = parse_header(report.envelope)
@@ -60,7 +59,8 @@ async def check_batch(
                     f"envelope is for use case {header.use_case!r}, sent to {rules.name!r}",
                 )
             )
-        elif header.key_id not in key_ids:
+            continue
+        if header.key_id not in key_ids:
             refused.append(
                 Refusal(
                     index,
@@ -69,7 +69,14 @@ async def check_batch(
                     f"({', '.join(map(str, sorted(key_ids)))}); fetch the configuration again",
                 )
             )
-        elif header.time < oldest:
+            continue
+        late = check_report_time(
+            header.time,
+            now,
+            expiry_seconds=rules.report_expiry_seconds,
+            max_skew_seconds=rules.max_clock_skew_seconds,
+        )
+        if late is ReplayRejection.TOO_OLD:
             refused.append(
                 Refusal(
                     index,
@@ -78,7 +85,7 @@ async def check_batch(
                     f"before the gateway's clock ({now})",
                 )
             )
-        elif header.time > latest:
+        elif late is ReplayRejection.TOO_EARLY:
             refused.append(
                 Refusal(
                     index,

@@ -2,8 +2,8 @@
 
 Built once from the pipeline configuration (``UseCaseRules.of``). The time settings are those
 of ``[use_case.shuffle]`` (``time_precision_seconds``, ``report_expiry_seconds``,
-``max_clock_skew_seconds``), with the defaults of the outer layer v3 where a configuration
-predates them.
+``max_clock_skew_seconds``), the shuffler's own: the gateway refuses early what the shuffler
+would refuse later.
 """
 
 from __future__ import annotations
@@ -49,14 +49,13 @@ class UseCaseRules:
             raise ValueError(
                 f"use_case.{uc.name}.public_key: missing; devices need the analyzer's key"
             )
-        precision = int(getattr(shuffle, "time_precision_seconds", 3600))
         return cls(
             name=uc.name,
             topic=uc.topics.reports,
             analyzer_keys=(load_public_key(uc.public_key),),
             shuffler_keys=(load_public_key(shuffle.public_key),),
             period_seconds=shuffle.contribution_period_seconds,
-            time_precision_seconds=precision,
-            report_expiry_seconds=int(getattr(shuffle, "report_expiry_seconds", 86_400)),
-            max_clock_skew_seconds=int(getattr(shuffle, "max_clock_skew_seconds", precision)),
+            time_precision_seconds=shuffle.time_precision_seconds,
+            report_expiry_seconds=shuffle.report_expiry_seconds,
+            max_clock_skew_seconds=shuffle.max_clock_skew_seconds,
         )

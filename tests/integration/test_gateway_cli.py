@@ -21,6 +21,7 @@ from ldpipe.schemas.upload import MEDIA_TYPE
 from tests.gateway_helpers import (
     ISSUER,
     ORIGIN,
+    SHUFFLER,
     Issuer,
     batch,
     directory_app,
@@ -63,8 +64,7 @@ def test_the_command_serves_and_stops_on_sigterm(
     issuer = Issuer()
     issuer.key("emoji", now_period())
     write_public_key(KeyPair.generate(key_id=1), tmp_path / "analyzer.public.json")
-    shuffler = KeyPair.generate(key_id=11, role="shuffler")
-    write_public_key(shuffler, tmp_path / "shuffler.public.json")
+    write_public_key(SHUFFLER, tmp_path / "shuffler.public.json")
     topic = f"gateway-cli-{group_id[-8:]}"
     with serve_app(directory_app(issuer)) as url:
         config = tmp_path / "pipeline.toml"

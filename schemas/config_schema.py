@@ -11,7 +11,7 @@ mechanism's parameters, SFP's alphabet, discovery's privacy, paths) and names th
 
 >>> schema = config_json_schema()
 >>> sorted(schema["properties"])
-['kafka', 'use_case']
+['issuer', 'kafka', 'use_case']
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from ldpipe.schemas.config import (
     _SFP_PARAMS,
     _UC_KEYS,
     DiscoveryTopics,
+    IssuerSettings,
     ShuffleConfig,
     SnapshotConfig,
     StoreConfig,
@@ -167,6 +168,9 @@ def config_json_schema() -> dict[str, Any]:
                 "[kafka]: the cluster every service talks to",
             ),
             "use_case": {"type": "array", "items": _use_case()},
+            "issuer": _dataclass_table(
+                IssuerSettings, "[issuer]: the Privacy Pass token issuer (docs/issuer.md)"
+            ),
         },
     }
 

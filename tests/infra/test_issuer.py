@@ -15,13 +15,8 @@ client, real SQLite and real blind RSA.
 from __future__ import annotations
 
 import base64
-import os
 import re
 import signal
-import subprocess
-import sys
-import threading
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -43,6 +38,7 @@ from ldpipe.schemas.tokens import (
     redemption_context,
     verify_token,
 )
+from tests.issuer_helpers import add_credential, start_issuer
 
 LIMIT = 3
 DIRECTORY = "/.well-known/private-token-issuer-directory"
@@ -64,62 +60,13 @@ port = 0
 """
 
 
-@dataclass
-class Issuer:
-    """A running ``ldpipe issuer`` subprocess and what it printed."""
-
-    process: subprocess.Popen[str]
-    url: str
-    out: list[str] = field(default_factory=list)
-    err: list[str] = field(default_factory=list)
-
-    def kill(self, sig: int = signal.SIGKILL) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(sig)
-        return self.process.wait(timeout=30)
-
-
-def start_issuer(config: Path) -> Issuer:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "ldpipe.infra.cli", "issuer", "--config", str(config),
-         "--progress", "0"],
-        cwd=config.parent,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )  # fmt: skip
-    issuer = Issuer(process, "")
-    for stream, lines in ((process.stdout, issuer.out), (process.stderr, issuer.err)):
-        reader = iter(stream.readline, "")  # type: ignore[union-attr]
-        threading.Thread(target=lines.extend, args=(reader,), daemon=True).start()
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        found = [re.search(r"on (http://[\d.]+:\d+)", line) for line in issuer.out]
-        hits = [m for m in found if m]
-        if hits:
-            issuer.url = hits[0].group(1)
-            return issuer
-        if process.poll() is not None:
-            break
-        time.sleep(0.05)
-    issuer.kill()
-    pytest.fail(f"the issuer did not start: {''.join(issuer.err)}")
-
-
 @pytest.fixture
 def deployment(tmp_path: Path) -> Iterator[tuple[Path, str]]:
     """A configuration and one provisioned device's secret."""
     config = tmp_path / "pipeline.toml"
     config.write_text(CONFIG, encoding="utf-8")
-    result = subprocess.run(
-        [sys.executable, "-m", "ldpipe.infra.cli", "issuer", "credentials", "add",
-         "--config", str(config), "--device", "phone-1"],
-        cwd=tmp_path, capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    secret = result.stdout.strip()
-    assert secret.startswith("ldpd_") and "phone-1" in result.stderr
+    secret = add_credential(config, "phone-1")
+    assert secret.startswith("ldpd_")
     yield config, secret
 
 

@@ -6,7 +6,10 @@
   ``verify_token`` accepts it, and privacypass-ts encodes the key's SPKI as ldpipe does;
 * (b) privacypass-ts's client (its own ``sendTokenRequest``, over real HTTP) asks ldpipe's
   ``issue_token_response`` for a token, finalizes it and verifies it with its ``Origin``;
-  ldpipe's ``verify_token`` accepts it too.
+  ldpipe's ``verify_token`` accepts it too;
+* (c) the same client against a running ``ldpipe issuer``: it reads the issuer directory
+  (RFC 9578 §4), sends its provisioned credential, gets a token it verifies, and its requests
+  count against the device's quota like any other (429 once spent).
 
 Node is a test dependency: without ``node`` or the installed package this test fails (it does
 not skip), naming the fix.
@@ -14,19 +17,23 @@ not skip), naming the fix.
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from ldpipe.schemas.tokens import (
     IssuerKeyPair,
+    IssuerPublicKey,
     Token,
     TokenChallenge,
     TokenError,
@@ -34,6 +41,7 @@ from ldpipe.schemas.tokens import (
     redemption_context,
     verify_token,
 )
+from tests.issuer_helpers import add_credential, start_issuer
 
 PROJECT = Path(__file__).resolve().parent / "privacypass"
 CHALLENGE = TokenChallenge("issuer.example", redemption_context("emoji", 20_000), "gateway.example")
@@ -120,3 +128,47 @@ def test_privacypass_ts_tokens_and_ldpipe_tokens_interoperate(
     other = TokenChallenge("issuer.example", redemption_context("emoji", 20_001), "gateway.example")
     with pytest.raises(TokenError, match="another challenge"):
         verify_token(token_b, key.public, other)
+
+
+def test_privacypass_ts_client_against_a_running_ldpipe_issuer(tmp_path: Path) -> None:
+    config = tmp_path / "pipeline.toml"
+    config.write_text(
+        '[[use_case]]\nname = "emoji"\nmechanism = "cms"\nepsilon = 4.0\n'
+        'dictionary = "builtin:emoji"\n[use_case.shuffle]\ncontribution_limit = 2\n'
+        '[issuer]\nname = "issuer.example"\nport = 0\n',
+        encoding="utf-8",
+    )
+    secret = add_credential(config, "browser-1")
+    issuer = start_issuer(config)
+    try:
+        period = int(time.time() // 86400)
+        challenge = TokenChallenge(
+            "issuer.example", redemption_context("emoji", period), "gateway.example"
+        )
+        request = {
+            "challenge": challenge.to_bytes().hex(),
+            "directory_url": issuer.url + "/.well-known/private-token-issuer-directory",
+            "use_case": "emoji",
+            "period": period,
+            "authorization": f"Bearer {secret}",
+        }
+        for _ in range(2):
+            output = run_node(request)
+            assert output["b"]["verified"] is True
+            key = IssuerPublicKey.from_spki(bytes.fromhex(output["b"]["spki"]))
+            verify_token(Token.parse(bytes.fromhex(output["b"]["token"])), key, challenge)
+        # the third is over the quota: privacypass-ts reports the issuer's 429
+        node = shutil.which("node")
+        assert node is not None
+        third = subprocess.run(
+            [node, "interop.mjs"], cwd=PROJECT, input=json.dumps(request),
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert third.returncode != 0 and "429" in third.stderr, third.stderr[-2000:]
+        # the key privacypass-ts chose is the directory's key of this use case and period
+        entries = httpx.get(request["directory_url"]).json()["token-keys"]
+        encoded = base64.urlsafe_b64encode(key.spki).decode()
+        chosen = [e for e in entries if e["token-key"] == encoded]
+        assert [(e["use-case"], e["period"]) for e in chosen] == [("emoji", period)]
+    finally:
+        issuer.kill()

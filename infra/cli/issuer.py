@@ -175,6 +175,8 @@ def _serve(args: argparse.Namespace) -> int:
             access_log=False,  # an access line is a record of who asked when: none is kept
             server_header=False,
             lifespan="off",
+            limit_concurrency=1024,  # beyond: 503 at once, not an unbounded queue
+            timeout_keep_alive=5,  # idle connections are closed after 5 s
         )
     )
     bound = sock.getsockname()

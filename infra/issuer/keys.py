@@ -5,7 +5,8 @@ what binds it to a use case and a period (``schemas/tokens.md``). Keys are made 
 the current and the next period (the directory lists both, so devices can fetch tokens for the
 next period before it starts), and are never overwritten: of several issuer processes sharing
 the directory, the first to create a key's file wins (an exclusive link) and the others load
-its key.
+its key. Keys served together (consecutive periods) never share the last byte of their key
+id, which token requests name them by (RFC 9578 §6.5).
 
 File: ``<key_directory>/<use case>.<period>.pem``, PKCS #8, mode 0600.
 """
@@ -61,7 +62,18 @@ class IssuerKeyDirectory:
         path = self.path(slot.use_case, slot.period)
         if path.exists():
             return IssuerKeyPair.load(path)
+        # RFC 9578 §6.5 / §5.5: requests name a key by its id's last byte, so the keys served
+        # together (this period's and the next's) must differ in it
+        taken = set()
+        for period in (slot.period - 1, slot.period + 1):
+            neighbour = self._keys.get(_Slot(slot.use_case, period))
+            if neighbour is None and self.path(slot.use_case, period).exists():
+                neighbour = IssuerKeyPair.load(self.path(slot.use_case, period))
+            if neighbour is not None:
+                taken.add(neighbour.public.truncated_key_id)
         key = IssuerKeyPair.generate()
+        while key.public.truncated_key_id in taken:
+            key = IssuerKeyPair.generate()
         try:
             key.save(path)
         except FileExistsError:  # another process made it first: use its key

@@ -33,6 +33,7 @@ from ldpipe.schemas.tokens import (
     IssuerPublicKey,
     Token,
     TokenChallenge,
+    TokenError,
     begin_token_request,
     finalize_token,
     redemption_context,
@@ -172,7 +173,11 @@ def test_bad_requests_get_problem_details_and_the_issuer_stays_up(
         _problem(send(b""), 422, "malformed")
         _problem(send(request[:-1]), 422, "malformed")
         _problem(send(b"\x00\x01" + request[2:]), 422, "wrong_type")
-        other = bytes([request[2] ^ 0xFF])
+        served = {
+            IssuerPublicKey.from_spki(base64.urlsafe_b64decode(e["token-key"])).truncated_key_id
+            for e in httpx.get(issuer.url + DIRECTORY).json()["token-keys"]
+        }
+        other = bytes([min(set(range(256)) - served)])
         _problem(send(request[:2] + other + request[3:]), 422, "unknown_key")
         _problem(send(request[:3] + b"\xff" * 256), 422, "malformed")
         _problem(httpx.get(post), 405, "method")
@@ -326,3 +331,57 @@ def test_a_client_state_does_not_print_its_blind_inverse(tmp_path: Path) -> None
     challenge = TokenChallenge("issuer.test", redemption_context("emoji", 1), "gateway.test")
     _, state = begin_token_request(challenge, key)
     assert "inv" not in repr(state) and str(state.inv) not in repr(state)
+
+
+def test_periods_roll_over_with_their_keys_and_quotas(tmp_path: Path) -> None:
+    """A fake clock walks across a period boundary: Retry-After is the time to it, the next
+    period has its own key and its own N, and the old period's counts are dropped."""
+    from prometheus_client import CollectorRegistry
+
+    from ldpipe.infra.issuer.app import IssuerService, TokenRequestError, UseCasePolicy
+    from ldpipe.infra.issuer.attester import BearerCredentialAttester
+    from ldpipe.infra.issuer.metrics import IssuerMetrics
+
+    now = [100 * 3600 + 3000.0]  # period 100 of a one-hour period, 600 s before its end
+    store = SQLiteStore(tmp_path / "db.sqlite3")
+    secret = store.add_credential("phone-1")
+    service = IssuerService(
+        {"emoji": UseCasePolicy("emoji", 2, 3600)},
+        IssuerKeyDirectory(tmp_path / "keys"),
+        store,
+        BearerCredentialAttester(store),
+        IssuerMetrics.create(CollectorRegistry()),
+        clock=lambda: now[0],
+    )
+    headers = {"authorization": f"Bearer {secret}"}
+
+    def ask(period: int) -> bytes:
+        key = service.keys.key("emoji", period).public
+        challenge = TokenChallenge("i", redemption_context("emoji", period), "o")
+        request, state = begin_token_request(challenge, key)
+        answer = service.issue("emoji", headers, request)
+        verify_token(finalize_token(state, answer), key, challenge)
+        return answer
+
+    document, max_age = service.directory()
+    assert [e["period"] for e in document["token-keys"]] == [100, 101] and max_age == 600
+    ask(100)
+    ask(100)
+    with pytest.raises(TokenRequestError) as caught:
+        ask(100)
+    assert caught.value.status == 429 and caught.value.headers == {"Retry-After": "600"}
+    ask(101)  # next period's tokens have their own quota
+    now[0] += 600  # period 101 starts
+    ask(101)
+    with pytest.raises(TokenRequestError) as caught:
+        ask(101)
+    assert caught.value.status == 429
+    # last period's key is no longer served: refused, or (when its id's last byte is that of
+    # period 102's key, 1 in 256) signed with that other key, which the client's check refuses
+    with pytest.raises((TokenRequestError, TokenError)) as refused:
+        ask(100)
+    assert not isinstance(refused.value, TokenRequestError) or refused.value.status == 422
+    served = [service.keys.key("emoji", p).public.truncated_key_id for p in (100, 101, 102)]
+    assert served[0] != served[1] != served[2]  # consecutive keys differ in their last byte
+    assert store.used("phone-1", "emoji", 100) == 0  # forgotten once period 101 began
+    assert [e["period"] for e in service.directory()[0]["token-keys"]] == [101, 102]

@@ -26,6 +26,23 @@ setup() {
     fi
 }
 
+# The token interop test (tests/interop/test_privacypass.py) runs Cloudflare's independent Privacy
+# Pass implementation under Node: install its locked packages (npm ci) when the lock file changed.
+# Without Node the setup goes on and that test fails, naming what to install.
+node_interop() {
+    local dir=tests/interop/privacypass
+    local stamp="$dir/node_modules/.ldpipe-installed"
+    if ! command -v npm >/dev/null || ! command -v node >/dev/null; then
+        echo "== node/npm not found: install Node 20 for tests/interop/test_privacypass.py" >&2
+        return 0
+    fi
+    if [ ! -f "$stamp" ] || [ "$dir/package-lock.json" -nt "$stamp" ]; then
+        echo "== installing the token interop test's Node packages (npm ci in $dir)" >&2
+        (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error >&2)
+        touch "$stamp"
+    fi
+}
+
 # mypy cannot follow the editable install's import hook (the folders producers/ ... infra/ are
 # installed as ldpipe.producers ... ldpipe.infra), so it reads them through links named as
 # installed: build/typecheck/ldpipe/<folder> (pyproject.toml, [tool.mypy] mypy_path)
@@ -46,6 +63,7 @@ case "$cmd" in
         ;;
     test)
         setup
+        node_interop
         if [ "${1:-}" = "--slow" ]; then
             shift
             exec "$VENV/bin/python" -m pytest -m slow -n 2 "$@"
@@ -62,6 +80,7 @@ case "$cmd" in
         ;;
     setup)
         setup
+        node_interop
         typecheck_tree
         ;;
     *)

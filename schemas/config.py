@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 import tomllib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -39,6 +39,7 @@ __all__ = [
     "DiscoverySettings",
     "DiscoveryTopics",
     "GatewayConfig",
+    "IssuerSettings",
     "KafkaConfig",
     "PipelineConfig",
     "SfpSettings",
@@ -96,6 +97,26 @@ class KafkaConfig:
 
     bootstrap_servers: str = "127.0.0.1:9092"
     extra: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class IssuerSettings:
+    """``[issuer]``: the Privacy Pass token issuer (``ldpipe issuer``, ``docs/issuer.md``).
+
+    ``name`` is the issuer_name of every token challenge (RFC 9577 §2.1), so devices, the issuer
+    and the gateway must agree on it; ``key_directory`` holds one RSA key per (use case, period);
+    ``database`` is the SQLite file of device credentials and quotas, which several issuer
+    processes may share (on one host: SQLite's locks need a local file system).
+    """
+
+    name: str = "ldpipe-issuer"
+    addr: str = "127.0.0.1"
+    port: int = 8790
+    key_directory: Path = Path("issuer-keys")
+    database: Path = Path("issuer.sqlite3")
+
+
+_ISSUER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.:-]{0,254}$")
 
 
 @dataclass(frozen=True)
@@ -354,8 +375,8 @@ class GatewayConfig:
     """``[gateway]``: the front door devices upload to (``ldpipe gateway``, docs/gateway.md)."""
 
     origin_name: str  # the challenge's origin_info (RFC 9577 §2.1): this gateway's name
-    issuer_name: str  # the challenge's issuer_name: the token issuer's configured name
-    issuer_directory_url: str  # RFC 9578 §4 issuer directory (the issuer's public keys)
+    issuer_name: str  # the challenge's issuer_name (default: [issuer] name)
+    issuer_directory_url: str  # RFC 9578 §4 issuer directory (default: [issuer] addr and port)
     addr: str = "127.0.0.1"
     port: int = 8480
     max_body_bytes: int = 1 << 20  # 413 beyond, checked while reading
@@ -377,16 +398,20 @@ _GATEWAY_KEYS = {
 }  # fmt: skip
 
 
-def _gateway(raw: Mapping[str, Any], base: Path) -> GatewayConfig:
+def _gateway(raw: Mapping[str, Any], base: Path, issuer: IssuerSettings) -> GatewayConfig:
+    """The ``[gateway]`` table; the issuer's name and directory default to ``[issuer]``'s."""
     where = "gateway"
     _check_keys(where, raw, _GATEWAY_KEYS)
     names = {}
-    for key in ("origin_name", "issuer_name"):
-        value = _get(where, raw, key, str)
+    for key, fallback in (("origin_name", ...), ("issuer_name", issuer.name)):
+        value = _get(where, raw, key, str, fallback)
         if not 1 <= len(value) <= 255 or not value.isprintable():
             raise ConfigError(f"{where}.{key}: 1-255 printable characters, got {value!r}")
         names[key] = value
-    url = _get(where, raw, "issuer_directory_url", str)
+    host = "127.0.0.1" if issuer.addr in ("0.0.0.0", "::", "") else issuer.addr
+    host = f"[{host}]" if ":" in host else host
+    local = f"http://{host}:{issuer.port}/.well-known/private-token-issuer-directory"
+    url = _get(where, raw, "issuer_directory_url", str, local)
     if not re.fullmatch(r"https?://[^\s/]+(/\S*)?", url):
         raise ConfigError(
             f"{where}.issuer_directory_url: {url!r} is not an http(s) URL; give the issuer's "
@@ -446,6 +471,7 @@ class PipelineConfig:
     kafka: KafkaConfig
     use_cases: tuple[UseCase, ...]
     source: Path | None = None
+    issuer: IssuerSettings = field(default_factory=IssuerSettings)
     gateway: GatewayConfig | None = None  # None: no [gateway] table
 
     @property
@@ -882,6 +908,32 @@ def _discovery(
     )
 
 
+def _issuer(raw: Mapping[str, Any], base: Path) -> IssuerSettings:
+    """The ``[issuer]`` table (every key optional); relative paths resolve against ``base``."""
+    table = _get("configuration", raw, "issuer", dict, {})
+    _check_keys("issuer", table, {f.name for f in fields(IssuerSettings)})
+    defaults = IssuerSettings()
+    name = _get("issuer", table, "name", str, defaults.name)
+    if not _ISSUER_NAME.match(name):
+        raise ConfigError(
+            f"issuer.name: {name!r} is not a host-like name; use 1-255 characters of "
+            f"[A-Za-z0-9.:-] starting with a letter or digit, e.g. \"issuer.example.com\""
+        )
+    addr = _get("issuer", table, "addr", str, defaults.addr)
+    if not addr:
+        raise ConfigError('issuer.addr: empty; give an address to listen on, e.g. "127.0.0.1"')
+    port = _get("issuer", table, "port", int, defaults.port)
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"issuer.port: a port is 0-65535 (0: any free port), got {port}")
+    paths = {}
+    for key in ("key_directory", "database"):
+        value = _get("issuer", table, key, str, str(getattr(defaults, key)))
+        if not value:
+            raise ConfigError(f"issuer.{key}: empty; give a path")
+        paths[key] = _paths(base, f"issuer.{key}", value)[0]
+    return IssuerSettings(name, addr, port, paths["key_directory"], paths["database"])
+
+
 def _check_cells(where: str, k: int, m: int) -> None:
     if k * m > 2**31 - 1:
         raise ConfigError(
@@ -908,7 +960,7 @@ def config_from_mapping(
 ) -> PipelineConfig:
     """Validate a configuration already decoded from TOML (what :func:`parse_config` reads)."""
     base = base or Path.cwd()
-    _check_keys("configuration", raw, {"kafka", "use_case", "gateway"})
+    _check_keys("configuration", raw, {"kafka", "use_case", "issuer", "gateway"})
     kafka_raw = _get("configuration", raw, "kafka", dict, {})
     _check_keys("kafka", kafka_raw, {"bootstrap_servers", "extra"})
     extra = _get("kafka", kafka_raw, "extra", dict, {})
@@ -926,9 +978,12 @@ def config_from_mapping(
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise ConfigError(f"use_case: duplicate name(s) {', '.join(dupes)}; names must be unique")
+    issuer = _issuer(raw, base)
     gateway_raw = _get("configuration", raw, "gateway", dict, None)
-    gateway = None if gateway_raw is None else _gateway(gateway_raw, base)
-    return PipelineConfig(kafka=kafka, use_cases=cases, source=source, gateway=gateway)
+    gateway = None if gateway_raw is None else _gateway(gateway_raw, base, issuer)
+    return PipelineConfig(
+        kafka=kafka, use_cases=cases, source=source, issuer=issuer, gateway=gateway
+    )
 
 
 def load_config(path: str | Path) -> PipelineConfig:

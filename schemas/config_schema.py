@@ -11,7 +11,7 @@ mechanism's parameters, SFP's alphabet, discovery's privacy, paths) and names th
 
 >>> schema = config_json_schema()
 >>> sorted(schema["properties"])
-['gateway', 'kafka', 'use_case']
+['gateway', 'issuer', 'kafka', 'use_case']
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from ldpipe.schemas.config import (
     _UC_KEYS,
     DiscoveryTopics,
     GatewayConfig,
+    IssuerSettings,
     ShuffleConfig,
     SnapshotConfig,
     StoreConfig,
@@ -149,7 +150,7 @@ def _use_case() -> dict[str, Any]:
 
 def _gateway() -> dict[str, Any]:
     table = _dataclass_table(GatewayConfig, "[gateway]: the front door devices upload to")
-    table["required"] = ["origin_name", "issuer_name", "issuer_directory_url"]
+    table["required"] = ["origin_name"]
     assert set(table["properties"]) == _GATEWAY_KEYS, "config.py's gateway keys changed"
     return table
 
@@ -178,6 +179,9 @@ def config_json_schema() -> dict[str, Any]:
             ),
             "gateway": _gateway(),
             "use_case": {"type": "array", "items": _use_case()},
+            "issuer": _dataclass_table(
+                IssuerSettings, "[issuer]: the Privacy Pass token issuer (docs/issuer.md)"
+            ),
         },
     }
 

@@ -19,8 +19,9 @@ def commands() -> dict[str, argparse.ArgumentParser]:
 
     def walk(parser: argparse.ArgumentParser, prefix: str) -> None:
         subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-        if not subs:
+        if not subs or not subs[0].required:  # runs by itself too (`ldpipe issuer`)
             found[prefix] = parser
+        if not subs:
             return
         for name, child in subs[0].choices.items():
             walk(child, f"{prefix} {name}".strip())

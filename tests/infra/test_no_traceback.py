@@ -47,6 +47,7 @@ FILL: dict[str, str] = {
     "--seed": "1",
     "--dataset": "zipf:d=100,a=1.1",
     "--out": "new-keys",
+    "--device": "phone-1",
 }
 FILL_FOR: dict[tuple[str, str], str] = {
     ("produce", "--dataset"): "dictionary:a=1.1",
@@ -55,7 +56,7 @@ FILL_FOR: dict[tuple[str, str], str] = {
 USE_CASE = {"discovery-shuffler": "words", "discovery-aux": "words", "discovery-server": "words",
             "discoveries": "words", "sfp-discover": "newwords"}  # fmt: skip
 # commands that run until stopped, and the line that says they run: the test stops them (SIGTERM)
-SERVES = {"broker": "running; Ctrl-C stops"}
+SERVES = {"broker": "running; Ctrl-C stops", "issuer": "running; Ctrl-C stops"}
 # the situations a command with --config meets through its configuration
 CONFIG_SITUATIONS = ("dead broker", "garbled store", "missing segment", "missing config",
                      "missing key", "bad config value")  # fmt: skip
@@ -63,7 +64,8 @@ CONFIG_SITUATIONS = ("dead broker", "garbled store", "missing segment", "missing
 QUICK = {("query", "garbled store"), ("store verify", "missing segment"), ("dlq", "dead broker"),
          ("produce", "missing key"), ("aggregator", "bad config value"),
          ("store list", "missing config"), ("simulate", "missing dataset file"),
-         ("params", "bad option value")}  # fmt: skip
+         ("params", "bad option value"), ("issuer", "missing key"),
+         ("issuer credentials add", "missing config")}  # fmt: skip
 # commands that take no configuration: only the bad value and a missing dataset file apply
 NO_FILES = {"demo", "params", "simulate", "discover-sim", "privacy amplification", "keys tag",
             "keys generate", "init"}  # fmt: skip
@@ -108,8 +110,8 @@ def _leaves() -> list[Leaf]:
 
     def walk(words: tuple[str, ...], parser: argparse.ArgumentParser) -> None:
         children = [c for s in _subparsers(parser) for c in s.choices.items()]
-        if not children:
-            found.append(Leaf(words, parser))
+        if not children or not all(s.required for s in _subparsers(parser)):
+            found.append(Leaf(words, parser))  # runs by itself too (`ldpipe issuer`)
         for name, child in children:
             walk((*words, name), child)
 

@@ -1,0 +1,301 @@
+"""The issuer's HTTP interface (Starlette): RFC 9578's issuer directory and token requests.
+
+    GET  /.well-known/private-token-issuer-directory   RFC 9578 §4, each key with its use case
+                                                       and period (extra members "use-case",
+                                                       "period", "period-seconds")
+    POST /v1/token-request?use_case=NAME               RFC 9578 §6.1-§6.2: TokenRequest in,
+                                                       TokenResponse out
+    GET  /metrics, /healthz, /readyz                   as every ldpipe service
+
+Refusals are RFC 9457 problem details (``application/problem+json``) whose ``type`` is
+``urn:ldpipe:issuer:<reason>``: 404 unknown use case, 415 wrong media type, 413 body too large,
+401 no valid credential (with ``WWW-Authenticate: Bearer``), 422 a token request of another
+type, size or key (RFC 9578 §6.2), 429 quota spent (with ``Retry-After``: seconds to the next
+period). Nothing of a request's body is logged, stored or put in a metric label.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from ldpipe.infra.issuer.attester import AttestationError, Attester
+from ldpipe.infra.issuer.keys import IssuerKeyDirectory, period_of
+from ldpipe.infra.issuer.metrics import IssuerMetrics
+from ldpipe.infra.issuer.store import QuotaStore
+from ldpipe.infra.runtime.observability import Readiness, health_answer
+from ldpipe.schemas.tokens import (
+    TOKEN_REQUEST_LENGTH,
+    TOKEN_TYPE,
+    IssuerKeyPair,
+    TokenError,
+    TokenRequest,
+    blind_sign,
+)
+
+__all__ = [
+    "DIRECTORY_PATH",
+    "DIRECTORY_TYPE",
+    "REQUEST_PATH",
+    "REQUEST_TYPE",
+    "RESPONSE_TYPE",
+    "IssuerService",
+    "TokenRequestError",
+    "UseCasePolicy",
+    "build_app",
+]
+
+log = logging.getLogger(__name__)
+
+DIRECTORY_PATH: Final = "/.well-known/private-token-issuer-directory"
+REQUEST_PATH: Final = "/v1/token-request"
+DIRECTORY_TYPE: Final = "application/private-token-issuer-directory"  # RFC 9578 §8.1
+REQUEST_TYPE: Final = "application/private-token-request"  # RFC 9578 §8.2
+RESPONSE_TYPE: Final = "application/private-token-response"  # RFC 9578 §8.3
+PROBLEM_TYPE: Final = "application/problem+json"  # RFC 9457 §3
+MAX_BODY: Final = 1024  # a token request is 259 bytes: anything much larger is not one
+DIRECTORY_MAX_AGE: Final = 3600
+
+
+@dataclass(frozen=True)
+class UseCasePolicy:
+    """What the issuer needs of a use case: its quota N per device and its period."""
+
+    name: str
+    limit: int  # [use_case.shuffle] contribution_limit
+    period_seconds: int  # [use_case.shuffle] contribution_period_seconds
+
+
+class TokenRequestError(Exception):
+    """A refused request: HTTP status, reason (the metric label and problem type), detail."""
+
+    def __init__(
+        self, status: int, reason: str, detail: str, headers: Mapping[str, str] | None = None
+    ) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.reason = reason
+        self.detail = detail
+        self.headers = headers
+
+    def response(self) -> JSONResponse:
+        body = {
+            "type": f"urn:ldpipe:issuer:{self.reason}",
+            "title": self.reason.replace("_", " "),
+            "status": self.status,
+            "detail": self.detail,
+        }
+        return JSONResponse(
+            body, self.status, headers=dict(self.headers or {}), media_type=PROBLEM_TYPE
+        )
+
+
+class IssuerService:
+    """The issuer's logic, without HTTP: directory, and token requests of attested devices."""
+
+    def __init__(
+        self,
+        policies: Mapping[str, UseCasePolicy],
+        keys: IssuerKeyDirectory,
+        quota: QuotaStore,
+        attester: Attester,
+        metrics: IssuerMetrics,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.policies = dict(policies)
+        self.keys = keys
+        self.quota = quota
+        self.attester = attester
+        self.metrics = metrics
+        self.clock = clock
+        self._forgotten: dict[str, int] = {}
+
+    def _key(self, use_case: str, period: int) -> IssuerKeyPair:
+        before = self.keys.created
+        key = self.keys.key(use_case, period)
+        if self.keys.created != before:
+            self.metrics.keys_created.inc(self.keys.created - before)
+        return key
+
+    def current_keys(self, policy: UseCasePolicy) -> list[tuple[int, IssuerKeyPair]]:
+        """The keys of the current and the next period, made if missing."""
+        current = period_of(self.clock(), policy.period_seconds)
+        if self._forgotten.get(policy.name) != current:  # a new period: old counts can go
+            self.quota.forget_before(policy.name, current)
+            self._forgotten[policy.name] = current
+        return [(p, self._key(policy.name, p)) for p in (current, current + 1)]
+
+    def warm_up(self) -> None:
+        for policy in self.policies.values():
+            self.current_keys(policy)
+
+    def directory(self) -> tuple[dict[str, Any], int]:
+        """RFC 9578 §4's directory and how long it stays true (seconds, for Cache-Control)."""
+        now = self.clock()
+        entries = []
+        max_age = DIRECTORY_MAX_AGE
+        for policy in self.policies.values():
+            for period, key in self.current_keys(policy):
+                entries.append(
+                    {
+                        "token-type": TOKEN_TYPE,
+                        "token-key": base64.urlsafe_b64encode(key.public.spki).decode("ascii"),
+                        "not-before": period * policy.period_seconds,
+                        "use-case": policy.name,
+                        "period": period,
+                        "period-seconds": policy.period_seconds,
+                    }
+                )
+            next_start = (period_of(now, policy.period_seconds) + 1) * policy.period_seconds
+            max_age = min(max_age, max(0, math.floor(next_start - now)))
+        return {"issuer-request-uri": REQUEST_PATH, "token-keys": entries}, max_age
+
+    def issue(self, use_case: str, headers: Mapping[str, str], body: bytes) -> bytes:
+        """A token response for an attested device's token request, or ``TokenRequestError``.
+
+        Order: the device is attested (401), the request parsed and matched to the current or
+        next period's key (422), one token of that period's quota spent (429), then signed.
+        """
+        policy = self.policies[use_case]
+        try:
+            device = self.attester.attest(headers)
+        except AttestationError as exc:
+            raise TokenRequestError(
+                401, "unauthorized", str(exc), {"WWW-Authenticate": "Bearer"}
+            ) from None
+        try:
+            request = TokenRequest.parse(body)
+        except TokenError as exc:
+            raise TokenRequestError(422, exc.reason, str(exc)) from None
+        chosen = next(
+            (
+                (period, key)
+                for period, key in self.current_keys(policy)
+                if key.public.truncated_key_id == request.truncated_token_key_id
+            ),
+            None,
+        )
+        if chosen is None:
+            raise TokenRequestError(
+                422,
+                "unknown_key",
+                f"the token request names key ..{request.truncated_token_key_id:02x}, which is "
+                f"not this period's or the next's key for {use_case!r}: fetch {DIRECTORY_PATH}",
+            )
+        period, key = chosen
+        if len(request.blinded_msg) != key.public.modulus_length or (
+            int.from_bytes(request.blinded_msg, "big") >= key.public.n
+        ):
+            raise TokenRequestError(
+                422, "malformed", "the blinded message is not below the key's modulus"
+            )
+        if not self.quota.spend(device, use_case, period, policy.limit):
+            retry = math.ceil((period + 1) * policy.period_seconds - self.clock())
+            raise TokenRequestError(
+                429,
+                "quota",
+                f"this device has spent its {policy.limit} token(s) of {use_case!r} for period "
+                f"{period}; the next period starts in {max(retry, 1)} s",
+                {"Retry-After": str(max(retry, 1))},
+            )
+        return blind_sign(key, request.blinded_msg)
+
+
+def _media_type(value: str | None) -> str:
+    return (value or "").split(";", 1)[0].strip().lower()
+
+
+async def _body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise TokenRequestError(
+            413, "too_large", f"a token request is {TOKEN_REQUEST_LENGTH} bytes"
+        )
+    data = bytearray()
+    async for chunk in request.stream():
+        data += chunk
+        if len(data) > limit:
+            raise TokenRequestError(
+                413, "too_large", f"a token request is {TOKEN_REQUEST_LENGTH} bytes"
+            )
+    return bytes(data)
+
+
+def build_app(
+    service: IssuerService,
+    registry: CollectorRegistry,
+    readiness: Readiness | None = None,
+) -> Starlette:
+    """The Starlette application of ``service``; ``registry`` is served on /metrics."""
+
+    async def directory(_: Request) -> Response:
+        document, max_age = await run_in_threadpool(service.directory)
+        return JSONResponse(
+            document,
+            media_type=DIRECTORY_TYPE,
+            headers={"Cache-Control": f"public, max-age={max_age}"},
+        )
+
+    async def token_request(request: Request) -> Response:
+        use_case = request.query_params.get("use_case", "")
+        label = use_case if use_case in service.policies else ""
+        started = time.perf_counter()
+        try:
+            if not label:
+                known = ", ".join(sorted(service.policies))
+                raise TokenRequestError(
+                    404, "not_found", f"no use case {use_case!r}: ask ?use_case= one of {known}"
+                )
+            if _media_type(request.headers.get("content-type")) != REQUEST_TYPE:
+                raise TokenRequestError(
+                    415, "media_type", f"send the token request as {REQUEST_TYPE}"
+                )
+            body = await _body(request, MAX_BODY)
+            answer = await run_in_threadpool(service.issue, use_case, request.headers, body)
+        except TokenRequestError as refusal:
+            service.metrics.refused.labels(use_case=label, reason=refusal.reason).inc()
+            return refusal.response()
+        service.metrics.issued.labels(use_case=label).inc()
+        service.metrics.issue_seconds.observe(time.perf_counter() - started)
+        return Response(answer, media_type=RESPONSE_TYPE, headers={"Cache-Control": "no-store"})
+
+    async def metrics(request: Request) -> Response:
+        encoder, content_type = choose_encoder(request.headers.get("accept", ""))
+        return Response(encoder(registry), headers={"Content-Type": content_type})
+
+    async def health(request: Request) -> Response:
+        answer = health_answer(request.url.path, readiness)
+        assert answer is not None
+        status, text = answer
+        return PlainTextResponse(text, status_code=int(status))
+
+    async def method_not_allowed(request: Request, exc: Exception) -> Response:
+        return TokenRequestError(405, "method", f"{request.method} is not allowed here").response()
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        return TokenRequestError(404, "not_found", f"no such path: {request.url.path}").response()
+
+    return Starlette(
+        routes=[
+            Route(DIRECTORY_PATH, directory, methods=["GET"]),
+            Route(REQUEST_PATH, token_request, methods=["POST"]),
+            Route("/metrics", metrics, methods=["GET"]),
+            Route("/healthz", health, methods=["GET"]),
+            Route("/readyz", health, methods=["GET"]),
+        ],
+        exception_handlers={404: not_found, 405: method_not_allowed},
+    )

@@ -1,0 +1,139 @@
+"""The front door end to end: a device provisioned on a real ``ldpipe issuer`` process gets its
+quota of tokens over HTTP (blind RSA), seals reports and uploads them to a real gateway on the
+embedded broker; each accepted report is on the reports topic under its token's nonce."""
+
+from __future__ import annotations
+
+import base64
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from ldpipe.infra.gateway.producer import AsyncProducer
+from ldpipe.infra.runtime.kafka import KafkaSettings, TopicSpec, ensure_topics, read_to_end
+from ldpipe.schemas.config import load_config
+from ldpipe.schemas.keys import KeyPair, write_public_key
+from ldpipe.schemas.outer import seal_outer
+from ldpipe.schemas.tokens import (
+    IssuerPublicKey,
+    TokenChallenge,
+    begin_token_request,
+    finalize_token,
+    redemption_context,
+)
+from ldpipe.schemas.upload import MEDIA_TYPE, UploadAnswer
+from tests.gateway_helpers import SHUFFLER, batch, run_gateway, wait_for
+from tests.issuer_helpers import Issuer, add_credential, start_issuer
+
+LIMIT = 3
+CONFIG = """
+[kafka]
+bootstrap_servers = "{bootstrap}"
+
+[[use_case]]
+name = "emoji"
+mechanism = "cms"
+epsilon = 4.0
+k = 16
+m = 64
+dictionary = "builtin:emoji"
+public_key = "analyzer.public.json"
+
+[use_case.topics]
+reports = "{topic}"
+
+[use_case.shuffle]
+public_key = "shuffler.public.json"
+contribution_limit = {limit}
+
+[issuer]
+name = "issuer.test"
+port = 0
+"""
+
+
+@pytest.fixture
+def issuer(tmp_path: Path, broker: KafkaSettings) -> Iterator[tuple[Path, Issuer, str]]:
+    topic = f"front-door-{os.urandom(4).hex()}"
+    ensure_topics(broker, [TopicSpec(topic, 2)])
+    write_public_key(KeyPair.generate(key_id=1), tmp_path / "analyzer.public.json")
+    write_public_key(SHUFFLER, tmp_path / "shuffler.public.json")
+    config = tmp_path / "pipeline.toml"
+    config.write_text(
+        CONFIG.format(bootstrap=broker.bootstrap_servers, topic=topic, limit=LIMIT), "utf-8"
+    )
+    running = start_issuer(config)
+    try:
+        yield config, running, topic
+    finally:
+        running.kill()
+
+
+def test_tokens_from_the_issuer_carry_reports_through_the_gateway(
+    issuer: tuple[Path, Issuer, str], broker: KafkaSettings, group_id: str
+) -> None:
+    config_path, running, topic = issuer
+    secret = add_credential(config_path, "phone-1")
+    # the gateway's configuration: the issuer's name comes from [issuer], its directory is the
+    # running issuer's (it picked a free port)
+    gateway_config = config_path.with_name("gateway.toml")
+    gateway_config.write_text(
+        config_path.read_text("utf-8")
+        + f'\n[gateway]\norigin_name = "gateway.test"\nissuer_directory_url = '
+        f'"{running.url}/.well-known/private-token-issuer-directory"\n',
+        "utf-8",
+    )
+    config = load_config(gateway_config)
+    assert config.gateway is not None and config.gateway.issuer_name == "issuer.test"
+
+    # the device: the gateway's configuration, then the issuer's key for its use case and period
+    directory = httpx.get(f"{running.url}/.well-known/private-token-issuer-directory").json()
+    entry = min(
+        (e for e in directory["token-keys"] if e["use-case"] == "emoji"), key=lambda e: e["period"]
+    )
+    key = IssuerPublicKey.from_spki(base64.urlsafe_b64decode(entry["token-key"]))
+    context = redemption_context("emoji", entry["period"])
+    challenge = TokenChallenge("issuer.test", context, "gateway.test")
+    tokens = []
+    for _ in range(LIMIT + 1):
+        request, state = begin_token_request(challenge, key)
+        response = httpx.post(
+            f"{running.url}/v1/token-request?use_case=emoji",
+            content=request,
+            headers={
+                "content-type": "application/private-token-request",
+                "authorization": f"Bearer {secret}",
+            },
+            timeout=30,
+        )
+        if response.status_code == 200:
+            tokens.append(finalize_token(state, response.content).to_bytes())
+    assert len(tokens) == LIMIT  # the quota: the last request was refused
+
+    producer = AsyncProducer(broker)
+    try:
+        with run_gateway(config, producer=producer, kafka_reachable=producer.reachable) as gw:
+            assert wait_for(lambda: gw.state.readiness.ready, 15), gw.state.readiness.state()
+            document = httpx.get(f"{gw.url}/v1/use-cases/emoji/config").json()
+            shuffler_key = document["shuffler_keys"][0]
+            assert base64.b64decode(shuffler_key["public_key"]) == SHUFFLER.public.raw
+            reports = [
+                (token, seal_outer("emoji", os.urandom(60), SHUFFLER.public)) for token in tokens
+            ]
+            response = httpx.post(
+                f"{gw.url}/v1/use-cases/emoji/reports",
+                content=batch(reports),
+                headers={"Content-Type": MEDIA_TYPE},
+                timeout=30,
+            )
+            assert response.status_code == 200, response.text
+            assert UploadAnswer.from_json(response.content) == UploadAnswer(LIMIT, ())
+    finally:
+        producer.close()
+    records = read_to_end(broker, topic, group_id)
+    assert sorted((m.key(), m.value()) for m in records) == sorted(
+        (token[2:34], envelope) for token, envelope in reports
+    )

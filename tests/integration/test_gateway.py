@@ -548,3 +548,12 @@ def test_the_configuration_follows_published_parameter_epochs(
     assert (after["epoch"], after["parameters"]) == (2, {"k": 16, "m": 128})
     assert after["hash_seed"] == "7"
     assert state.use_cases["emoji"][1].etag != before.etag
+
+
+def test_not_ready_while_the_issuer_directory_is_unreachable(tmp_path: Path) -> None:
+    config = make_config(tmp_path, directory_url="http://127.0.0.1:9/.well-known/x")
+    with run_gateway(config, producer=NoProducer()) as gw:
+        assert wait_for(lambda: "issuer directory" in gw.state.readiness.state()[1], 15)
+        ready = httpx.get(f"{gw.url}/readyz")
+        assert ready.status_code == 503 and "unreachable" in ready.text
+        assert httpx.get(f"{gw.url}/healthz").status_code == 200

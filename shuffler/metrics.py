@@ -23,6 +23,7 @@ class ShufflerMetrics:
     user_epsilon_period: Gauge
     release_seconds: Histogram
     buffered: Gauge
+    replay_remembered: Gauge
     nested: Gauge
     consumer_lag: Gauge
 
@@ -104,6 +105,13 @@ class ShufflerMetrics:
             buffered=Gauge(
                 "ldpipe_shuffler_buffered_reports",
                 "Reports held in the open window",
+                label,
+                registry=registry,
+            ),
+            replay_remembered=Gauge(
+                "ldpipe_shuffler_replay_remembered",
+                "Report ids and nonce keys remembered to refuse replays (20-40 bytes each; "
+                "docs/shuffler.md#replay-protection)",
                 label,
                 registry=registry,
             ),

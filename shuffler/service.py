@@ -10,8 +10,10 @@ Each release is one Kafka transaction (numbered, the order matters):
 
 1. permute the window's values with the OS CSPRNG; drop key, headers and timestamps;
 2. produce them to the shuffled topic, all stamped with the release time;
-3. produce rejected reports (over the contribution limit) to the dead-letter topic with a reason;
-4. produce the window's contribution-count delta to the shuffler-state topic;
+3. produce rejected reports (over the contribution limit, replays, ...) to the dead-letter topic
+   with a reason;
+4. produce the window's contribution-count delta and the digests of the report ids and nonce
+   keys it took (``shuffler/replay.py``) to the shuffler-state topic;
 5. produce the window's privacy-ledger record (size, amplified epsilon by both bounds;
    ``schemas/ledger.md``) to the ledger topic;
 6. ``send_offsets_to_transaction`` with the consumer's positions, then commit.
@@ -76,6 +78,7 @@ from ldpipe.shuffler.contributions import ContributionLedger
 from ldpipe.shuffler.exceptions import ShufflerError
 from ldpipe.shuffler.inner import InnerCheck, payload_lengths
 from ldpipe.shuffler.metrics import ShufflerMetrics
+from ldpipe.shuffler.replay import REPLAY_STATE_KEY, ReplayLedger
 from ldpipe.shuffler.window import ShuffleWindow
 
 __all__ = ["CrashPoint", "Shuffler"]
@@ -151,6 +154,7 @@ class Shuffler:
         cfg = use_case.shuffle
         self.window = ShuffleWindow(cfg.n_min, cfg.max_reports, cfg.max_wait_seconds)
         self.ledger = ContributionLedger(cfg.contribution_limit, cfg.contribution_period_seconds)
+        self.replay = ReplayLedger(cfg.report_expiry_seconds, cfg.max_clock_skew_seconds)
         # the budget caps every parameter epoch, so it bounds any report this shuffler sees;
         # reports not randomized on the device (discovery's) have no epsilon to amplify
         self.epsilon0: float | None = use_case.epsilon if local_dp else None
@@ -230,32 +234,54 @@ class Shuffler:
         self.window.clear()
         self._first_offsets.clear()
         self.ledger.discard()
+        self.replay.discard()
 
     def _restore_ledger(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Rebuild the counts of the assigned partitions: their committed offsets first, then
-        the shuffler-state topic to its end (read_committed; ``shuffler/contributions.py``)."""
+        the shuffler-state topic to its end (read_committed; ``shuffler/contributions.py``);
+        and the remembered report ids and nonce keys of every partition of the reports topic
+        (a replay under a new key lands in another partition: ``shuffler/replay.py``)."""
         topic = self.use_case.topics.shuffler_state
         try:
             committed = self._committed_offsets(consumer, partitions)
+            everywhere = self._committed_offsets(consumer, self._all_partitions(consumer))
             messages = read_to_end(
                 self.kafka, topic, f"ldpipe-shuffler-state-reader-{self.instance}"
             )
         except (PipelineKafkaError, KafkaException) as exc:
             raise ShufflerError(
-                f"contribution counts would be incomplete, so the shuffler stops: {exc}"
+                f"contribution counts and replay protection would be incomplete, so the "
+                f"shuffler stops: {exc}"
             ) from exc
-        records = [
-            (int(key.decode()), msg.value() or b"")
-            for msg in messages
-            if (key := msg.key()) is not None
-        ]
-        applied = self.ledger.restore(records, self.clock(), committed)
+        records: list[tuple[int, bytes]] = []
+        replays: list[bytes] = []
+        for msg in messages:
+            key = msg.key()
+            if key == REPLAY_STATE_KEY:
+                replays.append(msg.value() or b"")
+            elif key is not None:
+                records.append((int(key.decode()), msg.value() or b""))
+        now = self.clock()
+        applied = self.ledger.restore(records, now, committed)
+        remembered = self.replay.restore(replays, now, everywhere)
+        self.metrics.replay_remembered.labels(**self._labels).set(self.replay.remembered)
         log.info(
-            "restored contribution counts of partitions %s from %d state records (%d tokens)",
+            "restored contribution counts of partitions %s from %d state records (%d tokens) "
+            "and %d report ids and keys of the last %d s",
             sorted(committed),
             applied,
             self.ledger.tokens,
+            remembered,
+            self.replay.expiry_seconds,
         )
+
+    def _all_partitions(self, consumer: Consumer) -> list[TopicPartition]:
+        """Every partition of the reports topic, whoever owns it."""
+        topic = self.use_case.topics.reports
+        metadata = consumer.list_topics(topic, timeout=10).topics.get(topic)
+        if metadata is None or metadata.error is not None:
+            raise KafkaException(metadata.error if metadata is not None else "no such topic")
+        return [TopicPartition(topic, p) for p in sorted(metadata.partitions)]
 
     @staticmethod
     def _committed_offsets(consumer: Consumer, partitions: list[TopicPartition]) -> dict[int, int]:
@@ -320,10 +346,12 @@ class Shuffler:
             self.window.reject(value, "too_large", source, layer="outer" if self.nested else "")
             return
         received = value  # what a refused report's dead letter carries: never the inner
-        if self.nested:  # envelope, which beside ldpipe.source would link it to its client
+        report_id: bytes | None = None  # envelope, which beside ldpipe.source would link it
+        report_time: int | None = None  # to its client
+        if self.nested:
             assert self.keyring is not None
             try:
-                value = open_outer(value, self.keyring, use_case=self.use_case.name).inner
+                header, value = open_outer(value, self.keyring, use_case=self.use_case.name)
             except EnvelopeError as exc:
                 self.window.reject(received, str(exc.reason), source, layer="outer")
                 return
@@ -331,7 +359,13 @@ class Shuffler:
             if isinstance(klass[0], str):  # refused: the inner envelope would stand out
                 self.window.reject(received, str(klass[0]), source, layer="inner")
                 return
-        if self.ledger.admit(msg.key(), source[1:], now):
+            report_id, report_time = header.report_id, header.time
+        key, position = msg.key(), source[1:]
+        replayed = self.replay.check(report_id, report_time, key, position, now)
+        if replayed is not None:  # never in a window, so never in its anonymity set
+            self.window.reject(received, str(replayed), source)
+        elif self.ledger.admit(key, position, now):
+            self.replay.remember(report_id, report_time, key, position, now)
             self.window.add(value, now, source)
         else:
             self.window.reject(received, "contribution_limit", source)
@@ -376,6 +410,9 @@ class Shuffler:
             period, entries = self.ledger.pending_record()
             if entries:
                 self._produce(producer, topics.shuffler_state, entries, key=str(period).encode())
+            remembered = self.replay.pending_record()
+            if remembered:
+                self._produce(producer, topics.shuffler_state, remembered, key=REPLAY_STATE_KEY)
             if values:
                 record = self._ledger_record(len(values), anonymity, bounds, now, period)
                 key = self.use_case.name.encode()
@@ -394,6 +431,7 @@ class Shuffler:
                 self.window.clear()
                 self._first_offsets.clear()
                 self.ledger.discard()
+                self.replay.discard()
                 log.warning("window transaction aborted (%s); reports will be re-consumed", error)
                 return False
             if error.fatal() or error.code() == KafkaError._STATE:
@@ -407,6 +445,8 @@ class Shuffler:
             raise ShufflerError(f"shuffler transaction failed: {error.str()}") from exc
         self.crash_point("shuffler.after_commit")
         self.ledger.commit()
+        self.replay.commit(now)
+        self.metrics.replay_remembered.labels(**self._labels).set(self.replay.remembered)
         self._record(
             len(values), self.window.rejection_counts(), time.perf_counter() - started, bounds
         )

@@ -108,6 +108,7 @@ QUANTITY = {
     "ldpipe_query_std_error": "estimate",
     "ldpipe_sfp_words": "count",
     "ldpipe_shuffler_buffered_reports": "count",
+    "ldpipe_shuffler_replay_remembered": "count",
     "ldpipe_shuffler_consumer_lag_messages": "count",
     "ldpipe_shuffler_nested_envelopes": "flag",
     "ldpipe_shuffler_report_epsilon": "epsilon",

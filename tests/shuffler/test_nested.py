@@ -6,6 +6,7 @@ The end-to-end checks on the real broker are ``tests/integration/test_unlinkable
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -102,7 +103,8 @@ def test_the_shuffler_admits_inner_envelopes_only() -> None:
     odd = seal(EnvelopeHeader("emoji", uc.epoch, 1, version=2), b"short", analyzer.public)
     values = [*good, bare, seal_outer("emoji", odd, shuffler.public), good[0][:-1]]
     for i, value in enumerate(values):
-        service._admit(StubMessage(value, i, key=f"device-{i}".encode()), 1e9)  # type: ignore[arg-type]
+        message = StubMessage(value, i, key=f"device-{i}".encode())
+        service._admit(message, time.time())  # type: ignore[arg-type]
     inners = [open_outer(v, KeyRing([shuffler])).inner for v in good]
     assert service.window.values == inners
     refused = [(reason, layer) for _, reason, _, layer in service.window.rejected]

@@ -83,7 +83,7 @@ class DeviceClient:
     def report(self, item: str | bytes, rng: np.random.Generator | None = None) -> bytes:
         """The sealed envelope of one randomized report of ``item``."""
         reports = self.mechanism.randomize([item], rng if rng is not None else secure_rng())
-        return self._wrap(seal(self.header, self.codec.encode_one(reports), self.public_key))
+        return self.wrap(seal(self.header, self.codec.encode_one(reports), self.public_key))
 
     def reports(
         self, items: Sequence[str | bytes], rng: np.random.Generator | None = None
@@ -96,10 +96,21 @@ class DeviceClient:
     def seal_reports(self, randomized: Reports) -> list[bytes]:
         """One envelope per already randomized report (the mechanism's ``perturb`` output)."""
         header, key = self.header, self.public_key
-        return [self._wrap(seal(header, payload, key)) for payload in self.codec.encode(randomized)]
+        return [self.wrap(seal(header, payload, key)) for payload in self.codec.encode(randomized)]
 
-    def _wrap(self, inner: bytes) -> bytes:
-        """The shuffler layer around ``inner``, for a nested use case; else ``inner``."""
+    def inner_reports(
+        self, items: Sequence[str | bytes], rng: np.random.Generator | None = None
+    ) -> list[bytes]:
+        """The analyzer-layer envelopes of ``items`` (randomized), without the shuffler layer:
+        what a device keeps to wrap again with ``wrap`` when the shuffler's key changes
+        (``ldpipe.producers.device``), so an item is never randomized twice."""
+        randomized = self.mechanism.randomize(items, rng if rng is not None else secure_rng())
+        header, key = self.header, self.public_key
+        return [seal(header, payload, key) for payload in self.codec.encode(randomized)]
+
+    def wrap(self, inner: bytes) -> bytes:
+        """The shuffler layer around ``inner`` (a fresh report id, the time rounded down), for
+        a nested use case; else ``inner``."""
         if self.shuffler_key is None:
             return inner
         return seal_outer(

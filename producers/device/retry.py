@@ -50,15 +50,23 @@ class RetryPolicy:
 
 
 def problem_reason(response: httpx.Response) -> str:
-    """The ``reason`` of an RFC 9457 problem document (ldpipe's services add it), or ``""``."""
+    """The reason of an RFC 9457 problem document, or ``""``: its ``reason`` member (the
+    gateway's), else the last part of a ``urn:ldpipe:...:<reason>`` type (the issuer's)."""
     if "json" not in response.headers.get("content-type", ""):
         return ""
     try:
         document = response.json()
     except ValueError:
         return ""
-    reason = document.get("reason") if isinstance(document, dict) else None
-    return reason if isinstance(reason, str) else ""
+    if not isinstance(document, dict):
+        return ""
+    reason = document.get("reason")
+    if isinstance(reason, str):
+        return reason
+    kind = document.get("type")
+    if isinstance(kind, str) and kind.startswith("urn:ldpipe:"):
+        return kind.rpartition(":")[2]
+    return ""
 
 
 def retry_after(response: httpx.Response, now: float) -> float | None:

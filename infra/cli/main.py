@@ -128,7 +128,9 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "privacy": ("ldpipe privacy amplification --epsilon0 4 --n 100000 --delta 1e-9",
                 "ldpipe privacy report --config pipeline.toml --json"),
     "produce": ("ldpipe produce --config pipeline.toml --dataset dictionary:a=1.1 --n 100000",
-                "ldpipe produce --config pipeline.toml --use-case words --dataset file:words.txt"),
+                "ldpipe produce --config pipeline.toml --use-case words --dataset file:words.txt",
+                "ldpipe produce --config pipeline.toml --dataset dictionary:a=1.1 --n 2000 "
+                "--gateway http://127.0.0.1:8480 --identities 100"),
     "store": ("ldpipe store list --config pipeline.toml",
               "ldpipe store compact --config pipeline.toml --vacuum",
               "ldpipe store retain --config pipeline.toml --dry-run",

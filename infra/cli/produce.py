@@ -1,4 +1,7 @@
-"""``ldpipe produce``: simulate devices publishing encrypted reports (a load generator)."""
+"""``ldpipe produce``: simulate devices publishing encrypted reports (a load generator).
+
+Straight to the reports topic on Kafka, or with ``--gateway URL`` through the front door over
+HTTP, tokens and all (``produce_gateway.py``)."""
 
 from __future__ import annotations
 
@@ -7,15 +10,15 @@ import json
 import sys
 from typing import Any
 
-from ldpipe.infra.cli.argtypes import positive_float
+from ldpipe.infra.cli.argtypes import positive_float, positive_int
 from ldpipe.infra.cli.common import add_service_args, service_context
 from ldpipe.infra.runtime.epochs_io import load_epochs
 from ldpipe.producers.client import DeviceClient, shuffler_public_key
-from ldpipe.producers.datasets import dictionary_population, load_population
+from ldpipe.producers.datasets import Population, dictionary_population, load_population
 from ldpipe.producers.discovery_stream import discovery_stream
 from ldpipe.producers.loadgen import client_streams, produce_population
 from ldpipe.producers.sfp_client import SfpDeviceClient
-from ldpipe.schemas.config import UseCase
+from ldpipe.schemas.config import UseCase, load_config, select_use_case
 from ldpipe.schemas.keys import load_public_key
 
 __all__ = ["add_parser", "run"]
@@ -47,6 +50,25 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--epoch", type=int, help="parameter epoch to report with (default: newest)")
     p.add_argument("--json", action="store_true", help="print a JSON summary with the true counts")
+    p.add_argument(
+        "--gateway",
+        metavar="URL",
+        help="send through the front door: tokens from the issuer, uploads to this gateway "
+        "over HTTP (no Kafka client); credentials go in the [issuer] database",
+    )
+    p.add_argument(
+        "--identities",
+        type=positive_int,
+        metavar="K",
+        help="with --gateway: the population shares K attested identities, provisioned in "
+        "the issuer's credential store for this run (default: one per device)",
+    )
+    p.add_argument(
+        "--issuer",
+        metavar="URL",
+        help="with --gateway: the issuer's URL (default: the directory the gateway's "
+        "configuration names)",
+    )
     p.set_defaults(run=run)
 
 
@@ -60,19 +82,37 @@ def _validate(uc: UseCase) -> None:
         )
 
 
+def _population(args: argparse.Namespace, uc: UseCase) -> Population:
+    if args.dataset.startswith("dictionary:"):
+        if uc.dictionary_items is None or args.n is None:
+            raise ValueError("dictionary:a=<exp> needs a configured dictionary and --n")
+        exponent = float(args.dataset.partition("a=")[2] or 1.1)
+        return dictionary_population(uc.dictionary_items, exponent, args.n, args.seed)
+    return load_population(args.dataset, n=args.n, seed=args.seed)
+
+
+def _through_gateway(args: argparse.Namespace) -> int:
+    from ldpipe.infra.cli.produce_gateway import check_gateway_options, produce_through_gateway
+
+    config = load_config(args.config)
+    uc = select_use_case(config, args.use_case)
+    _validate(uc)
+    check_gateway_options(args, config, uc)
+    return produce_through_gateway(args, config, uc, _population(args, uc))
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.gateway is not None:
+        return _through_gateway(args)
+    for flag, value in (("--identities", args.identities), ("--issuer", args.issuer)):
+        if value is not None:
+            raise ValueError(f"{flag} goes with --gateway URL (devices through the front door)")
     ctx = service_context(args, _validate)
     uc = ctx.use_case
     key_path = args.public_key or uc.public_key
     if key_path is None:
         raise ValueError(f"use case {uc.name!r} has no public_key; pass --public-key FILE")
-    if args.dataset.startswith("dictionary:"):
-        if uc.dictionary_items is None or args.n is None:
-            raise ValueError("dictionary:a=<exp> needs a configured dictionary and --n")
-        exponent = float(args.dataset.partition("a=")[2] or 1.1)
-        population = dictionary_population(uc.dictionary_items, exponent, args.n, args.seed)
-    else:
-        population = load_population(args.dataset, n=args.n, seed=args.seed)
+    population = _population(args, uc)
     epochs = load_epochs(ctx.kafka, uc)  # the configured epoch and every published one
     epoch = epochs.latest if args.epoch is None else args.epoch
     if epoch not in epochs:

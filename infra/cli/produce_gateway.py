@@ -107,7 +107,8 @@ def produce_through_gateway(
         secrets_of = [store.add_credential(name) for name in names]
         print(
             f"ldpipe produce: {len(devices):,} devices of {uc.name!r} through {args.gateway} "
-            f"sharing {identities:,} attested identities (credentials provisioned in "
+            f"sharing {identities:,} attested {'identity' if identities == 1 else 'identities'} "
+            f"(credentials provisioned in "
             f"{config.issuer.database}, revoked at the end)",
             file=out,
             flush=True,

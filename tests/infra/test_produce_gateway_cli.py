@@ -93,6 +93,8 @@ def test_an_unreachable_gateway_is_one_line_and_leaves_no_credential(tmp_path: P
     config = _config(tmp_path)
     result = _produce(config, "--gateway", f"http://127.0.0.1:{_closed_port()}")
     _one_line(result, 1, "cannot reach the gateway")
+    assert result.stdout.startswith("ldpipe produce: 20 devices of 'emoji' through http://")
+    assert "sharing 20 attested identities" in result.stdout  # default: one per device
     listed = subprocess.run(
         [sys.executable, "-m", "ldpipe.infra.cli", "issuer", "credentials", "list",
          "--config", str(config)],

@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import re
 import signal
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -385,3 +386,73 @@ def test_periods_roll_over_with_their_keys_and_quotas(tmp_path: Path) -> None:
     assert served[0] != served[1] != served[2]  # consecutive keys differ in their last byte
     assert store.used("phone-1", "emoji", 100) == 0  # forgotten once period 101 began
     assert [e["period"] for e in service.directory()[0]["token-keys"]] == [101, 102]
+
+
+def test_hostile_clients_do_not_take_the_issuer_down(deployment: tuple[Path, str]) -> None:
+    """10 MB streamed without a length, a body that never finishes, 500 idle connections: each
+    gets its answer (or none), and a device's request is still answered."""
+    import socket
+
+    config, secret = deployment
+    issuer = start_issuer(config)
+    sockets: list[socket.socket] = []
+    try:
+        host, port = issuer.url.removeprefix("http://").split(":")
+
+        def stream() -> Iterator[bytes]:
+            for _ in range(160):
+                yield b"\x00" * 65_536  # 10 MiB in all, sent chunked: no Content-Length
+
+        streamed = httpx.post(
+            issuer.url + "/v1/token-request?use_case=emoji",
+            content=stream(),
+            headers={"content-type": REQUEST_TYPE, "authorization": f"Bearer {secret}"},
+            timeout=60,
+        )
+        _problem(streamed, 413, "too_large")
+        slow = socket.create_connection((host, int(port)))
+        slow.sendall(
+            b"POST /v1/token-request?use_case=emoji HTTP/1.1\r\nHost: x\r\n"
+            b"Content-Type: application/private-token-request\r\nContent-Length: 259\r\n\r\n\x00"
+        )  # ... and the other 258 bytes never come
+        sockets.append(slow)
+        for _ in range(500):
+            sockets.append(socket.create_connection((host, int(port))))
+        device = Device(secret)
+        assert device.ask(issuer.url).status_code == 200
+        assert httpx.get(issuer.url + "/healthz").status_code == 200
+        assert issuer.process.poll() is None
+    finally:
+        for sock in sockets:
+            sock.close()
+        issuer.kill()
+
+
+@pytest.mark.slow
+def test_a_flood_from_one_identity_gets_n_tokens(tmp_path: Path) -> None:
+    """The issuer's half of the flood acceptance: one identity, 20,000 token requests, N tokens."""
+    config = tmp_path / "pipeline.toml"
+    config.write_text(CONFIG, encoding="utf-8")
+    secret = add_credential(config, "flooder")
+    issuer = start_issuer(config)
+    try:
+        device = Device(secret)
+        key, challenge = device.key(issuer.url)
+        request, _ = begin_token_request(challenge, key)  # the issuer cannot tell repeats apart
+        headers = {"content-type": REQUEST_TYPE, "authorization": f"Bearer {secret}"}
+        local = threading.local()
+
+        def post(_: int) -> int:
+            client = getattr(local, "client", None)
+            if client is None:
+                client = local.client = httpx.Client(timeout=60)
+            url = issuer.url + "/v1/token-request?use_case=emoji"
+            return int(client.post(url, content=request, headers=headers).status_code)
+
+        with ThreadPoolExecutor(8) as pool:
+            statuses = list(pool.map(post, range(20_000)))
+        assert statuses.count(200) == LIMIT and statuses.count(429) == 20_000 - LIMIT
+        metrics = httpx.get(issuer.url + "/metrics").text
+        assert f'ldpipe_issuer_tokens_issued_total{{use_case="emoji"}} {LIMIT}.0' in metrics
+    finally:
+        issuer.kill()

@@ -72,14 +72,19 @@ class Ledger:
     bodies: list[bytes] = field(default_factory=list)
     attempts: int = 0
     answers: int = 0
+    token_attempts: int = 0  # token requests to the issuer, and their answers
+    token_answers: int = 0
     refusals: list[str] = field(default_factory=list)  # their details, for the failure message
 
     def request(self, request: httpx.Request) -> None:
-        if request.url.path.endswith("/reports"):
-            with self.lock:
-                self.attempts += 1
+        with self.lock:
+            self.attempts += request.url.path.endswith("/reports")
+            self.token_attempts += request.url.path.endswith("/token-request")
 
     def response(self, response: httpx.Response) -> None:
+        if response.request.url.path.endswith("/token-request"):
+            with self.lock:
+                self.token_answers += 1
         if not response.request.url.path.endswith("/reports"):
             return
         response.read()
@@ -302,6 +307,7 @@ def test_kill_nine_during_uploads_loses_and_doubles_nothing(
         f"{victim}: {len(accepted)} accepted, {copies} copies refused, "
         f"{attempts - answers} unanswered attempts before the kill, "
         f"{ledger.attempts - ledger.answers} in all, "
+        f"{ledger.token_attempts - ledger.token_answers} token requests unanswered, "
         f"issuer errors {sum(o.issuer_errors for o in outcomes)}, "
         f"{time.monotonic() - started:.1f} s"
     )

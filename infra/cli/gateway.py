@@ -21,6 +21,7 @@ from ldpipe.infra.gateway.wiring import (
     served_use_cases,
     update_documents,
 )
+from ldpipe.infra.runtime.crash import crash_point_from_env
 from ldpipe.infra.runtime.kafka import TopicSpec, ensure_topics
 from ldpipe.infra.runtime.observability import Readiness, service_registry
 from ldpipe.schemas.config import load_config
@@ -65,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
         registry=registry,
         readiness=readiness,
         epochs=latest_epochs(kafka, use_cases),
+        crash_point=crash_point_from_env(),
     )
 
     async def refresh_documents() -> None:

@@ -67,6 +67,9 @@ class GatewayState:
     readiness: Readiness = field(default_factory=lambda: Readiness(True, ""))
     clock: Callable[[], float] = time.time
     in_flight: int = 0
+    # crash tests only (``LDPIPE_CRASH_AT``, ``infra/runtime/crash.py``): called at
+    # ``gateway.after_ack``, once Kafka acknowledged a batch's reports and before its answer
+    crash_point: Callable[[str], None] = field(default=lambda _point: None)
 
 
 def problem(
@@ -232,6 +235,7 @@ def build_app(state: GatewayState) -> ASGIApp:
                 {"Retry-After": _RETRY_SECONDS},
             )
         if verdict.records:
+            state.crash_point("gateway.after_ack")  # on Kafka, the device not yet told
             metrics.produce_seconds.observe(time.perf_counter() - started)
             metrics.reports_accepted.labels(name).inc(len(verdict.records))
         for refusal in verdict.refused:

@@ -122,28 +122,35 @@ class DirectoryVerifier:
         """Fetch the directory now; True if it was read. A failure keeps the cached keys and
         marks the verifier not ready (one line in the log and in ``/readyz``)."""
         async with self._lock:
-            self._fetched_at = time.monotonic()
-            try:
-                response = await self._client.get(self.directory_url, headers=_ACCEPT)
-                if response.status_code != 200:
-                    raise ValueError(f"HTTP {response.status_code}")
-                if len(response.content) > _MAX_DIRECTORY_BYTES:
-                    raise ValueError(f"over {_MAX_DIRECTORY_BYTES:,} bytes")
-                self._keys = parse_directory(response.json())
-            except (httpx.HTTPError, ValueError) as exc:
-                reason = f"issuer directory {self.directory_url} unreachable: {exc}"
-                self._state = (False, " ".join(reason.split()))
-                log.warning("%s", self._state[1])
-                self._count("error")
-                return False
-            self._state = (True, "")
-            self._count("ok")
-            return True
+            return await self._fetch()
 
     async def refresh_if_due(self) -> None:
-        """Fetch the directory unless it was fetched less than ``refresh_seconds`` ago."""
-        if time.monotonic() - self._fetched_at >= self.refresh_seconds:
-            await self.refresh()
+        """Fetch the directory unless it was fetched less than ``refresh_seconds`` ago. A fetch
+        already under way (the one at start, while the server takes its first requests) is
+        waited for, not skipped: its keys are the ones a token needs."""
+        async with self._lock:
+            if time.monotonic() - self._fetched_at >= self.refresh_seconds:
+                await self._fetch()
+
+    async def _fetch(self) -> bool:
+        """One fetch of the directory; the caller holds ``_lock``."""
+        self._fetched_at = time.monotonic()
+        try:
+            response = await self._client.get(self.directory_url, headers=_ACCEPT)
+            if response.status_code != 200:
+                raise ValueError(f"HTTP {response.status_code}")
+            if len(response.content) > _MAX_DIRECTORY_BYTES:
+                raise ValueError(f"over {_MAX_DIRECTORY_BYTES:,} bytes")
+            self._keys = parse_directory(response.json())
+        except (httpx.HTTPError, ValueError) as exc:
+            reason = f"issuer directory {self.directory_url} unreachable: {exc}"
+            self._state = (False, " ".join(reason.split()))
+            log.warning("%s", self._state[1])
+            self._count("error")
+            return False
+        self._state = (True, "")
+        self._count("ok")
+        return True
 
     def _count(self, outcome: str) -> None:
         if self._metrics is not None:

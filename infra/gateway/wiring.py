@@ -3,7 +3,7 @@ issuer directory's verifier, the Kafka producer, metrics (``ldpipe gateway`` and
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry
 
@@ -62,9 +62,11 @@ def gateway_state(
     readiness: Readiness,
     verifier: TokenVerifier | None = None,
     epochs: Mapping[str, ParameterEpoch] | None = None,
+    crash_point: Callable[[str], None] | None = None,
 ) -> GatewayState:
     """The handlers' state; without ``verifier``, a ``DirectoryVerifier`` of ``[gateway]``;
-    ``epochs``: each use case's newest parameter epoch (default: the configured one)."""
+    ``epochs``: each use case's newest parameter epoch (default: the configured one);
+    ``crash_point``: crash tests' hook (``infra/runtime/crash.py``)."""
     gateway = gateway_config(config)
     metrics = GatewayMetrics.create(registry)
     served: dict[str, tuple[UseCaseRules, DeviceConfig]] = {}
@@ -88,6 +90,7 @@ def gateway_state(
         parse_header=parse_header,
         metrics=metrics,
         readiness=readiness,
+        crash_point=crash_point or (lambda _point: None),
     )
 
 

@@ -180,6 +180,32 @@ def test_an_unknown_key_id_refreshes_the_directory(issuer: Issuer) -> None:
         assert asyncio.run(go(url)) == ["wrong_use_case"]
 
 
+def test_a_token_checked_during_the_first_fetch_waits_for_its_keys(issuer: Issuer) -> None:
+    """A gateway serves while its first directory fetch is under way (a restart under load):
+    a token checked meanwhile waits for that fetch's keys; it used to be refused as
+    ``unknown_key`` against the empty cache (found by kill -9 of a gateway during uploads)."""
+    period = now_period()
+    good = issuer.token("emoji", period)
+
+    async def go(url: str) -> list[str]:
+        verifier = DirectoryVerifier(
+            issuer_name=ISSUER,
+            origin_name=ORIGIN,
+            directory_url=f"{url}/.well-known/private-token-issuer-directory",
+        )
+        try:
+            first = asyncio.create_task(verifier.refresh())  # the start's fetch
+            await asyncio.sleep(0)  # it holds the lock and awaits the directory
+            verdicts = await verifier.check([good], "emoji", [{period}])
+            assert await first
+        finally:
+            await verifier.aclose()
+        return [v.outcome for v in verdicts]
+
+    with serve_app(directory_app(issuer)) as url:
+        assert asyncio.run(go(url)) == ["ok"]
+
+
 def test_an_unreachable_directory_makes_the_verifier_not_ready() -> None:
     async def go() -> tuple[bool, str]:
         verifier = DirectoryVerifier(

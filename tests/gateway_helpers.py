@@ -210,8 +210,10 @@ def run_gateway(
     verifier: TokenVerifier | None = None,
     registry: CollectorRegistry | None = None,
     options: ServeOptions | None = None,
+    port: int = 0,
 ) -> Iterator[RunningGateway]:
-    """A gateway on uvicorn on a free loopback port, in a thread with its own loop."""
+    """A gateway on uvicorn on a loopback port (``port``, default a free one), in a thread with
+    its own loop."""
     state = gateway_state(
         config,
         list(config.declared),
@@ -221,7 +223,7 @@ def run_gateway(
         readiness=Readiness(),
         verifier=verifier,
     )
-    sock = bind("127.0.0.1", 0)
+    sock = bind("127.0.0.1", port)
     stop = threading.Event()
     serving = threading.Event()
     refresh = getattr(state.verifier, "refresh", None)

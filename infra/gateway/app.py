@@ -8,7 +8,8 @@ Errors of a request are RFC 9457 problem details (``application/problem+json``) 
 ``reason`` member: 400 (a batch that does not parse), 404 (unknown use case), 408 (body too
 slow), 413 (body over the limit, counted while it is read), 415 (media type), 429 with
 ``Retry-After`` (reports per request, concurrent requests), 503 with ``Retry-After`` (Kafka did
-not acknowledge). The app never reads the client's address nor any forwarding header: the
+not acknowledge; or ``issuer_unavailable``: a token names a key not cached and the issuer's
+directory cannot be fetched, so nothing of the batch is produced). The app never reads the client's address nor any forwarding header: the
 ASGI scope's ``client`` is erased before a handler runs (``_Anonymous``).
 """
 
@@ -35,7 +36,7 @@ from ldpipe.infra.gateway.device_config import DeviceConfig
 from ldpipe.infra.gateway.headers import HeaderParser
 from ldpipe.infra.gateway.metrics import GatewayMetrics
 from ldpipe.infra.gateway.rules import UseCaseRules
-from ldpipe.infra.gateway.verifier import TokenVerifier
+from ldpipe.infra.gateway.verifier import KeysUnavailableError, TokenVerifier
 from ldpipe.infra.runtime.observability import Readiness
 from ldpipe.schemas.config import GatewayConfig
 from ldpipe.schemas.upload import MEDIA_TYPE, UploadAnswer, UploadError, decode_batch
@@ -212,13 +213,25 @@ def build_app(state: GatewayState) -> ASGIApp:
                 )
             return problem(400, exc.reason, "Malformed upload batch", str(exc))
         rules = state.use_cases[name][0]
-        verdict = await check_batch(
-            batch,
-            rules,
-            now=int(state.clock()),
-            parse_header=state.parse_header,
-            verifier=state.verifier,
-        )
+        try:
+            verdict = await check_batch(
+                batch,
+                rules,
+                now=int(state.clock()),
+                parse_header=state.parse_header,
+                verifier=state.verifier,
+            )
+        except KeysUnavailableError as exc:  # undecidable now, not bad: nothing is produced
+            metrics.keys_unavailable.labels(name).inc()
+            log.warning("upload to %s deferred: %s", rules.topic, " ".join(str(exc).split()))
+            return problem(
+                503,
+                "issuer_unavailable",
+                "Token keys unavailable",
+                "a token names an issuer key this gateway has not fetched and the issuer's "
+                "directory cannot be fetched now; none was accepted, send the batch again",
+                {"Retry-After": _RETRY_SECONDS},
+            )
         for outcome in verdict.token_outcomes:
             metrics.token_checks.labels(outcome).inc()
         started = time.perf_counter()

@@ -6,7 +6,9 @@ names a shuffler key id the gateway knows (``outdated_config``); its time is not
 expiry age (``too_old``) nor further ahead than the clock-skew bound (``too_early``); its token
 verifies for this use case and period (``bad_token``, ``wrong_use_case``, ``malformed``); its
 report id and token nonce were not seen earlier in the batch (``replayed``). Tokens are checked
-only for reports whose header passed, cheapest first.
+only for reports whose header passed, cheapest first. A verifier that cannot decide (a key not
+cached while the issuer's directory cannot be fetched) raises ``KeysUnavailableError`` out of
+``check_batch``: the whole batch is then answered 503, none of it refused.
 """
 
 from __future__ import annotations

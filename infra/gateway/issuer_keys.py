@@ -6,7 +6,9 @@ The issuer serves ``GET /.well-known/private-token-issuer-directory``: a JSON ob
 extension: one key per use case and period, ``schemas/tokens.md``). The gateway caches the keys
 by ``token_key_id`` (SHA-256 of the SPKI) and fetches the directory again when a token names a
 key it does not know, at most once per ``refresh_seconds``, and on a timer; ``/readyz`` is not
-ready while the last fetch failed.
+ready while the last fetch failed. A token naming a key not cached while the directory cannot
+be fetched raises ``KeysUnavailableError`` (the request is answered 503, the device retries):
+only a key missing from a directory that was read is ``bad_token`` (``unknown_key``).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any
 import httpx
 
 from ldpipe.infra.gateway.metrics import GatewayMetrics
-from ldpipe.infra.gateway.verifier import TokenVerdict
+from ldpipe.infra.gateway.verifier import KeysUnavailableError, TokenVerdict
 from ldpipe.schemas.tokens import (
     TOKEN_TYPE,
     IssuerPublicKey,
@@ -168,6 +170,11 @@ class DirectoryVerifier:
                 parsed.append(TokenVerdict(refusal, _line(exc), exc.reason))
         if any(isinstance(t, Token) and t.token_key_id not in self._keys for t in parsed):
             await self.refresh_if_due()
+            ready, reason = self._state
+            if not ready and any(
+                isinstance(t, Token) and t.token_key_id not in self._keys for t in parsed
+            ):
+                raise KeysUnavailableError(reason)
         return [
             item if isinstance(item, TokenVerdict) else self._verify(item, use_case, allowed)
             for item, allowed in zip(parsed, periods, strict=True)

@@ -23,6 +23,7 @@ class GatewayMetrics:
     produce_seconds: Histogram
     requests_in_flight: Gauge
     directory_refreshes: Counter
+    keys_unavailable: Counter
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> GatewayMetrics:
@@ -66,6 +67,13 @@ class GatewayMetrics:
                 "ldpipe_gateway_directory_refreshes",
                 "Fetches of the token issuer's key directory, by outcome",
                 ["outcome"],
+                registry=registry,
+            ),
+            keys_unavailable=Counter(
+                "ldpipe_gateway_keys_unavailable",
+                "Upload requests answered 503 (issuer_unavailable): a token names a key not "
+                "cached and the issuer's directory cannot be fetched",
+                ["use_case"],
                 registry=registry,
             ),
         )

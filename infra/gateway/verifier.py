@@ -14,7 +14,7 @@ from typing import Protocol
 
 from ldpipe.schemas.upload import RefusalReason
 
-__all__ = ["TOKEN_NONCE", "TokenVerdict", "TokenVerifier", "token_nonce"]
+__all__ = ["TOKEN_NONCE", "KeysUnavailableError", "TokenVerdict", "TokenVerifier", "token_nonce"]
 
 TOKEN_NONCE = slice(2, 34)  # RFC 9578 §6: token_type (2 bytes), then the 32-byte nonce
 
@@ -22,6 +22,13 @@ TOKEN_NONCE = slice(2, 34)  # RFC 9578 §6: token_type (2 bytes), then the 32-by
 def token_nonce(token: bytes) -> bytes:
     """The 32-byte nonce of a 354-byte token: the Kafka key of its report."""
     return token[TOKEN_NONCE]
+
+
+class KeysUnavailableError(Exception):
+    """A token names a key the gateway has not cached and the issuer's directory cannot be
+    fetched now: whether the token is good cannot be decided, so the whole request is to be
+    answered 503 with ``Retry-After`` (``issuer_unavailable``), never refused as ``bad_token``
+    (the device would drop a report nothing was wrong with). One line: why the fetch failed."""
 
 
 @dataclass(frozen=True)
@@ -43,7 +50,8 @@ class TokenVerifier(Protocol):
         self, tokens: Sequence[bytes], use_case: str, periods: Sequence[Collection[int]]
     ) -> list[TokenVerdict]:
         """One verdict per token, in order (``periods[i]`` for ``tokens[i]``); never raises for
-        bad tokens."""
+        bad tokens. ``KeysUnavailableError`` when a token names a key not known and the keys
+        cannot be fetched now (a token of an unknown key after a good fetch is ``bad_token``)."""
         ...
 
     def state(self) -> tuple[bool, str]:

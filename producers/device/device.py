@@ -14,8 +14,10 @@ spends one Privacy Pass token on each report, and uploads them in batches
 * 408, 429, 502, 503, 504, a lost connection: the same body again after a jittered exponential
   backoff or ``Retry-After`` (``retry.py``). A batch sent again after a 503 may have been partly
   stored; the shuffler refuses the copies by their token nonces and report ids.
+* 503 ``issuer_unavailable`` (the gateway cannot fetch the issuer's keys to check a token): a
+  "later" like the others; nothing of the batch was produced.
 * Retries exhausted: the batch's reports are ``undelivered`` and their tokens dropped (they may
-  have been spent).
+  have been spent), except after ``issuer_unavailable``: those tokens go back to the wallet.
 
 Items beyond the tokens the issuer still gives this period are ``held``: not randomized, not
 sent, returned to the caller in ``SendResult.held_items``.
@@ -305,6 +307,8 @@ class GatewayDevice:
         if response.status_code != 200:
             if response.status_code >= 500 or response.status_code in (408, 429):
                 tally.undelivered += len(batch)  # retries exhausted; tokens maybe spent
+                if reason == "issuer_unavailable":  # refused whole before any was produced
+                    self.wallet().give_back(period, [p.token for p in batch])
                 return
             raise DeviceError(
                 "gateway",

@@ -12,7 +12,8 @@ the wallet asks no more for that period.
 Tokens live in memory, by period; a token of a past period is dropped (the gateway accepts
 a token of the current period or of the report's). A token whose report the gateway refused
 before checking the token (``outdated_config``, ``too_early``, ``too_old``) goes back to the
-wallet: it was never spent.
+wallet: it was never spent. So do the tokens of a ``take`` the issuer stopped answering part
+way through: they were signed and counted, and the error does not drop them.
 """
 
 from __future__ import annotations
@@ -66,7 +67,9 @@ class TokenWallet:
 
     def take(self, count: int, period: int, issuer_name: str, origin_name: str) -> list[Token]:
         """Up to ``count`` tokens of ``period``: those in hand first, then new ones from the
-        issuer until ``count`` or the period's quota is reached."""
+        issuer until ``count`` or the period's quota is reached. If the issuer fails part way
+        (``DeviceError``), the tokens already in hand or signed go back to the wallet before the
+        error is raised: the issuer counted them against the quota, so they are not dropped."""
         for old in [p for p in self._tokens if p < period]:
             del self._tokens[old]
         self._exhausted = {p for p in self._exhausted if p >= period}
@@ -76,13 +79,17 @@ class TokenWallet:
             challenge = TokenChallenge(
                 issuer_name, redemption_context(self.use_case, period), origin_name
             )
-            key = self._key(period)
-            while len(out) < count:
-                token = self._fetch(challenge, key)
-                if token is None:
-                    self._exhausted.add(period)
-                    break
-                out.append(token)
+            try:
+                key = self._key(period)
+                while len(out) < count:
+                    token = self._fetch(challenge, key)
+                    if token is None:
+                        self._exhausted.add(period)
+                        break
+                    out.append(token)
+            except DeviceError:
+                self.give_back(period, out)  # signed and counted by the issuer: keep them
+                raise
         return out
 
     def give_back(self, period: int, tokens: Iterable[Token]) -> None:

@@ -9,24 +9,28 @@ import time
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
+import httpx
 import pytest
+from prometheus_client import CollectorRegistry
 
 from ldpipe.infra.gateway.checks import check_batch
 from ldpipe.infra.gateway.device_config import device_config
 from ldpipe.infra.gateway.headers import parse_report_header
 from ldpipe.infra.gateway.issuer_keys import DirectoryVerifier, parse_directory
 from ldpipe.infra.gateway.rules import UseCaseRules
-from ldpipe.infra.gateway.verifier import TokenVerdict, token_nonce
+from ldpipe.infra.gateway.verifier import KeysUnavailableError, TokenVerdict, token_nonce
 from ldpipe.schemas.config import ConfigError, config_from_mapping
-from ldpipe.schemas.upload import UploadedReport
+from ldpipe.schemas.upload import MEDIA_TYPE, UploadedReport
 from tests.gateway_helpers import (
     ISSUER,
     ORIGIN,
     PERIOD,
     Issuer,
+    batch,
     directory_app,
     make_config,
     now_period,
+    run_gateway,
     serve_app,
     v3_envelope,
 )
@@ -217,6 +221,70 @@ def test_an_unreachable_directory_makes_the_verifier_not_ready() -> None:
 
     ready, reason = asyncio.run(go())
     assert not ready and "unreachable" in reason and "\n" not in reason
+
+
+def test_an_unknown_key_while_the_directory_is_down_is_undecided_not_bad(issuer: Issuer) -> None:
+    """A gateway restarted while the issuer is down has no keys: a token is not ``bad_token``
+    (the device would drop its report) but ``KeysUnavailableError`` (503, retried); once the
+    directory was read, a key it does not list is ``bad_token`` (``unknown_key``)."""
+    period = now_period()
+    good = issuer.token("emoji", period)
+    stranger = Issuer().token("emoji", period)  # signed by a key no directory lists
+
+    async def down() -> str:
+        verifier = DirectoryVerifier(
+            issuer_name=ISSUER, origin_name=ORIGIN, directory_url="http://127.0.0.1:9/x",
+            refresh_seconds=0.0,
+        )  # fmt: skip
+        try:
+            with pytest.raises(KeysUnavailableError) as caught:
+                await verifier.check([good], "emoji", [{period}])
+            # a malformed token alone needs no key: still refused, not deferred
+            assert [v.outcome for v in await verifier.check([b"\x00"], "emoji", [{period}])] == [
+                "malformed"
+            ]
+        finally:
+            await verifier.aclose()
+        return str(caught.value)
+
+    reason = asyncio.run(down())
+    assert "unreachable" in reason and "\n" not in reason
+    with serve_app(directory_app(issuer)) as url:
+        assert verify(issuer, url, [stranger, good]) == ["unknown_key", "ok"]
+
+
+def test_the_gateway_answers_503_while_the_issuer_keys_cannot_be_fetched(
+    tmp_path: Path, issuer: Issuer
+) -> None:
+    """The real app over a verifier whose directory server is down: the whole request is 503
+    ``issuer_unavailable`` with ``Retry-After``, nothing produced, counted; /readyz says why."""
+    produced: list[int] = []
+
+    class Recording:
+        async def produce_all(self, topic: str, records: Sequence[tuple[bytes, bytes]]) -> None:
+            produced.append(len(records))
+
+    config = make_config(tmp_path, directory_url="http://127.0.0.1:9/.well-known/x")
+    registry = CollectorRegistry()
+    body = batch([(issuer.token("emoji", now_period()), v3_envelope("emoji"))] * 1)
+    with run_gateway(config, producer=Recording(), registry=registry) as gw:
+        response = httpx.post(
+            f"{gw.url}/v1/use-cases/emoji/reports", content=body,
+            headers={"content-type": MEDIA_TYPE},
+        )  # fmt: skip
+        assert response.status_code == 503, response.text
+        assert response.headers["retry-after"] == "1"
+        assert response.headers["content-type"] == "application/problem+json"
+        assert response.json()["reason"] == "issuer_unavailable"
+        ready = httpx.get(f"{gw.url}/readyz")
+        assert ready.status_code == 503 and "issuer directory" in ready.text
+    assert produced == []
+    assert registry.get_sample_value(
+        "ldpipe_gateway_keys_unavailable_total", {"use_case": "emoji"}
+    ) == 1.0
+    assert registry.get_sample_value(
+        "ldpipe_gateway_requests_total", {"endpoint": "reports", "status": "503"}
+    ) == 1.0
 
 
 def test_parse_directory_refuses_what_is_not_a_directory(issuer: Issuer) -> None:

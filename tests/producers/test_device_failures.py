@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import httpx
 import pytest
 
-from ldpipe.producers.device import DeviceConfiguration, GatewayDevice, RetryPolicy
+from ldpipe.producers.device import DeviceConfiguration, DeviceError, GatewayDevice, RetryPolicy
 from ldpipe.producers.device.retry import retry_after
 from ldpipe.schemas.keys import KeyPair, KeyRing
 from ldpipe.schemas.outer import open_outer
@@ -203,3 +203,61 @@ def test_a_configuration_that_is_not_one_is_one_line() -> None:
         DeviceConfiguration.from_json(b"{}")
     with pytest.raises(DeviceError, match="not JSON"):
         DeviceConfiguration.from_json(b"<html>")
+
+
+def _issuer_unavailable(_batch: list[bytes]) -> httpx.Response:
+    return httpx.Response(
+        503,
+        json={"reason": "issuer_unavailable", "status": 503},
+        headers={"content-type": "application/problem+json", "retry-after": "1"},
+    )
+
+
+def test_issuer_unavailable_at_the_gateway_is_retried_and_the_report_accepted() -> None:
+    """The gateway cannot fetch the issuer's keys (restarted while the issuer is down): its 503
+    ``issuer_unavailable`` is a "later"; once it can, the same batch is accepted."""
+    door, sleeps = FrontDoor(answers=[_issuer_unavailable, _issuer_unavailable]), []
+    with device(door, sleeps) as d:
+        result = d.send(["😀"])
+    assert (result.accepted, result.undelivered) == (1, 0)
+    assert len(door.uploads) == 3 and door.uploads[0] == door.uploads[2]  # the same body
+    assert all(s >= 1.0 for s in sleeps)  # Retry-After honoured
+
+
+def test_issuer_unavailable_to_the_last_retry_keeps_the_tokens() -> None:
+    door, sleeps = FrontDoor(quota=2, answers=[_issuer_unavailable] * 2), []
+    with device(door, sleeps, attempts=2) as d:
+        result = d.send(["😀", "😂"])
+        assert (result.accepted, result.undelivered) == (0, 2)
+        period = int(NOW // PERIOD)
+        assert d.wallet().held(period) == 2 and door.quota == 0  # nothing was produced
+        again = d.send(["😀", "😂"])  # spends the kept tokens: no new ones asked
+        assert (again.accepted, again.held) == (2, 0)
+
+
+@dataclass
+class FailingIssuer(FrontDoor):
+    """The issuer answers ``k`` token requests, then the connection fails (it went down)."""
+
+    k: int = 2
+    signed: int = 0
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        if str(request.url).startswith("http://issuer/v1/token-request"):
+            if self.signed >= self.k:
+                raise httpx.ConnectError("connection refused", request=request)
+            self.signed += 1
+        return super().__call__(request)
+
+
+def test_tokens_signed_before_the_issuer_fails_stay_in_the_wallet() -> None:
+    door, sleeps = FailingIssuer(k=2), []
+    period = int(NOW // PERIOD)
+    with device(door, sleeps, attempts=2) as d:
+        with pytest.raises(DeviceError, match="cannot reach the token issuer") as caught:
+            d.send(["😀", "😂", "👍", "😀"])
+        assert caught.value.reason == "issuer"
+        assert d.wallet().held(period) == 2 and door.uploads == []  # signed, counted, kept
+        door.k = 10  # the issuer is back: the kept two are spent first, two new ones asked
+        result = d.send(["😀", "😂", "👍", "😀"])
+    assert (result.accepted, result.held) == (4, 0) and door.signed == 4

@@ -9,8 +9,9 @@ Errors of a request are RFC 9457 problem details (``application/problem+json``) 
 slow), 413 (body over the limit, counted while it is read), 415 (media type), 429 with
 ``Retry-After`` (reports per request, concurrent requests), 503 with ``Retry-After`` (Kafka did
 not acknowledge; or ``issuer_unavailable``: a token names a key not cached and the issuer's
-directory cannot be fetched, so nothing of the batch is produced). The app never reads the client's address nor any forwarding header: the
-ASGI scope's ``client`` is erased before a handler runs (``_Anonymous``).
+directory cannot be fetched, so nothing of the batch is produced). The app never reads the
+client's address nor any forwarding header: the ASGI scope's ``client`` is erased before a
+handler runs (``_Anonymous``).
 """
 
 from __future__ import annotations

@@ -84,9 +84,7 @@ def test_a_report_sent_while_the_issuer_is_down_is_accepted_once_it_is_back(
         issuer.kill()
         # the gateway restarts while the issuer is down: no keys, and none can be fetched
         registry = CollectorRegistry()
-        with run_gateway(
-            config, producer=producer, port=GATEWAY_PORT, registry=registry
-        ) as gw:
+        with run_gateway(config, producer=producer, port=GATEWAY_PORT, registry=registry) as gw:
             assert wait_for(lambda: "issuer directory" in gw.state.readiness.state()[1], 15)
             results: list[SendResult] = []
             sender = threading.Thread(target=lambda: results.append(device.send(["😀"])))

@@ -18,8 +18,8 @@ by ``ldpipe.schemas.config.parse_config``); Zipf(1.1) items over the built-in em
      beforehand) with the shuffler's private key: the ceiling;
    * *admit path*: what ``Shuffler._admit`` does per report of a nested use case, minus Kafka:
      ``open_outer`` (with the shuffler's keyring and the use case) + ``InnerCheck.classify`` +
-     ``ContributionLedger.admit`` + ``ShuffleWindow.add``, built as ``Shuffler.__init__`` builds
-     them;
+     ``ReplayLedger.check`` + ``ContributionLedger.admit`` + ``ReplayLedger.remember`` +
+     ``ShuffleWindow.add``, built as ``Shuffler.__init__`` builds them;
    * *Shuffler._admit*: a real ``Shuffler`` (never connected) on stub messages: the above plus
      its metrics and bookkeeping.
 
@@ -78,6 +78,7 @@ from ldpipe.schemas.keys import KeyPair, KeyRing
 from ldpipe.schemas.outer import open_outer, parse_outer_header
 from ldpipe.shuffler.contributions import ContributionLedger
 from ldpipe.shuffler.inner import InnerCheck, payload_lengths
+from ldpipe.shuffler.replay import ReplayLedger
 from ldpipe.shuffler.service import Shuffler
 from ldpipe.shuffler.window import ShuffleWindow
 
@@ -99,7 +100,9 @@ layers = "nested"
 ANALYZER_KEY_ID, SHUFFLER_KEY_ID = 1, 9
 BATCH = 2000  # Shuffler.run: consumer.consume(num_messages=2000)
 TOPIC = f"{USE_CASE}.reports"
-NOW = 1_767_225_600.0  # one contribution period for the whole run
+# one clock reading for the whole run: every report is sealed after it, with its time rounded
+# down to the hour (outer layer v3), so none is too early or too old for the replay rules
+NOW = float(int(time.time()))
 TARGET_RATIO = 0.85
 PROFILE_ROWS = 14
 
@@ -200,7 +203,8 @@ class BareOpen:
 
 class AdmitPath:
     """``Shuffler._admit`` of a nested use case minus Kafka and metrics: ``open_outer`` +
-    ``InnerCheck.classify`` + ``ContributionLedger.admit`` + ``ShuffleWindow.add``."""
+    ``InnerCheck.classify`` + ``ReplayLedger.check`` + ``ContributionLedger.admit`` +
+    ``ReplayLedger.remember`` + ``ShuffleWindow.add``."""
 
     name = "admit path"
 
@@ -216,17 +220,19 @@ class AdmitPath:
         cfg = self.use_case.shuffle
         self.window = ShuffleWindow(cfg.n_min, cfg.max_reports, cfg.max_wait_seconds)
         self.ledger = ContributionLedger(cfg.contribution_limit, cfg.contribution_period_seconds)
+        self.replay = ReplayLedger(cfg.report_expiry_seconds, cfg.max_clock_skew_seconds)
         self.released = 0
 
     def step(self, start: int) -> None:
         name, keyring, window, ledger = self.use_case.name, self.keyring, self.window, self.ledger
+        replay = self.replay
         classify = self.inner.classify
         end = start + BATCH
         for value, token, source in zip(
             self.reports[start:end], self.tokens[start:end], self.sources[start:end], strict=True
         ):
             try:
-                inner = open_outer(value, keyring, use_case=name).inner
+                header, inner = open_outer(value, keyring, use_case=name)
             except EnvelopeError as exc:
                 window.reject(value, str(exc.reason), source, layer="outer")
                 continue
@@ -234,7 +240,12 @@ class AdmitPath:
             if isinstance(klass[0], str):
                 window.reject(inner, str(klass[0]), source, layer="inner")
                 continue
-            if ledger.admit(token, source[1:], NOW):
+            position = source[1:]
+            replayed = replay.check(header.report_id, header.time, token, position, NOW)
+            if replayed is not None:
+                window.reject(value, str(replayed), source)
+            elif ledger.admit(token, position, NOW):
+                replay.remember(header.report_id, header.time, token, position, NOW)
                 window.add(inner, NOW, source)
             else:
                 window.reject(inner, "contribution_limit", source)
@@ -249,6 +260,7 @@ class AdmitPath:
             raise RuntimeError(f"reports rejected: {self.window.rejection_counts()}")
         self.released += len(self.window)
         self.ledger.commit()
+        self.replay.commit(NOW)
         self.window.clear()
 
     def admitted(self) -> int:
@@ -301,6 +313,7 @@ class ServicePath:
         shuffler.ledger = ContributionLedger(
             cfg.contribution_limit, cfg.contribution_period_seconds
         )
+        shuffler.replay = ReplayLedger(cfg.report_expiry_seconds, cfg.max_clock_skew_seconds)
         shuffler._first_offsets.clear()
         self.released = 0
 
@@ -316,6 +329,7 @@ class ServicePath:
                 raise RuntimeError(f"reports rejected: {shuffler.window.rejection_counts()}")
             self.released += len(shuffler.window)
             shuffler.ledger.commit()
+            shuffler.replay.commit(NOW)
             shuffler.window.clear()
             shuffler._first_offsets.clear()
 

@@ -75,20 +75,25 @@ U64 = npt.NDArray[np.uint64]
 Position = tuple[int, int]
 
 
-def _digest(domain: bytes, data: bytes) -> int:
-    hasher = _HASHER.copy()
-    hasher.update(domain + data)
-    return int.from_bytes(hasher.digest(), "little")
+_ID_HASHER: Final = _HASHER.copy()
+_ID_HASHER.update(_ID)
+_KEY_HASHER: Final = _HASHER.copy()
+_KEY_HASHER.update(_KEY)
 
 
 def id_digest(report_id: bytes) -> int:
-    """What the ledger keeps of a report id (an unsigned 64-bit integer)."""
-    return _digest(_ID, report_id)
+    """What the ledger keeps of a report id: BLAKE2b-64 of ``01 || report_id`` as a
+    little-endian unsigned integer (a copy of the primed hasher skips its set-up)."""
+    hasher = _ID_HASHER.copy()
+    hasher.update(report_id)
+    return int.from_bytes(hasher.digest(), "little")
 
 
 def key_digest(key: bytes) -> int:
-    """What the ledger keeps of a Kafka key (a token nonce)."""
-    return _digest(_KEY, key)
+    """What the ledger keeps of a Kafka key (a token nonce): BLAKE2b-64 of ``02 || key``."""
+    hasher = _KEY_HASHER.copy()
+    hasher.update(key)
+    return int.from_bytes(hasher.digest(), "little")
 
 
 def encode_replay_entries(entries: Iterable[tuple[int, int, int, int]]) -> bytes:
@@ -225,6 +230,8 @@ class ReplayLedger:
         # digest -> (stamp, input position) of the open window's reports
         self._pending: dict[int, tuple[int, Position]] = {}
         self._purged_at = 0.0
+        # the digests ``check`` computed for the last report, which ``remember`` reuses
+        self._checked: tuple[Position, int | None, int | None] = ((-1, -1), None, None)
 
     def check(
         self,
@@ -243,13 +250,17 @@ class ReplayLedger:
                 return ReplayRejection.TOO_OLD
             if report_time > now + self.max_skew_seconds:
                 return ReplayRejection.TOO_EARLY
-        if report_id is not None and self._seen(id_digest(report_id), position, oldest):
+        rid = nonce = None
+        if report_id is not None:  # id_digest, written out: this is the per-report path
+            hasher = _ID_HASHER.copy()
+            hasher.update(report_id)
+            rid = int.from_bytes(hasher.digest(), "little")
+        if key is not None and len(key) == NONCE_KEY_LENGTH:
+            nonce = key_digest(key)
+        self._checked = (position, rid, nonce)
+        if rid is not None and self._seen(rid, position, oldest):
             return ReplayRejection.REPLAYED_REPORT_ID
-        if (
-            key is not None
-            and len(key) == NONCE_KEY_LENGTH
-            and self._seen(key_digest(key), position, oldest)
-        ):
+        if nonce is not None and self._seen(nonce, position, oldest):
             return ReplayRejection.REPLAYED_KEY
         return None
 
@@ -257,6 +268,8 @@ class ReplayLedger:
         pending = self._pending.get(digest)
         if pending is not None:
             return pending[1] != position  # the same report again is not a replay of itself
+        if not self._committed.size:
+            return False
         return self._committed.get(digest) >= oldest
 
     def remember(
@@ -269,10 +282,14 @@ class ReplayLedger:
     ) -> None:
         """Record an admitted report's id and nonce key as pending in the open window."""
         stamp = int(now) if report_time is None else report_time
-        if report_id is not None:
-            self._pending[id_digest(report_id)] = (stamp, position)
-        if key is not None and len(key) == NONCE_KEY_LENGTH:
-            self._pending[key_digest(key)] = (stamp, position)
+        checked, rid, nonce = self._checked
+        if checked != position:  # not the report ``check`` saw last
+            rid = None if report_id is None else id_digest(report_id)
+            nonce = key_digest(key) if key is not None and len(key) == NONCE_KEY_LENGTH else None
+        if rid is not None:
+            self._pending[rid] = (stamp, position)
+        if nonce is not None:
+            self._pending[nonce] = (stamp, position)
 
     def pending_record(self) -> bytes:
         """The open window's entries, to write to the shuffler-state topic in its transaction."""

@@ -24,6 +24,27 @@ setup() {
             "$VENV/bin/python" -m pip install --quiet -e ".[broker,test]" >&2
         touch "$stamp"
     fi
+    interop_setup
+}
+
+# the interop tests' independent implementations (tests/interop/*/package.json), installed from
+# their package-lock.json; without Node.js those tests are skipped and say so
+interop_setup() {
+    if ! command -v npm >/dev/null 2>&1; then
+        echo "== npm not found: the Node interop tests (tests/interop/) will be skipped" >&2
+        return 0
+    fi
+    local project
+    for project in tests/interop/*/package-lock.json; do
+        [ -f "$project" ] || continue
+        local dir
+        dir="$(dirname "$project")"
+        if [ ! -d "$dir/node_modules" ] || [ "$project" -nt "$dir/node_modules" ]; then
+            echo "== npm ci in $dir" >&2
+            (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error >&2)
+            touch "$dir/node_modules"
+        fi
+    done
 }
 
 # mypy cannot follow the editable install's import hook (the folders producers/ ... infra/ are

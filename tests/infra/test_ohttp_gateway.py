@@ -189,6 +189,9 @@ def test_hostile_inputs_get_clear_errors_and_the_server_stays_up(served: Served)
         assert "key id 9" in str(problem["detail"])
         _problem(client.post("/ohttp", content=wire, headers={"content-type": "text/plain"}), 415)
         _problem(client.post("/ohttp", content=bytes(70_000), headers=ohttp), 413)
+        _problem(client.post("/ohttp", content=bytes(10_000_000), headers=ohttp), 413)
+        chunks = (bytes(8192) for _ in range(20))  # chunked: no Content-Length to check first
+        _problem(client.post("/ohttp", content=chunks, headers=ohttp), 413)
         _problem(client.get("/ohttp"), 405)
         assert client.post("/ohttp", content=wire, headers=ohttp).status_code == 200
         problem = _problem(client.post("/ohttp", content=wire, headers=ohttp), 400)

@@ -137,7 +137,7 @@ EXPECTED = (
     Expect(
         "ldpipe init my-deployment      #",
         (
-            r"wrote 17 files into my-deployment/",
+            r"wrote 19 files into my-deployment/",
             r"produced 20,000 reports \(0 failed\)",
             r"(?m)^emoji: 20,000 reports in \d+ window\(s\)",
             r"(?m)^broker stopped$",

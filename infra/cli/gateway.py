@@ -29,6 +29,7 @@ from ldpipe.infra.runtime.ohttp_asgi import (
     load_gateway_keys,
 )
 from ldpipe.schemas.config import load_config
+from ldpipe.schemas.errors import KeyFileError
 
 __all__ = ["add_parser", "run"]
 
@@ -55,7 +56,10 @@ def run(args: argparse.Namespace) -> int:
         check_tls(gateway.tls_certificate, gateway.tls_private_key)
         tls = True
     # the OHTTP keys load before anything binds or connects: a bad key file is one line
-    ohttp_keys = load_gateway_keys(*gateway.ohttp_keys) if gateway.ohttp_keys else ()
+    try:
+        ohttp_keys = load_gateway_keys(*gateway.ohttp_keys) if gateway.ohttp_keys else ()
+    except KeyFileError as exc:
+        raise KeyFileError(f"gateway.ohttp_keys: {exc}") from None
     addr = args.addr or gateway.addr
     sock = bind(addr, gateway.port if args.port is None else args.port)
     kafka = kafka_settings(config, args)

@@ -175,3 +175,19 @@ def test_the_default_ports_are_those_of_the_package_prometheus_yml() -> None:
     }
     assert first["ldpipe-shuffler"] == f"127.0.0.1:{Ports.shuffler}"
     assert first["ldpipe-aggregator"] == f"127.0.0.1:{Ports.aggregator}"
+
+
+def test_a_bad_ohttp_key_stops_the_gateway_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The OHTTP keys load before the gateway binds or connects; a wrong file names the key."""
+    root = tmp_path / "deploy"
+    init(root)
+    config = root / "pipeline.toml"
+    text = config.read_text(encoding="utf-8")
+    public = 'ohttp_keys = ["ohttp-keys/gateway-ohttp-41.public.json"]'
+    config.write_text(text.replace('ohttp_keys = ["ohttp-keys"]', public), encoding="utf-8")
+    assert main(["gateway", "--config", str(config), "--use-case", "emoji"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ldpipe gateway: error: gateway.ohttp_keys: ") and err.count("\n") == 1
+    assert "pass the *.private.json file" in err

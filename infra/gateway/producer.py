@@ -19,12 +19,12 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from ldpipe.infra.runtime.kafka import KafkaSettings, PipelineKafkaError
 
-__all__ = ["AsyncProducer", "ProduceError"]
+__all__ = ["PRODUCER_SETTINGS", "AsyncProducer", "ProduceError"]
 
 log = logging.getLogger(__name__)
 
 #: acks=all and idempotence: an acknowledged report is on every in-sync replica, once
-_PRODUCER: dict[str, Any] = {
+PRODUCER_SETTINGS: dict[str, Any] = {
     "enable.idempotence": True,
     "acks": "all",
     "linger.ms": 2,
@@ -49,7 +49,9 @@ class AsyncProducer:
         self.last_error = ""
         self._logged: dict[int, float] = {}
         self._producer = Producer(
-            settings.producer_config({**_PRODUCER, **(overrides or {})}, error_cb=self._on_error)
+            settings.producer_config(
+                {**PRODUCER_SETTINGS, **(overrides or {})}, error_cb=self._on_error
+            )
         )
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, name="ldpipe-gateway-kafka", daemon=True)

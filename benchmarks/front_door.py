@@ -5,11 +5,12 @@
     python benchmarks/front_door.py --reports 10000 --batch 50 --connections 8 --json
 
 An embedded broker, a real ``ldpipe gateway`` process, a shuffler and an aggregator
-(``LocalPipeline``: CMS ε = 4, k = m = 1,024, nested envelopes, contribution limit 1, the
-store seals a window once every partition has been idle 1 s), and the issuer's directory
-served by this process. Tokens (one per report: the shuffler refuses a nonce twice) are minted
-beforehand by the real blind-RSA protocol and the nested reports sealed beforehand, so neither
-issuance nor the devices' work is timed. A warm-up of 200 reports (``--warm-up``) goes
+(``LocalPipeline``: CMS ε = 4, k = m = 1,024, nested envelopes, contribution limit 1, a
+shuffle window released every 0.5 s (n_min = 1), the store seals a window once every partition
+has been idle 1 s), and the issuer's directory served by this process. Tokens (one per
+report: the shuffler refuses a nonce twice) are minted beforehand by the real blind-RSA
+protocol and the nested reports sealed beforehand, so neither issuance nor the devices' work
+is timed. A warm-up of 200 reports (``--warm-up``) goes
 through first (every process is up and has consumed). Then the N reports are uploaded by the
 load generator (``http_load.py``: keep-alive connections over loopback), and the clock stops
 when the sketch store's sealed segments count all of them (polled every 0.1 s).
@@ -87,7 +88,7 @@ def run(reports: int, batch: int, connections: int, warm_up: int = 200) -> dict[
     ):
         progress(f"embedded broker on {broker.bootstrap_servers}")
         settings = PipelineSettings(
-            name="door", n_min=100, max_reports=5000, max_wait_seconds=0.5, contribution_limit=1
+            name="door", n_min=1, max_reports=5000, max_wait_seconds=0.5, contribution_limit=1
         )
         pipe = LocalPipeline(Path(tmp) / "pipe", broker.bootstrap_servers, settings)
         pipe.create_topics()
@@ -172,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="600 reports")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON only")
     args = parser.parse_args(argv)
-    result = run(600 if args.quick else args.reports, args.batch, args.connections, args.warm_up)
+    reports = 600 if args.quick else args.reports
+    result = run(reports, args.batch, args.connections, args.warm_up)
     if args.json:
         print(json.dumps(result, indent=2))
         return 0

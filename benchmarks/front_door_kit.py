@@ -183,12 +183,16 @@ def _started(command: list[str], cwd: Path, pattern: str, what: str) -> Service:
     raise RuntimeError(f"{what} did not start (exit {process.returncode})")
 
 
-def start_gateway(config: Path, *, ready_timeout: float = 60.0) -> Service:
+def start_gateway(
+    config: Path, *, ready_timeout: float = 60.0, profile: Path | None = None
+) -> Service:
     """``ldpipe gateway`` on a free loopback port, returned once ``/readyz`` answers 200 (the
-    issuer directory fetched, Kafka reachable)."""
+    issuer directory fetched, Kafka reachable); under cProfile writing to ``profile`` (when
+    it stops) if given."""
+    profiling = ["-m", "cProfile", "-o", str(profile)] if profile is not None else []
     service = _started(
-        [sys.executable, "-m", "ldpipe.infra.cli", "gateway", "--config", str(config),
-         "--port", "0"],
+        [sys.executable, *profiling, "-m", "ldpipe.infra.cli", "gateway", "--config",
+         str(config), "--port", "0"],
         config.parent, r"on http://([\d.]+):(\d+)/", "ldpipe gateway",
     )  # fmt: skip
     deadline = time.monotonic() + ready_timeout

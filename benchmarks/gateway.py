@@ -21,7 +21,8 @@ over and over.
     settings, then ``flush`` (every record acknowledged). Target: gateway / bare ≥ 0.7
     (reports/s).
 
-Printed: requests/s, reports/s, latency p50/p99 and the two ratios. Every gateway answer is
+Printed: requests/s, reports/s, latency p50/p99, the server process's CPU seconds per wall
+second (``/proc/PID/stat``: 1.0 is one core busy) and the two ratios. Every gateway answer is
 checked (200 and every report accepted). Absolute numbers on a shared VM are noisy; compare
 within one run. No figure is asserted.
 """
@@ -31,6 +32,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import pstats
 import sys
 import tempfile
 import time
@@ -71,15 +74,29 @@ BATCH = 100
 TARGETS = {"single": 0.5, "batch": 0.7}
 
 
-def _load(service: Service, bodies: list[bytes], path: str, connections: int) -> LoadResult:
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far (``/proc/PID/stat``, fields 14 and 15)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _load(
+    service: Service, bodies: list[bytes], path: str, connections: int
+) -> tuple[LoadResult, float]:
+    """The load's result and the server's CPU seconds during it."""
     requests = [encode_post(service.host, path, body, MEDIA_TYPE) for body in bodies]
     warm = requests[: max(connections * 4, 20)]
     asyncio.run(run_load(service.host, service.port, warm, connections))
-    return asyncio.run(run_load(service.host, service.port, requests, connections))
+    before = _cpu_seconds(service.process.pid)
+    result = asyncio.run(run_load(service.host, service.port, requests, connections))
+    return result, _cpu_seconds(service.process.pid) - before
 
 
-def _figures(result: LoadResult, reports_per_request: int) -> dict[str, Any]:
+def _figures(load: tuple[LoadResult, float], reports_per_request: int) -> dict[str, Any]:
+    result, cpu = load
     return {
+        "server_cpu_seconds": round(cpu, 2),
+        "server_cpu_share": round(cpu / result.seconds, 2),
         "requests": result.requests,
         "connections": result.connections,
         "seconds": round(result.seconds, 3),
@@ -90,7 +107,8 @@ def _figures(result: LoadResult, reports_per_request: int) -> dict[str, Any]:
     }
 
 
-def _check(result: LoadResult, reports_per_request: int) -> None:
+def _check(load: tuple[LoadResult, float], reports_per_request: int) -> None:
+    result = load[0]
     if set(result.statuses) != {200}:
         raise RuntimeError(f"the gateway answered {dict(result.statuses)}: {result.bodies[:1]}")
     for body in result.bodies:
@@ -140,7 +158,9 @@ def _bare_loop(
     }
 
 
-def run(requests: int, batches: int, connections: int) -> dict[str, Any]:
+def run(
+    requests: int, batches: int, connections: int, profile: Path | None = None
+) -> dict[str, Any]:
     with (
         tempfile.TemporaryDirectory() as tmp,
         EmbeddedBroker(log_dir=Path(tmp) / "broker") as broker,
@@ -188,7 +208,7 @@ def run(requests: int, batches: int, connections: int) -> dict[str, Any]:
             config.write_text(
                 pipe.config_path.read_text("utf-8") + gateway_table(directory_url), "utf-8"
             )
-            gateway = start_gateway(config)
+            gateway = start_gateway(config, profile=profile)
             try:
                 progress(f"gateway: {requests} single-report requests")
                 single = _load(gateway, singles, path, connections)
@@ -225,9 +245,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--connections", type=int, default=8, help="client connections")
     parser.add_argument("--quick", action="store_true", help="600 requests, 20 batches")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON only")
+    parser.add_argument(
+        "--profile", type=Path, metavar="FILE",
+        help="run the gateway under cProfile, write its profile to FILE and print the top rows",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     requests, batches = (600, 20) if args.quick else (args.requests, args.batches)
-    result = run(requests, batches, args.connections)
+    profile = args.profile.resolve() if args.profile else None
+    result = run(requests, batches, args.connections, profile)
+    if profile is not None:
+        pstats.Stats(str(profile), stream=sys.stderr).sort_stats("tottime").print_stats(25)
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
@@ -238,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         return (
             f"{name:34} {rate_text}{f['reports_per_second']:9.1f} reports/s  p50 "
             f"{f['latency_ms']['p50']:7.2f} ms  p99 {f['latency_ms']['p99']:7.2f} ms{unit}"
+            + (f"  server CPU {f['server_cpu_share']:.2f}" if "server_cpu_share" in f else "")
         )
 
     ratios = result["ratios"]

@@ -1,14 +1,16 @@
 """One confluent-kafka producer shared by the gateway's async handlers.
 
-A poll thread serves delivery reports; each produced record's delivery resolves an asyncio
-future on the event loop (``loop.call_soon_threadsafe``), so a handler awaits Kafka's
-acknowledgement of every accepted report before it answers 200. Records carry a key and a value
+A poll thread serves delivery reports and counts them per upload; when the last record of an
+upload is acknowledged it resolves that upload's asyncio future on the event loop, one
+``loop.call_soon_threadsafe`` per upload, so a handler awaits Kafka's acknowledgement of every
+accepted report before it answers 200. Records carry a key and a value
 and nothing else: no headers (the gateway never writes anything about the client).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -128,7 +130,8 @@ class _Batch:
                 self.first_error = f"{err.name()}: {err.str()}"
         self.pending -= 1
         if self.pending == 0:
-            self.loop.call_soon_threadsafe(self._settle)
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+                self.loop.call_soon_threadsafe(self._settle)
 
     def abandon(self) -> None:
         """Produce failed part-way: the handler raises now; later reports are ignored."""

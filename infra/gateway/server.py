@@ -70,7 +70,9 @@ def bind(addr: str, port: int) -> socket.socket:
     or not allowed is one line (``ValueError``)."""
     try:
         family = socket.getaddrinfo(addr or None, port, type=socket.SOCK_STREAM)[0][0]
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on connections accepted from a
+        # socket that says it is TCP (``_set_nodelay`` checks ``sock.proto``)
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((addr, port))
         sock.listen(2048)

@@ -70,8 +70,9 @@ class SendResult:
     one report over the gateway's body limit); ``held``: items not sent because this device has
     no token left this period (``held_items``, in order); ``undelivered``: reports whose batch
     got no answer after every retry. With a budget ledger: ``budget_held``, items over the
-    period's budget now waiting in the ledger for a later period (with those held before); ``budget_dropped``, items over the
-    budget dropped (``over_budget="drop"``, or beyond the ledger's ``max_held``).
+    period's budget now waiting in the ledger for a later period (with those held before);
+    ``budget_dropped``, items over the budget dropped (``over_budget="drop"``, or beyond the
+    ledger's ``max_held``).
     """
 
     accepted: int = 0

@@ -35,9 +35,10 @@ def test_basic_composition_a_budget_of_three_reports_and_a_clock_set_back() -> N
     # the clock goes back a week: the spent period is not reopened
     assert ledger.allowance("u", now=T0 - 7 * DAY, epsilon=0.4, period_seconds=DAY) == 0
     # a budget below one report's epsilon sends nothing
-    assert BudgetLedger(epsilon_per_period=0.3).allowance(
-        "u", now=T0, epsilon=0.4, period_seconds=DAY
-    ) == 0
+    assert (
+        BudgetLedger(epsilon_per_period=0.3).allowance("u", now=T0, epsilon=0.4, period_seconds=DAY)
+        == 0
+    )
 
 
 def test_the_ledger_survives_a_new_instance_and_keeps_held_items(tmp_path: Path) -> None:

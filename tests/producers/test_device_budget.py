@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import httpx
 import pytest
 
 from ldpipe.producers.device import BudgetLedger, DeviceError
@@ -109,3 +110,20 @@ def test_send_drops_what_exceeds_the_budget_and_refunds_items_without_a_token(
         result = dev.send(["a"])
         assert (result.accepted, result.held, result.held_items) == (0, 1, ("a",))
         assert ledger.allowance("emoji", now=NOW, epsilon=4.0, period_seconds=DAY) == 1
+
+
+def test_an_issuer_failure_refunds_and_holds_the_items_again(tmp_path: Path) -> None:
+    class Broken(FrontDoor):
+        def __call__(self, request: httpx.Request) -> httpx.Response:
+            if str(request.url).startswith("http://issuer/v1/token-request"):
+                return httpx.Response(400, json={"reason": "bad_request"})
+            return super().__call__(request)
+
+    ledger = BudgetLedger(tmp_path / "b.json")
+    with device(Broken(), [], attempts=1) as dev:
+        dev.budget = ledger
+        with pytest.raises(DeviceError, match="token issuer answered 400"):
+            dev.send(["a", "b"])
+    again = BudgetLedger(tmp_path / "b.json")
+    assert again.allowance("emoji", now=NOW, epsilon=4.0, period_seconds=DAY) == 1
+    assert again.take_held("emoji") == ["a", "b"]

@@ -1,0 +1,8 @@
+/** ldpipe's device SDK for browsers and Node 20 (docs/device-web.md). */
+export * from "./bytes.js";
+export * from "./hashing.js";
+export * from "./payloads.js";
+export * from "./randomize.js";
+export * from "./envelope.js";
+export * from "./tokens.js";
+export * from "./upload.js";

@@ -3,7 +3,7 @@ import { build } from "esbuild";
 import { readdirSync } from "node:fs";
 
 const common = { bundle: true, format: "esm", target: "es2022", sourcemap: true, logLevel: "warning" };
-await build({ ...common, entryPoints: ["src/index.ts"], outfile: "dist/ldpipe.js", platform: "neutral" });
+await build({ ...common, entryPoints: ["src/index.ts"], outfile: "dist/ldpipe.js", platform: "browser", minify: true });
 const tests = readdirSync("test").filter((f) => f.endsWith(".test.ts")).map((f) => `test/${f}`);
 await build({
   ...common,

@@ -6,3 +6,8 @@ export * from "./randomize.js";
 export * from "./envelope.js";
 export * from "./tokens.js";
 export * from "./upload.js";
+export * from "./errors.js";
+export * from "./retry.js";
+export * from "./config.js";
+export * from "./wallet.js";
+export * from "./device.js";

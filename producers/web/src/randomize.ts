@@ -71,14 +71,19 @@ export class Randomizer {
       // every bit is 1 w.p. q = 1/(1+e^(eps/2)); the one-hot bit is then flipped, so it is 1 w.p. 1-q
       const q = 1 / (1 + Math.exp(this.epsilon / 2));
       const bits = new Uint8Array(Math.ceil(m / 8));
-      for (let i = 0; i < m; i++) if (uniformFloat(rng) < q) bits[i >> 3]! |= 1 << (i & 7);
+      const noise = new Uint8Array(8 * m); // 53 random bits per bit of the vector, drawn at once
+      rng.fill(noise);
+      const view = new DataView(noise.buffer);
+      for (let i = 0; i < m; i++) {
+        const u = Number(view.getBigUint64(8 * i, true) >> 11n) / 2 ** 53;
+        if (u < q) bits[i >> 3]! |= 1 << (i & 7);
+      }
       bits[cell >> 3]! ^= 1 << (cell & 7);
       return { mechanism: "cms", row, bits };
     }
     // hcms: w = (-1)^popcount(l & cell), kept w.p. p = e^eps / (1 + e^eps)
     const column = uniformInt(rng, m);
-    const e = Math.exp(this.epsilon);
-    const keep = uniformFloat(rng) < e / (1 + e);
+    const keep = uniformFloat(rng) < 1 / (1 + Math.exp(-this.epsilon));
     const w = popcount(column & cell) % 2 === 0 ? 1 : -1;
     return { mechanism: "hcms", row, column, sign: (keep ? w : -w) as 1 | -1 };
   }

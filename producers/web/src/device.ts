@@ -49,7 +49,7 @@ interface Pending {
 }
 
 // refused before the token was checked: the token was not spent and goes back to the wallet
-const TOKEN_UNSPENT = new Set(["outdated_config", "too_early", "too_old"]);
+const TOKEN_UNSPENT = new Set(["outdated_config", "too_early", "too_old", "wrong_use_case"]);
 
 export class WebDevice {
   readonly gatewayUrl: string;

@@ -6,7 +6,7 @@ import { fromBase64 } from "./bytes.js";
 import type { PublicKey } from "./envelope.js";
 import { DeviceError } from "./errors.js";
 import { parseSeed } from "./hashing.js";
-import { Randomizer } from "./randomize.js";
+import { Randomizer, optimalWidth } from "./randomize.js";
 
 export const KEM_NAME = "DHKEM(X25519, HKDF-SHA256)";
 
@@ -70,14 +70,31 @@ export async function parseConfiguration(body: string, etag: string | null): Pro
   const upload = (doc["upload"] ?? {}) as Record<string, unknown>;
   let hashSeed: bigint;
   try {
-    hashSeed = parseSeed(String(doc["hash_seed"]));
+    // a sketch mechanism's default seed is 0 (ldpipe.schemas.mechanisms.base), as in Python
+    hashSeed = doc["hash_seed"] == null ? 0n : parseSeed(String(doc["hash_seed"]));
   } catch {
     throw fail(`has hash_seed = ${JSON.stringify(doc["hash_seed"])}, not an unsigned 64-bit decimal string`);
   }
-  const k = int(parameters["k"] ?? 1, "parameters.k");
-  const m = int(parameters["m"], "parameters.m");
   const epsilon = Number(doc["epsilon"]);
   const mechanism = String(doc["mechanism"]);
+  // the defaults of ldpipe.schemas.mechanisms when the configuration leaves k or m out
+  const k = int(parameters["k"] ?? 1024, "parameters.k");
+  let m: number;
+  try {
+    m =
+      parameters["m"] != null
+        ? int(parameters["m"], "parameters.m")
+        : mechanism === "rrcms"
+          ? optimalWidth(
+              epsilon,
+              String(parameters["objective"] ?? "mse"),
+              Number(parameters["f_star"] ?? 1),
+              parameters["dictionary_size"] == null ? null : Number(parameters["dictionary_size"]),
+            )
+          : 1024;
+  } catch (err) {
+    throw err instanceof DeviceError ? err : fail(`has rrcms parameters that give no width (${(err as Error).message})`);
+  }
   let randomizer: Randomizer;
   try {
     randomizer = await Randomizer.create(mechanism, epsilon, hashSeed, k, m);

@@ -39,8 +39,37 @@ export function uniformFloat(rng: RandomSource): number {
   return Number(v) / 2 ** 53;
 }
 
-export type Mechanism = "cms" | "hcms";
-export const SUPPORTED_MECHANISMS: readonly string[] = ["cms", "hcms"];
+export type Mechanism = "cms" | "hcms" | "rrcms";
+export const SUPPORTED_MECHANISMS: readonly string[] = ["cms", "hcms", "rrcms"];
+
+/**
+ * Pan's optimized rrcms width when the configuration gives no m: eq. 15 (Thm 3.6) for "mse",
+ * Thm 3.7 / Cor. 3.5 for "l2", as ldpipe.schemas.mechanisms.rrcms.optimal_width.
+ */
+export function optimalWidth(epsilon: number, objective = "mse", fStar = 1.0, dictionarySize: number | null = null): number {
+  const e = Math.exp(epsilon);
+  let raw: number;
+  if (objective === "mse") {
+    if (!(fStar >= 0 && fStar <= 1)) throw new RangeError(`f* must be in [0, 1], got ${fStar}`);
+    if (fStar <= 0.5) {
+      const delta = Math.sqrt(e) * Math.sqrt(((1 - fStar) * e + fStar) * (fStar * e + 1 - fStar));
+      raw = 1 + delta / (fStar * e + 1 - fStar);
+    } else {
+      raw = 1 + Math.sqrt(e);
+    }
+  } else if (objective === "l2") {
+    if (dictionarySize === null) {
+      raw = 1 + e;
+    } else {
+      const d = dictionarySize;
+      if (d < 2) throw new RangeError(`dictionary size must be >= 2, got ${d}`);
+      raw = 1 + (Math.sqrt(e) * Math.sqrt((e + d - 1) * (d * e - e + 1))) / (e + d - 1);
+    }
+  } else {
+    throw new RangeError(`objective must be 'mse' or 'l2', got ${objective}`);
+  }
+  return Math.max(2, Math.floor(raw + 0.5));
+}
 
 /** A randomizer of one parameter set: its family, epsilon and mechanism. */
 export class Randomizer {
@@ -56,7 +85,7 @@ export class Randomizer {
   }
 
   static async create(mechanism: string, epsilon: number, seed: string | bigint, k: number, m: number): Promise<Randomizer> {
-    if (mechanism !== "cms" && mechanism !== "hcms") {
+    if (mechanism !== "cms" && mechanism !== "hcms" && mechanism !== "rrcms") {
       throw new RangeError(`mechanism ${mechanism} is not supported by this SDK (only ${SUPPORTED_MECHANISMS.join(", ")})`);
     }
     return new Randomizer(mechanism, epsilon, await HashFamily.create(seed, k, m));
@@ -67,6 +96,12 @@ export class Randomizer {
     const { k, m } = this.family;
     const row = uniformInt(rng, k);
     const cell = this.family.hashKey(row, await itemKey(item));
+    if (this.mechanism === "rrcms") {
+      // y = h_j(d) w.p. p = e^eps / (e^eps + m - 1), else one of the other m - 1 values uniformly
+      const keep = uniformFloat(rng) < 1 / (1 + (m - 1) * Math.exp(-this.epsilon));
+      const other = uniformInt(rng, m - 1);
+      return { mechanism: "rrcms", row, value: keep ? cell : other + (other >= cell ? 1 : 0) };
+    }
     if (this.mechanism === "cms") {
       // every bit is 1 w.p. q = 1/(1+e^(eps/2)); the one-hot bit is then flipped, so it is 1 w.p. 1-q
       const q = 1 / (1 + Math.exp(this.epsilon / 2));

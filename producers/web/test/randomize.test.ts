@@ -1,6 +1,6 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
-import { HashFamily, type RandomSource, Randomizer, encodePayload, itemKey, uniformInt } from "../src/index.js";
+import { HashFamily, type RandomSource, Randomizer, encodePayload, itemKey, optimalWidth, uniformInt } from "../src/index.js";
 
 /** A seeded splitmix64 stream (tests only). */
 function seeded(seed: bigint): RandomSource {
@@ -67,6 +67,29 @@ test("hcms: the sign agrees with H[l, h_j(d)] w.p. e^eps/(1+e^eps)", async () =>
   }
   const p = Math.exp(2) / (1 + Math.exp(2));
   assert.ok(Math.abs(agree / n - p) < 4 * Math.sqrt((p * (1 - p)) / n), `${agree / n} vs ${p}`);
+});
+
+test("rrcms: the true cell w.p. e^eps/(e^eps+m-1), the others uniformly; Pan's width", async () => {
+  const r = await Randomizer.create("rrcms", 2, "9", 4, 8);
+  const rng = seeded(4n);
+  const x = await itemKey("hello");
+  let own = 0;
+  const seen = new Set<number>();
+  const n = 4000;
+  for (let i = 0; i < n; i++) {
+    const rep = await r.randomize("hello", rng);
+    if (rep.mechanism !== "rrcms") throw new Error("not rrcms");
+    if (rep.value === r.family.hashKey(rep.row, x)) own++;
+    seen.add(rep.value);
+  }
+  const p = Math.exp(2) / (Math.exp(2) + 7);
+  assert.ok(Math.abs(own / n - p) < 4 * Math.sqrt((p * (1 - p)) / n), `${own / n} vs ${p}`);
+  assert.equal(seen.size, 8);
+  // ldpipe.schemas.mechanisms.rrcms.optimal_width: round(1 + e^(eps/2)) for the defaults
+  assert.equal(optimalWidth(4), Math.floor(1 + Math.exp(2) + 0.5));
+  assert.equal(optimalWidth(1, "l2"), 4);
+  assert.equal(optimalWidth(2, "mse", 0.3), 5); // the Python function's values
+  assert.equal(optimalWidth(3, "l2", 1, 100), 19);
 });
 
 test("mechanisms this SDK does not do are refused by name", async () => {

@@ -32,7 +32,7 @@ setup() {
 # which is then built into producers/web/dist); without Node.js their tests are skipped and say so
 interop_setup() {
     if ! command -v npm >/dev/null 2>&1; then
-        echo "== npm not found: the Node interop tests (tests/interop/) will be skipped" >&2
+        echo "== npm not found: the Node interop tests (tests/interop/) and the TypeScript SDK's tests (producers/web) will fail, naming Node" >&2
         return 0
     fi
     local project

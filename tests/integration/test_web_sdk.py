@@ -3,7 +3,8 @@ front door: an ``ldpipe issuer`` process, a gateway on uvicorn, the embedded bro
 shuffler and an aggregator (``LocalPipeline``). A Node script (``web_sdk_send.mjs``) with one
 provisioned credential sends 500 reports of ten known emoji: it fetches the configuration
 (the 64-bit hash seed as a decimal string), takes 500 tokens from the issuer, randomizes with
-CMS, seals the inner (v2) and outer (v3) envelopes and uploads in batches. Every report is
+CMS, HCMS or RRCMS (the width left to Pan's optimum), seals the inner (v2) and outer (v3)
+envelopes and uploads in batches. Every report is
 aggregated once, and the estimates match the truth as the Python device's reports do
 (``tests/integration/test_pipeline.py``): with ``z_i = (f̂_i − f_i) / σ_i`` over the ten items,
 ``Σ z_i²`` is χ²₁₀ (mean 10, sd √20) and is below ``10 + 4·√20`` except with probability
@@ -56,12 +57,20 @@ def run_script(request: dict[str, object]) -> dict[str, object]:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    ("mechanism", "options"),
+    [
+        ("cms", {"k": 1024, "m": 1024}),
+        ("hcms", {"k": 256, "m": 1024}),
+        ("rrcms", {"k": 256}),  # m left out: the SDK computes Pan's width as Python does
+    ],
+)
 def test_web_sdk_reports_are_all_aggregated_and_estimates_hold(
-    broker: KafkaSettings, tmp_path: Path
+    broker: KafkaSettings, tmp_path: Path, mechanism: str, options: dict[str, int]
 ) -> None:
     pipe = make_pipeline(
         tmp_path, broker.bootstrap_servers, n_min=1, max_reports=5000, max_wait_seconds=0.5,
-        contribution_limit=N,
+        contribution_limit=N, mechanism=mechanism, mechanism_options=options,
     )  # fmt: skip
     uc = pipe.use_case
     assert uc.dictionary_items is not None

@@ -27,15 +27,16 @@ setup() {
     interop_setup
 }
 
-# the interop tests' independent implementations (tests/interop/*/package.json), installed from
-# their package-lock.json; without Node.js those tests are skipped and say so
+# the Node projects, installed from their package-lock.json: the interop tests' independent
+# implementations (tests/interop/*/package.json) and the TypeScript device SDK (producers/web,
+# which is then built into producers/web/dist); without Node.js their tests are skipped and say so
 interop_setup() {
     if ! command -v npm >/dev/null 2>&1; then
-        echo "== npm not found: the Node interop tests (tests/interop/) will be skipped" >&2
+        echo "== npm not found: the Node interop tests (tests/interop/) and the TypeScript SDK's tests (producers/web) will fail, naming Node" >&2
         return 0
     fi
     local project
-    for project in tests/interop/*/package-lock.json; do
+    for project in tests/interop/*/package-lock.json producers/web/package-lock.json; do
         [ -f "$project" ] || continue
         local dir
         dir="$(dirname "$project")"
@@ -43,6 +44,9 @@ interop_setup() {
             echo "== npm ci in $dir" >&2
             (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error >&2)
             touch "$dir/node_modules"
+        fi
+        if [ -f "$dir/build.mjs" ]; then
+            (cd "$dir" && node build.mjs >&2)
         fi
     done
 }

@@ -1,0 +1,98 @@
+import assert from "node:assert/strict";
+import { test } from "node:test";
+import { HashFamily, type RandomSource, Randomizer, encodePayload, itemKey, optimalWidth, uniformInt } from "../src/index.js";
+
+/** A seeded splitmix64 stream (tests only). */
+function seeded(seed: bigint): RandomSource {
+  let s = seed;
+  return {
+    fill(bytes: Uint8Array): void {
+      for (let i = 0; i < bytes.length; i++) {
+        if (i % 8 === 0) {
+          s = (s + 0x9e3779b97f4a7c15n) & 0xffffffffffffffffn;
+        }
+        let z = s;
+        z = ((z ^ (z >> 30n)) * 0xbf58476d1ce4e5b9n) & 0xffffffffffffffffn;
+        z = ((z ^ (z >> 27n)) * 0x94d049bb133111ebn) & 0xffffffffffffffffn;
+        z ^= z >> 31n;
+        bytes[i] = Number((z >> BigInt(8 * (i % 8))) & 0xffn);
+      }
+    },
+  };
+}
+
+test("uniformInt stays in range and covers it", () => {
+  const rng = seeded(1n);
+  const seen = new Set<number>();
+  for (let i = 0; i < 2000; i++) seen.add(uniformInt(rng, 7));
+  assert.deepEqual([...seen].sort(), [0, 1, 2, 3, 4, 5, 6]);
+});
+
+test("cms: the true bit is 1 w.p. p = e^(eps/2)/(1+e^(eps/2)), others w.p. 1-p", async () => {
+  const r = await Randomizer.create("cms", 4, "5", 8, 64);
+  const rng = seeded(2n);
+  const x = await itemKey("😀");
+  let own = 0, other = 0, others = 0;
+  const n = 2000;
+  for (let i = 0; i < n; i++) {
+    const rep = await r.randomize("😀", rng);
+    assert.equal(rep.mechanism, "cms");
+    if (rep.mechanism !== "cms") return;
+    const cell = r.family.hashKey(rep.row, x);
+    for (let b = 0; b < 64; b++) {
+      const bit = (rep.bits[b >> 3]! >> (b & 7)) & 1;
+      if (b === cell) own += bit;
+      else { other += bit; others++; }
+    }
+    assert.equal(encodePayload(rep, 8, 64).length, 14);
+  }
+  const p = Math.exp(2) / (1 + Math.exp(2));
+  assert.ok(Math.abs(own / n - p) < 4 * Math.sqrt((p * (1 - p)) / n), `own ${own / n} vs ${p}`);
+  assert.ok(Math.abs(other / others - (1 - p)) < 4 * Math.sqrt((p * (1 - p)) / others));
+});
+
+test("hcms: the sign agrees with H[l, h_j(d)] w.p. e^eps/(1+e^eps)", async () => {
+  const r = await Randomizer.create("hcms", 2, "7", 4, 16);
+  const family = await HashFamily.create("7", 4, 16);
+  const rng = seeded(3n);
+  const x = await itemKey("hello");
+  let agree = 0;
+  const n = 4000;
+  for (let i = 0; i < n; i++) {
+    const rep = await r.randomize("hello", rng);
+    if (rep.mechanism !== "hcms") throw new Error("not hcms");
+    let pop = 0;
+    for (let v = rep.column & family.hashKey(rep.row, x); v; v &= v - 1) pop++;
+    if ((pop % 2 === 0 ? 1 : -1) === rep.sign) agree++;
+  }
+  const p = Math.exp(2) / (1 + Math.exp(2));
+  assert.ok(Math.abs(agree / n - p) < 4 * Math.sqrt((p * (1 - p)) / n), `${agree / n} vs ${p}`);
+});
+
+test("rrcms: the true cell w.p. e^eps/(e^eps+m-1), the others uniformly; Pan's width", async () => {
+  const r = await Randomizer.create("rrcms", 2, "9", 4, 8);
+  const rng = seeded(4n);
+  const x = await itemKey("hello");
+  let own = 0;
+  const seen = new Set<number>();
+  const n = 4000;
+  for (let i = 0; i < n; i++) {
+    const rep = await r.randomize("hello", rng);
+    if (rep.mechanism !== "rrcms") throw new Error("not rrcms");
+    if (rep.value === r.family.hashKey(rep.row, x)) own++;
+    seen.add(rep.value);
+  }
+  const p = Math.exp(2) / (Math.exp(2) + 7);
+  assert.ok(Math.abs(own / n - p) < 4 * Math.sqrt((p * (1 - p)) / n), `${own / n} vs ${p}`);
+  assert.equal(seen.size, 8);
+  // ldpipe.schemas.mechanisms.rrcms.optimal_width: round(1 + e^(eps/2)) for the defaults
+  assert.equal(optimalWidth(4), Math.floor(1 + Math.exp(2) + 0.5));
+  assert.equal(optimalWidth(1, "l2"), 4);
+  assert.equal(optimalWidth(2, "mse", 0.3), 5); // the Python function's values
+  assert.equal(optimalWidth(3, "l2", 1, 100), 19);
+});
+
+test("mechanisms this SDK does not do are refused by name", async () => {
+  await assert.rejects(Randomizer.create("oue", 4, "1", 1, 8), /not supported by this SDK/);
+  await assert.rejects(Randomizer.create("hcms", 4, "1", 1, 12), /power of two/);
+});

@@ -137,10 +137,10 @@ EXPECTED = (
     Expect(
         "C=infra/front-door-example.toml",
         (
-            r"5,000 devices of 'emoji' through http://127\.0\.0\.1:9104 sharing 100",
-            r"sent 5,000: accepted 5,000, refused 0 \(none\), held for lack of tokens 0, "
+            r"1,000 devices of 'emoji' through http://127\.0\.0\.1:9104 sharing 20",
+            r"sent 1,000: accepted 1,000, refused 0 \(none\), held for lack of tokens 0, "
             r"undelivered 0",
-            r"(?m)^emoji: 5,000 reports in \d+ window\(s\)",
+            r"(?m)^emoji: 1,000 reports in \d+ window\(s\)",
             r"(?m)^broker stopped$",
         ),
     ),

@@ -28,8 +28,8 @@ starts, and starts afresh where a rerun would be refused). The deployment takes 
 ports the blocks name literally lie in 19500-19599 (checked), away from README's.
 
 README's Kafka blocks listen on fixed ports (their configurations' ``bootstrap_servers``, the
-services block's metrics ports, the front door's issuer and gateway); the test fails at once, naming them, if one is taken, as
-it does for a guide's block whose literal ports are taken.
+services block's metrics ports, the front door's issuer and gateway); the test fails at once,
+naming them, if one is taken, as it does for a guide's block whose literal ports are taken.
 """
 
 from __future__ import annotations

@@ -388,13 +388,16 @@ class GatewayConfig:
     cors_origins: tuple[str, ...] = ()  # browser origins allowed to upload ("*": any)
     tls_certificate: Path | None = None  # PEM; with tls_private_key: HTTPS
     tls_private_key: Path | None = None
+    # Oblivious HTTP (RFC 9458, docs/ohttp.md): key files or directories of role "ohttp"; given,
+    # the gateway also serves GET /ohttp-keys and POST /ohttp for a relay to forward to
+    ohttp_keys: tuple[Path, ...] = ()
 
 
 _GATEWAY_KEYS = {
     "origin_name", "issuer_name", "issuer_directory_url", "addr", "port", "max_body_bytes",
     "max_reports_per_request", "max_concurrent_requests", "body_timeout_seconds",
     "config_max_age_seconds", "directory_refresh_seconds", "cors_origins", "tls_certificate",
-    "tls_private_key",
+    "tls_private_key", "ohttp_keys",
 }  # fmt: skip
 
 
@@ -461,6 +464,7 @@ def _gateway(raw: Mapping[str, Any], base: Path, issuer: IssuerSettings) -> Gate
         cors_origins=tuple(origins),
         tls_certificate=tls[0],
         tls_private_key=tls[1],
+        ohttp_keys=_paths(base, f"{where}.ohttp_keys", raw.get("ohttp_keys", [])),
         **ints,
         **floats,
     )

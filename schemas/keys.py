@@ -61,10 +61,12 @@ PUBLIC_SUFFIX: Final = ".public.json"
 
 #: whom a key pair belongs to: ``analyzer`` (the aggregators, the discovery server and aux
 #: server: they open the envelopes of randomized reports) or ``shuffler`` (it opens only the
-#: outer layer of nested reports, ``schemas/outer.py``). A key file without a role is an
-#: analyzer's (files written before roles existed).
-KeyRole = Literal["analyzer", "shuffler"]
-KEY_ROLES: Final = ("analyzer", "shuffler")
+#: outer layer of nested reports, ``schemas/outer.py``) or ``ohttp`` (the gateway's Oblivious
+#: HTTP key, ``schemas/ohttp.py``: RFC 9458 key ids are one byte, so its key id is 0-255). A key
+#: file without a role is an analyzer's (files written before roles existed).
+KeyRole = Literal["analyzer", "shuffler", "ohttp"]
+KEY_ROLES: Final = ("analyzer", "shuffler", "ohttp")
+_OHTTP_KEY_IDS: Final = 256
 
 _U32_SPAN: Final = 1 << 32
 _NAME: Final = re.compile(r"[A-Za-z0-9_.-]{1,64}")
@@ -87,6 +89,14 @@ def _check_role(role: object) -> str:
     if role not in KEY_ROLES:
         raise ValueError(f"key role must be one of {', '.join(KEY_ROLES)}, got {role!r}")
     return str(role)
+
+
+def _check_role_key_id(role: str, key_id: int) -> None:
+    if role == "ohttp" and key_id >= _OHTTP_KEY_IDS:
+        raise ValueError(
+            f"an OHTTP key id is one byte (RFC 9458 §3.1): 0-255, got {key_id}; pass --key-id "
+            f"0-255 or omit it"
+        )
 
 
 def _now() -> datetime:
@@ -115,6 +125,7 @@ class PublicKey:
         _check_key_id(self.key_id)
         _check_name(self.name)
         _check_role(self.role)
+        _check_role_key_id(self.role, self.key_id)
         if not isinstance(self.raw, bytes) or len(self.raw) != _KEY_BYTES:
             raise ValueError(f"an X25519 public key is {_KEY_BYTES} bytes, got {self.raw!r}")
         if self.created.tzinfo is None:
@@ -139,6 +150,7 @@ class KeyPair:
         _check_key_id(self.key_id)
         _check_name(self.name)
         _check_role(self.role)
+        _check_role_key_id(self.role, self.key_id)
         if not isinstance(self.private_key, X25519PrivateKey):
             raise ValueError(
                 f"private_key must be an X25519PrivateKey, got {type(self.private_key).__name__}"
@@ -156,8 +168,10 @@ class KeyPair:
         role: KeyRole = "analyzer",
     ) -> KeyPair:
         """A fresh key pair from the OS CSPRNG; the key id is random unless given."""
+        if key_id is None:
+            key_id = secrets.randbits(8 if role == "ohttp" else 32)
         return cls(
-            key_id=secrets.randbits(32) if key_id is None else key_id,
+            key_id=key_id,
             private_key=X25519PrivateKey.generate(),
             name=name,
             created=_now() if created is None else created,
@@ -213,7 +227,7 @@ class KeyRing:
         if not sources:
             raise KeyFileError("no key files given; pass private key files or a key directory")
         pairs: list[KeyPair] = []
-        hint = " --role shuffler" if role == "shuffler" else ""
+        hint = "" if role == "analyzer" else f" --role {role}"
         for source in sources:
             path = Path(source)
             if path.is_dir():

@@ -26,12 +26,13 @@ from starlette.routing import Route
 
 from ldpipe.infra.gateway.app import GatewayState, Producing
 from ldpipe.infra.gateway.headers import parse_report_header
-from ldpipe.infra.gateway.server import ServeOptions, bind, serve
+from ldpipe.infra.gateway.server import ServeOptions, bind, gateway_app, serve
 from ldpipe.infra.gateway.verifier import TokenVerifier
 from ldpipe.infra.gateway.wiring import gateway_state
 from ldpipe.infra.runtime.observability import Readiness
 from ldpipe.schemas.config import PipelineConfig, config_from_mapping
 from ldpipe.schemas.keys import KeyPair, PublicKey, write_public_key
+from ldpipe.schemas.ohttp import GatewayKey
 from ldpipe.schemas.outer import seal_outer
 from ldpipe.schemas.tokens import (
     IssuerKeyPair,
@@ -189,9 +190,7 @@ def directory_app(issuer: Issuer) -> Starlette:
     async def directory(_request: Request) -> Response:
         return JSONResponse(issuer.directory())
 
-    return Starlette(
-        routes=[Route("/.well-known/private-token-issuer-directory", directory)]
-    )
+    return Starlette(routes=[Route("/.well-known/private-token-issuer-directory", directory)])
 
 
 @dataclass
@@ -211,15 +210,17 @@ def run_gateway(
     registry: CollectorRegistry | None = None,
     options: ServeOptions | None = None,
     port: int = 0,
+    ohttp_keys: Sequence[GatewayKey] = (),
 ) -> Iterator[RunningGateway]:
     """A gateway on uvicorn on a loopback port (``port``, default a free one), in a thread with
-    its own loop."""
+    its own loop; with ``ohttp_keys``, behind Oblivious HTTP as ``ldpipe gateway`` serves it."""
+    registry = registry or CollectorRegistry()
     state = gateway_state(
         config,
         list(config.declared),
         producer=producer,
         parse_header=parse_report_header,
-        registry=registry or CollectorRegistry(),
+        registry=registry,
         readiness=Readiness(),
         verifier=verifier,
     )
@@ -240,6 +241,7 @@ def run_gateway(
                     refresh_directory=refresh,
                     stop=stop,
                     on_serving=serving.set,
+                    app=gateway_app(state, ohttp_keys, registry),
                 )
             )
         except BaseException as exc:  # surfaced by the test

@@ -147,7 +147,7 @@ EXPECTED = (
     Expect(
         "ldpipe init my-deployment      #",
         (
-            r"wrote 17 files into my-deployment/",
+            r"wrote 19 files into my-deployment/",
             r"produced 20,000 reports \(0 failed\)",
             r"(?m)^emoji: 20,000 reports in \d+ window\(s\)",
             r"(?m)^broker stopped$",
@@ -386,11 +386,12 @@ class Deployment:
             time.sleep(0.5)
 
     def _start(self) -> None:
-        broker, shuffler, aggregator, prometheus = free_ports(4)
+        broker, shuffler, aggregator, prometheus, issuer, gateway = free_ports(6)
         self.home = self.base
         self._run(
             f"ldpipe init my-deployment --broker-port {broker} --metrics-ports "
-            f"{shuffler},{aggregator} --prometheus-port {prometheus}"
+            f"{shuffler},{aggregator} --prometheus-port {prometheus} --issuer-port {issuer} "
+            f"--gateway-port {gateway}"
         )
         self.home = self.base / "my-deployment"
         bootstrap = f"127.0.0.1:{broker}"

@@ -302,10 +302,11 @@ def deployment(installed: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     new directory: the broker, the services and Prometheus (when installed) in the
     background, then produce, ``store list`` again until it lists a window, and the query."""
     work = tmp_path_factory.mktemp("first-answer")
-    ports = [_free_port() for _ in range(4)]
+    ports = [_free_port() for _ in range(6)]
     init = subprocess.run(
         [installed / "ldpipe", "init", "deployment", "--broker-port", str(ports[0]),
-         "--metrics-ports", f"{ports[1]},{ports[2]}", "--prometheus-port", str(ports[3])],
+         "--metrics-ports", f"{ports[1]},{ports[2]}", "--prometheus-port", str(ports[3]),
+         "--issuer-port", str(ports[4]), "--gateway-port", str(ports[5])],
         cwd=work, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert init.returncode == 0, init.stderr
@@ -323,8 +324,9 @@ def deployment(installed: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
                     continue  # "if installed"; test_prometheus_scrapes_the_targets skips
                 deployment.prometheus = ports[3]
             _start(deployment, line)
-        store_list = commands[1]
-        assert len(commands) == 3 and "again until it lists a window" in store_list
+        # provision a device (the front door's issuer), produce, store list, query
+        (store_list,) = [line for line in commands if "again until it lists a window" in line]
+        assert len(commands) == 4 and "credentials add" in commands[0]
         for line in commands:
             again = line == store_list
             deadline = time.monotonic() + 180

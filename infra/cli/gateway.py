@@ -13,7 +13,7 @@ from ldpipe.infra.cli.progress import ProgressLines
 from ldpipe.infra.gateway.headers import parse_report_header
 from ldpipe.infra.gateway.issuer_keys import DirectoryVerifier
 from ldpipe.infra.gateway.producer import AsyncProducer
-from ldpipe.infra.gateway.server import ServeOptions, bind, check_tls, serve
+from ldpipe.infra.gateway.server import ServeOptions, bind, check_tls, gateway_app, serve
 from ldpipe.infra.gateway.wiring import (
     gateway_config,
     gateway_state,
@@ -24,7 +24,13 @@ from ldpipe.infra.gateway.wiring import (
 from ldpipe.infra.runtime.crash import crash_point_from_env
 from ldpipe.infra.runtime.kafka import TopicSpec, ensure_topics
 from ldpipe.infra.runtime.observability import Readiness, service_registry
+from ldpipe.infra.runtime.ohttp_asgi import (
+    DEFAULT_KEYS_PATH,
+    DEFAULT_REQUEST_PATH,
+    load_gateway_keys,
+)
 from ldpipe.schemas.config import load_config
+from ldpipe.schemas.errors import KeyFileError
 
 __all__ = ["add_parser", "run"]
 
@@ -50,6 +56,11 @@ def run(args: argparse.Namespace) -> int:
     if gateway.tls_certificate is not None and gateway.tls_private_key is not None:
         check_tls(gateway.tls_certificate, gateway.tls_private_key)
         tls = True
+    # the OHTTP keys load before anything binds or connects: a bad key file is one line
+    try:
+        ohttp_keys = load_gateway_keys(*gateway.ohttp_keys) if gateway.ohttp_keys else ()
+    except KeyFileError as exc:
+        raise KeyFileError(f"gateway.ohttp_keys: {exc}") from None
     addr = args.addr or gateway.addr
     sock = bind(addr, gateway.port if args.port is None else args.port)
     kafka = kafka_settings(config, args)
@@ -84,10 +95,16 @@ def run(args: argparse.Namespace) -> int:
     scheme = "https" if tls else "http"
     bound = sock.getsockname()[1]
     served = ", ".join(uc.name for uc in use_cases)
+    oblivious = ""
+    if ohttp_keys:
+        ids = ", ".join(str(key.key_id) for key in ohttp_keys)
+        oblivious = (
+            f"; Oblivious HTTP on {DEFAULT_REQUEST_PATH} (keys {ids} at {DEFAULT_KEYS_PATH})"
+        )
     announce(
         args,
-        f"{served} on {scheme}://{host}:{bound}/v1/use-cases/NAME/(config|reports), reports "
-        f"to {', '.join(uc.topics.reports for uc in use_cases)}; tokens of "
+        f"{served} on {scheme}://{host}:{bound}/v1/use-cases/NAME/(config|reports)"
+        f"{oblivious}, reports to {', '.join(uc.topics.reports for uc in use_cases)}; tokens of "
         f"{gateway.issuer_name!r} from {gateway.issuer_directory_url}; health on /healthz and "
         f"/readyz",
     )
@@ -101,6 +118,7 @@ def run(args: argparse.Namespace) -> int:
                 kafka_reachable=producer.reachable,
                 refresh_directory=refresh,
                 refresh_documents=refresh_documents,
+                app=gateway_app(state, ohttp_keys, registry),
             )
         )
     finally:

@@ -6,8 +6,11 @@ of words nobody listed, through the aux server) — every key they name, with di
 sample ``words.txt`` (``word,count`` lines) for ``ldpipe produce``, and a ``.gitignore`` that keeps
 the keys and the data out of version control, ``pipeline.schema.json``, which the first line
 of ``pipeline.toml`` names for editors (``schemas/config_schema.py``), and ``prometheus.yml`` with
-the package's ``alerts.yml``. Keys live beside the configuration, never in the package. Nothing
-existing is overwritten.
+the package's ``alerts.yml``. It writes the front door too: an ``[issuer]`` table (the Privacy
+Pass issuer, which makes its own blind-RSA keys in ``issuer-keys/`` and keeps device credentials
+and token counts in ``issuer.sqlite3``), a ``[gateway]`` table, and the gateway's Oblivious HTTP
+key (role ``ohttp``, ``ohttp-keys/``). Keys live beside the configuration, never in the
+package. Nothing existing is overwritten.
 
 Then it prints the steps (:func:`steps`) that take the emoji use case to a first answer when run
 as printed: without the services' ``--metrics-port`` Prometheus scraped nothing, and without a
@@ -28,7 +31,7 @@ from ldpipe.schemas.config_schema import schema_text
 from ldpipe.schemas.discovery.tags import TagKey
 from ldpipe.schemas.keys import KeyPair, save_key_pair
 
-__all__ = ["STARTER_KEYS", "Ports", "add_parser", "init", "run", "steps"]
+__all__ = ["ISSUER_KEYS", "STARTER_KEYS", "Ports", "add_parser", "init", "run", "steps"]
 
 # (directory, name, key id, role): analyzer ids and shuffler ids never collide, so one key
 # directory may hold them all and "two different private keys have key id N" cannot happen
@@ -38,7 +41,10 @@ STARTER_KEYS = (
     ("shuffler-keys", "emoji-shuffler", 11, "shuffler"),
     ("shuffler-keys", "words-shuffler", 13, "shuffler"),
     ("aux-keys", "words-aux", 21, "analyzer"),
+    ("ohttp-keys", "gateway-ohttp", 41, "ohttp"),  # one-byte key id: RFC 9458 §3
 )
+#: the issuer's own key directory (blind-RSA keys per use case and period, made by the issuer)
+ISSUER_KEYS = "issuer-keys"
 _TAG_KEY = ("keys/tag", "words", 31)
 
 PIPELINE = """\
@@ -105,6 +111,20 @@ aux_public_key = "aux-keys/words-aux-21.public.json"       # devices seal the ou
 aux_private_keys = ["aux-keys/words-aux-21.private.json"]  # the aux server only
 max_bytes = 32
 lowercase = true
+
+# The front door (ldpipe docs gateway, ldpipe docs issuer): devices get anonymous tokens from
+# the issuer, at most contribution_limit per use case and period each, and upload their reports
+# to the gateway, directly or through an Oblivious HTTP relay (ldpipe docs ohttp).
+[issuer]
+name = "ldpipe-issuer"          # the tokens' issuer_name: devices, issuer and gateway agree
+port = {issuer_port}
+key_directory = "{issuer_keys}"   # one blind-RSA key per use case and period, made by the issuer
+database = "issuer.sqlite3"     # device credentials (hashes only) and token counts
+
+[gateway]
+origin_name = "ldpipe-gateway"  # the tokens' origin_info; issuer name and directory: [issuer]'s
+port = {gateway_port}
+ohttp_keys = ["ohttp-keys"]     # Oblivious HTTP: GET /ohttp-keys and POST /ohttp for a relay
 """
 
 GITIGNORE = """\
@@ -112,6 +132,9 @@ GITIGNORE = """\
 keys/
 shuffler-keys/
 aux-keys/
+ohttp-keys/
+issuer-keys/
+issuer.sqlite3*
 snapshots/
 store/
 prometheus-data/
@@ -143,27 +166,40 @@ scrape_configs:
 class Ports:
     """The ports the starter deployment uses on 127.0.0.1: the development broker's (written
     into ``pipeline.toml``), the shuffler's and the aggregator's metrics (written into
-    ``prometheus.yml`` and the steps) and Prometheus's own web port (the steps)."""
+    ``prometheus.yml`` and the steps), Prometheus's own web port (the steps), and the issuer's
+    and the gateway's (``[issuer] port``, ``[gateway] port``)."""
 
     broker: int = 9092
     shuffler: int = 9101
     aggregator: int = 9102
     prometheus: int = 9090
+    issuer: int = 8790
+    gateway: int = 8480
 
     def __post_init__(self) -> None:
-        values = (self.broker, self.shuffler, self.aggregator, self.prometheus)
+        values = (
+            self.broker,
+            self.shuffler,
+            self.aggregator,
+            self.prometheus,
+            self.issuer,
+            self.gateway,
+        )
         if not all(1 <= port <= 65535 for port in values) or len(set(values)) != len(values):
             raise ValueError(
-                f"ports {values} must be four different numbers from 1 to 65535; "
-                f"give --broker-port, --metrics-ports and --prometheus-port other values"
+                f"ports {values} must be six different numbers from 1 to 65535; give "
+                f"--broker-port, --metrics-ports, --prometheus-port, --issuer-port and "
+                f"--gateway-port other values"
             )
 
 
 def steps(ports: Ports) -> tuple[list[str], list[str], list[str]]:
     """What to run in the new directory, in order: the broker, the services that run until
-    Ctrl-C (Prometheus scrapes their ``--metrics-port``), and the commands that produce
-    reports, tell when a window is sealed and ask the first question. ``run`` prints them and
-    ``pipeline.toml``'s comments hold them; ``tests/test_wheel.py`` runs them as printed."""
+    Ctrl-C (Prometheus scrapes the shuffler's and the aggregator's ``--metrics-port``; the
+    issuer and the gateway are the front door devices talk to), and the commands that provision
+    a device's credential, produce reports, tell when a window is sealed and ask the first
+    question. ``run`` prints them and ``pipeline.toml``'s comments hold them;
+    ``tests/test_wheel.py`` runs them as printed."""
     config = "--config pipeline.toml --use-case emoji"
     broker = ["ldpipe broker --config pipeline.toml"]
     services = [
@@ -171,8 +207,12 @@ def steps(ports: Ports) -> tuple[list[str], list[str], list[str]]:
         f"ldpipe aggregator {config} --metrics-port {ports.aggregator}",
         "prometheus --config.file=prometheus.yml --storage.tsdb.path=prometheus-data "
         f"--web.listen-address=127.0.0.1:{ports.prometheus}    # if installed",
+        f"ldpipe issuer --config pipeline.toml    # tokens on http://127.0.0.1:{ports.issuer}",
+        f"ldpipe gateway {config}    # devices upload to http://127.0.0.1:{ports.gateway}",
     ]
     commands = [
+        "ldpipe issuer credentials add --config pipeline.toml --device phone-1    # prints the "
+        "device's secret, once",
         f"ldpipe produce {config} --dataset dictionary:a=1.1 --n 20000",
         f"ldpipe store list {config}    # again until it lists a window (sealed 5 s after "
         "the last report: idle_seconds)",
@@ -186,12 +226,13 @@ def add_parser(sub: Any) -> None:
         "init",
         help="write a starter configuration, its keys and a sample word list into a directory",
         description=(
-            "Write DIR/pipeline.toml (an emoji frequency use case and a words discovery use "
-            "case), the key pairs and the tag key it names (distinct key ids, private files "
-            "mode 0600), a sample DIR/words.txt, a DIR/prometheus.yml and its alerts.yml, and "
+            "Write DIR/pipeline.toml (an emoji frequency use case, a words discovery use "
+            "case, and the front door: [issuer] and [gateway]), the key pairs and the tag key "
+            "it names (distinct key ids, private files mode 0600; the gateway's OHTTP key "
+            "among them), a sample DIR/words.txt, a DIR/prometheus.yml and its alerts.yml, and "
             "a DIR/.gitignore for the keys and data; then print the steps that run the emoji "
-            "use case to a first answer. DIR is created if needed; nothing in it is "
-            "overwritten."
+            "use case to a first answer and start the token issuer and the gateway. DIR is "
+            "created if needed; nothing in it is overwritten."
         ),
     )
     p.add_argument("directory", metavar="DIR", help="where to write (created if missing)")
@@ -214,6 +255,20 @@ def add_parser(sub: Any) -> None:
         default=Ports.prometheus,
         metavar="PORT",
         help="Prometheus's web port in the steps",
+    )
+    p.add_argument(
+        "--issuer-port",
+        type=int,
+        default=Ports.issuer,
+        metavar="PORT",
+        help="the token issuer's port on 127.0.0.1, written into pipeline.toml ([issuer] port)",
+    )
+    p.add_argument(
+        "--gateway-port",
+        type=int,
+        default=Ports.gateway,
+        metavar="PORT",
+        help="the gateway's port on 127.0.0.1, written into pipeline.toml ([gateway] port)",
     )
     p.set_defaults(run=run)
 
@@ -244,12 +299,20 @@ def init(directory: str | Path, ports: Ports = Ports()) -> list[Path]:
     tag_path = root / tag_dir
     tag_path.mkdir(mode=0o700, parents=True, exist_ok=True)
     written.append(save_tag_key(TagKey.generate(tag_id), tag_path / planned[-1].name))
+    # the issuer makes its keys on first start; the directory exists now, private (0700)
+    (root / ISSUER_KEYS).mkdir(mode=0o700, exist_ok=True)
     package = resources.files("ldpipe.infra")
     words = package.joinpath("words.txt").read_text(encoding="utf-8")
     alerts = package.joinpath("monitoring", "alerts.yml").read_text(encoding="utf-8")
     broker, services, commands = steps(ports)
     commented = "\n".join(f"#   {line}" for line in (*broker, *services, *commands))
-    pipeline = PIPELINE.format(steps=commented, broker_port=ports.broker)
+    pipeline = PIPELINE.format(
+        steps=commented,
+        broker_port=ports.broker,
+        issuer_port=ports.issuer,
+        gateway_port=ports.gateway,
+        issuer_keys=ISSUER_KEYS,
+    )
     prometheus = PROMETHEUS.format(shuffler_port=ports.shuffler, aggregator_port=ports.aggregator)
     texts = (pipeline, words, GITIGNORE, schema_text(), prometheus, alerts)
     for path, text in zip(planned[:6], texts, strict=True):
@@ -266,7 +329,14 @@ def _ports(args: argparse.Namespace) -> Ports:
             f"--metrics-ports {args.metrics_ports!r} is not two ports: give SHUFFLER,AGGREGATOR, "
             f"e.g. --metrics-ports {Ports.shuffler},{Ports.aggregator}"
         )
-    return Ports(args.broker_port, int(shuffler), int(aggregator), args.prometheus_port)
+    return Ports(
+        args.broker_port,
+        int(shuffler),
+        int(aggregator),
+        args.prometheus_port,
+        args.issuer_port,
+        args.gateway_port,
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -289,4 +359,12 @@ def run(args: argparse.Namespace) -> int:
     print("\n".join(f"  {line}" for line in services))
     print("then, in one more terminal:")
     print("\n".join(f"  {line}" for line in commands))
+    print(
+        f"\nThe issuer (http://127.0.0.1:{ports.issuer}) and the gateway "
+        f"(http://127.0.0.1:{ports.gateway}) are the front door: a device\n"
+        "provisioned as above asks the issuer for tokens with its secret (Authorization: Bearer\n"
+        "SECRET) and uploads each report with a token to the gateway, directly or through an\n"
+        "Oblivious HTTP relay (`ldpipe docs gateway`, `ldpipe docs issuer`, `ldpipe docs ohttp`);\n"
+        "`ldpipe produce` above publishes simulated devices straight to Kafka."
+    )
     return 0

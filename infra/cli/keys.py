@@ -2,7 +2,8 @@
 
 ``ldpipe keys generate --out DIR [--key-id N] [--name NAME] [--role ROLE]`` writes
 ``DIR/NAME-KEYID.private.json`` (mode 0600, for the aggregators' key directory, or with
-``--role shuffler`` the shuffler's) and ``DIR/NAME-KEYID.public.json`` (for devices), and prints
+``--role shuffler`` the shuffler's, ``--role ohttp`` the gateway's Oblivious HTTP key) and
+``DIR/NAME-KEYID.public.json`` (for devices), and prints
 the key id and both paths (``schemas/envelope.md``).
 
 ``ldpipe keys tag --out DIR [--key-id N] [--name NAME]`` writes ``DIR/NAME-KEYID.tag.json``
@@ -82,7 +83,8 @@ def add_parser(sub: Any) -> None:
         default="analyzer",
         help=(
             "analyzer: aggregators and discovery servers open reports with it (default); "
-            "shuffler: only the shuffler, for the outer layer of nested envelopes"
+            "shuffler: only the shuffler, for the outer layer of nested envelopes; "
+            "ohttp: only the gateway, for Oblivious HTTP (key id 0-255)"
         ),
     )
     tag.add_argument(
@@ -102,7 +104,9 @@ def run(args: argparse.Namespace) -> int:
 def _generate(args: argparse.Namespace) -> int:
     pair = KeyPair.generate(key_id=args.key_id, name=args.name, role=args.role)
     private, public = save_key_pair(pair, args.out)
-    holder = "the shuffler only" if args.role == "shuffler" else "aggregators only"
+    holder = {"shuffler": "the shuffler only", "ohttp": "the gateway only"}.get(
+        args.role, "aggregators only"
+    )
     print(f"key id       {pair.key_id}")
     print(f"role         {args.role}")
     print(f"private key  {private}  (mode 0600: {holder})")

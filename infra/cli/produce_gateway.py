@@ -7,7 +7,9 @@ attested identities: K bearer credentials provisioned in the issuer's credential
 (``[issuer] database``) for this run and revoked at its end; device ``d`` of the (seeded,
 shuffled) population uses identity ``d mod K``. Each identity gets at most the use case's
 ``contribution_limit`` tokens per period, so at most ``K × contribution_limit`` reports are
-accepted: the rest are *held* (a flood test is ``--identities 1``).
+accepted: the rest are *held* (a flood test is ``--identities 1``). The simulated devices keep
+no on-device budget (``docs/device-python.md``, "The budget"): each sends one report, and a
+budget per shared identity would hold back all but one report of each.
 """
 
 from __future__ import annotations

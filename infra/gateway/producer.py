@@ -1,14 +1,16 @@
 """One confluent-kafka producer shared by the gateway's async handlers.
 
-A poll thread serves delivery reports; each produced record's delivery resolves an asyncio
-future on the event loop (``loop.call_soon_threadsafe``), so a handler awaits Kafka's
-acknowledgement of every accepted report before it answers 200. Records carry a key and a value
+A poll thread serves delivery reports and counts them per upload; when the last record of an
+upload is acknowledged it resolves that upload's asyncio future on the event loop, one
+``loop.call_soon_threadsafe`` per upload, so a handler awaits Kafka's acknowledgement of every
+accepted report before it answers 200. Records carry a key and a value
 and nothing else: no headers (the gateway never writes anything about the client).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -19,12 +21,12 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from ldpipe.infra.runtime.kafka import KafkaSettings, PipelineKafkaError
 
-__all__ = ["AsyncProducer", "ProduceError"]
+__all__ = ["PRODUCER_SETTINGS", "AsyncProducer", "ProduceError"]
 
 log = logging.getLogger(__name__)
 
 #: acks=all and idempotence: an acknowledged report is on every in-sync replica, once
-_PRODUCER: dict[str, Any] = {
+PRODUCER_SETTINGS: dict[str, Any] = {
     "enable.idempotence": True,
     "acks": "all",
     "linger.ms": 2,
@@ -49,7 +51,9 @@ class AsyncProducer:
         self.last_error = ""
         self._logged: dict[int, float] = {}
         self._producer = Producer(
-            settings.producer_config({**_PRODUCER, **(overrides or {})}, error_cb=self._on_error)
+            settings.producer_config(
+                {**PRODUCER_SETTINGS, **(overrides or {})}, error_cb=self._on_error
+            )
         )
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, name="ldpipe-gateway-kafka", daemon=True)
@@ -69,33 +73,25 @@ class AsyncProducer:
             self._producer.poll(0.1)
 
     async def produce_all(self, topic: str, records: Sequence[tuple[bytes, bytes]]) -> None:
-        """Produce ``(key, value)`` records and wait until Kafka acknowledged every one."""
+        """Produce ``(key, value)`` records and wait until Kafka acknowledged every one.
+
+        The poll thread counts the batch's delivery reports and wakes the event loop once, when
+        the last one arrived (a wake-up per record cost more than verifying its token)."""
         if not records:
             return
         loop = asyncio.get_running_loop()
-        futures: list[asyncio.Future[None]] = []
-
-        def deliver(future: asyncio.Future[None]) -> Any:
-            def on_delivery(err: KafkaError | None, _msg: Message) -> None:
-                loop.call_soon_threadsafe(_settle, future, err)
-
-            return on_delivery
-
+        batch = _Batch(loop, len(records))
         try:
             for key, value in records:
-                future: asyncio.Future[None] = loop.create_future()
-                futures.append(future)
-                self._producer.produce(topic, value=value, key=key, on_delivery=deliver(future))
+                self._producer.produce(topic, value=value, key=key, on_delivery=batch.delivered)
         except (KafkaException, BufferError) as exc:
-            for future in futures:
-                future.cancel()
+            batch.abandon()
             raise ProduceError(f"producing to {topic}: {exc}") from None
-        results = await asyncio.gather(*futures, return_exceptions=True)
-        failed = [r for r in results if isinstance(r, BaseException)]
-        if failed:
+        await batch.future
+        if batch.failed:
             raise ProduceError(
-                f"Kafka did not acknowledge {len(failed)} of {len(records)} records on {topic}: "
-                f"{failed[0]}"
+                f"Kafka did not acknowledge {batch.failed} of {len(records)} records on {topic}: "
+                f"{batch.first_error}"
             )
 
     def reachable(self, timeout: float = 2.0) -> bool:
@@ -113,10 +109,35 @@ class AsyncProducer:
         self._thread.join(timeout=2)
 
 
-def _settle(future: asyncio.Future[None], err: KafkaError | None) -> None:
-    if future.done():
-        return
-    if err is None:
-        future.set_result(None)
-    else:
-        future.set_exception(ProduceError(f"{err.name()}: {err.str()}", error=err))
+class _Batch:
+    """The delivery reports of one ``produce_all``: counted in the poll thread, settled on the
+    loop once all arrived."""
+
+    __slots__ = ("failed", "first_error", "future", "loop", "pending")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, records: int) -> None:
+        self.loop = loop
+        self.future: asyncio.Future[None] = loop.create_future()
+        self.pending = records
+        self.failed = 0
+        self.first_error = ""
+
+    def delivered(self, err: KafkaError | None, _msg: Message) -> None:
+        """librdkafka's delivery report (poll thread)."""
+        if err is not None:
+            self.failed += 1
+            if not self.first_error:
+                self.first_error = f"{err.name()}: {err.str()}"
+        self.pending -= 1
+        if self.pending == 0:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+                self.loop.call_soon_threadsafe(self._settle)
+
+    def abandon(self) -> None:
+        """Produce failed part-way: the handler raises now; later reports are ignored."""
+        self.pending = -1
+        self.future.cancel()
+
+    def _settle(self) -> None:
+        if not self.future.done():
+            self.future.set_result(None)

@@ -1,63 +1,58 @@
 """Serving the gateway: uvicorn on a socket we bind, readiness and directory timers.
 
-uvicorn is configured for privacy at the edge: no access log, proxy headers ignored (no
-``X-Forwarded-For``/``Forwarded`` ever becomes the client), no ``Server`` header. A connection
-that sends nothing is closed after ``idle_seconds`` (uvicorn times out only connections that
-finished a request; ``_IdleClosing`` starts the same timer when a connection opens), so idle
-connections cost a socket for seconds, not forever.
+uvicorn is set up by ``ldpipe.infra.runtime.asgi_server`` as for every ldpipe HTTP service: no
+access log, proxy headers ignored (no ``X-Forwarded-For``/``Forwarded`` ever becomes the
+client), no ``Server`` header, a connection that sends nothing closed after ``idle_seconds``,
+exit 0 after a graceful stop on SIGINT/SIGTERM. With OHTTP keys (``[gateway] ohttp_keys``) the
+application is wrapped in ``OHTTPGateway`` (RFC 9458, ``docs/ohttp.md``): ``GET /ohttp-keys``
+and ``POST /ohttp`` beside the direct endpoints, so a relay can forward devices' requests.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import signal
 import socket
 import ssl
 import threading
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import uvicorn
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from prometheus_client import CollectorRegistry
+from starlette.types import ASGIApp
 
 from ldpipe.infra.gateway.app import GatewayState, build_app
+from ldpipe.infra.runtime.asgi_server import serve_asgi, uvicorn_server
+from ldpipe.infra.runtime.ohttp_asgi import OHTTPGateway
+from ldpipe.infra.runtime.ohttp_metrics import OHTTPMetrics
+from ldpipe.schemas.ohttp import GatewayKey
 
-__all__ = ["ServeOptions", "bind", "check_tls", "serve"]
+__all__ = ["OHTTP_OVERHEAD_BYTES", "ServeOptions", "bind", "check_tls", "gateway_app", "serve"]
 
 log = logging.getLogger(__name__)
 
-
-class _IdleClosing(H11Protocol):
-    """uvicorn's h11 protocol, closing a new connection that sends nothing for
-    ``timeout_keep_alive`` seconds (the keep-alive timer, started at connect)."""
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
-        self.timeout_keep_alive_task = self.loop.call_later(
-            self.timeout_keep_alive, self.timeout_keep_alive_handler
-        )
+#: an encapsulated upload is its batch plus the Binary HTTP framing (method, path, headers)
+#: and the OHTTP header, encapsulated secret and AEAD tag: this much room beyond max_body_bytes
+OHTTP_OVERHEAD_BYTES = 4096
 
 
-class _Server(uvicorn.Server):
-    """uvicorn's server, stopping gracefully on SIGINT/SIGTERM and then returning: uvicorn
-    raises the signal again once it has stopped (the process would die of it, exit -15); an
-    ldpipe service exits 0 after a clean stop, as ``docs/cli.md`` ("Signals") says."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Generator[None, None, None]:
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-        signals = (signal.SIGINT, signal.SIGTERM)
-        original = {sig: signal.signal(sig, self.handle_exit) for sig in signals}
-        try:
-            yield
-        finally:
-            for sig, handler in original.items():
-                signal.signal(sig, handler)
+def gateway_app(
+    state: GatewayState,
+    ohttp_keys: Sequence[GatewayKey] = (),
+    registry: CollectorRegistry | None = None,
+) -> ASGIApp:
+    """The gateway's ASGI application; with ``ohttp_keys``, behind ``OHTTPGateway`` (its
+    metrics, ``ldpipe_ohttp_*``, on ``registry`` beside the gateway's)."""
+    app = build_app(state)
+    if not ohttp_keys:
+        return app
+    return OHTTPGateway(
+        app,
+        ohttp_keys,
+        max_request_bytes=state.config.max_body_bytes + OHTTP_OVERHEAD_BYTES,
+        metrics=OHTTPMetrics.create(registry),
+    )
 
 
 @dataclass(frozen=True)
@@ -75,7 +70,9 @@ def bind(addr: str, port: int) -> socket.socket:
     or not allowed is one line (``ValueError``)."""
     try:
         family = socket.getaddrinfo(addr or None, port, type=socket.SOCK_STREAM)[0][0]
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on connections accepted from a
+        # socket that says it is TCP (``_set_nodelay`` checks ``sock.proto``)
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((addr, port))
         sock.listen(2048)
@@ -145,41 +142,22 @@ async def serve(
     refresh_documents: Callable[[], Awaitable[object]] | None = None,
     stop: threading.Event | None = None,
     on_serving: Callable[[], None] | None = None,
+    app: ASGIApp | None = None,
 ) -> None:
-    """Serve ``state``'s app on ``sock`` until SIGINT/SIGTERM (main thread) or ``stop``."""
-    tls = options.tls_certificate is not None and options.tls_private_key is not None
-    config = uvicorn.Config(
-        build_app(state),
-        access_log=False,  # never a line per request: it would carry the client's address
-        proxy_headers=False,  # forwarding headers are ignored, never read as the client
-        forwarded_allow_ips="",
-        server_header=False,
-        log_config=None,  # the process's logging, as for every ldpipe service
-        lifespan="off",
-        http=_IdleClosing,
-        timeout_keep_alive=int(max(1, options.idle_seconds)),
-        ssl_certfile=str(options.tls_certificate) if tls else None,
-        ssl_keyfile=str(options.tls_private_key) if tls else None,
+    """Serve ``app`` (default: ``build_app(state)``; ``gateway_app`` adds OHTTP) on ``sock``
+    until SIGINT/SIGTERM (main thread) or ``stop``."""
+    server = uvicorn_server(
+        build_app(state) if app is None else app,
+        idle_seconds=options.idle_seconds,
+        tls_certificate=options.tls_certificate,
+        tls_private_key=options.tls_private_key,
     )
-    server = _Server(config)
     monitor = asyncio.create_task(
         _monitor(state, kafka_reachable, refresh_directory, refresh_documents, options)
     )
 
-    async def watch() -> None:
-        while not server.started:
-            await asyncio.sleep(0.02)
-        if on_serving is not None:
-            on_serving()
-        while stop is not None and not stop.is_set():
-            await asyncio.sleep(0.1)
-        if stop is not None:
-            server.should_exit = True
-
-    watcher = asyncio.create_task(watch())
     try:
-        await server.serve(sockets=[sock])
+        await serve_asgi(server, sock, on_serving=on_serving, stop=stop)
     finally:
-        for task in (monitor, watcher):
-            task.cancel()
-        await asyncio.gather(monitor, watcher, return_exceptions=True)
+        monitor.cancel()
+        await asyncio.gather(monitor, return_exceptions=True)

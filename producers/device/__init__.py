@@ -13,9 +13,17 @@ client and no server code (the ``device-http`` contract in ``pyproject.toml``).
 
 from __future__ import annotations
 
+from ldpipe.producers.device.budget import BudgetLedger
 from ldpipe.producers.device.config import DeviceConfiguration
 from ldpipe.producers.device.device import GatewayDevice, SendResult
 from ldpipe.producers.device.errors import DeviceError
 from ldpipe.producers.device.retry import RetryPolicy
 
-__all__ = ["DeviceConfiguration", "DeviceError", "GatewayDevice", "RetryPolicy", "SendResult"]
+__all__ = [
+    "BudgetLedger",
+    "DeviceConfiguration",
+    "DeviceError",
+    "GatewayDevice",
+    "RetryPolicy",
+    "SendResult",
+]

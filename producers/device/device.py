@@ -21,6 +21,12 @@ spends one Privacy Pass token on each report, and uploads them in batches
 
 Items beyond the tokens the issuer still gives this period are ``held``: not randomized, not
 sent, returned to the caller in ``SendResult.held_items``.
+
+With a ``BudgetLedger`` (``budget=``), the device's own budget comes first (``budget.py``,
+``docs/privacy.md`` "On the device"): the items held in the ledger from earlier periods, then
+the new ones, up to the reports the period's budget still allows; the rest are held in the
+ledger (``budget_held``) or dropped (``budget_dropped``). The ledger is spent before anything
+leaves, and refunded for items the issuer gave no token for (never randomized).
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from types import TracebackType
 import httpx
 import numpy as np
 
+from ldpipe.producers.device.budget import BudgetLedger
 from ldpipe.producers.device.config import DeviceConfiguration
 from ldpipe.producers.device.errors import DeviceError
 from ldpipe.producers.device.retry import RetryPolicy, problem_reason, request_with_retries
@@ -62,7 +69,10 @@ class SendResult:
     reports refused, by reason (the gateway's per-report reasons, or ``body_too_large`` for
     one report over the gateway's body limit); ``held``: items not sent because this device has
     no token left this period (``held_items``, in order); ``undelivered``: reports whose batch
-    got no answer after every retry.
+    got no answer after every retry. With a budget ledger: ``budget_held``, items over the
+    period's budget now waiting in the ledger for a later period (with those held before);
+    ``budget_dropped``, items over the budget dropped (``over_budget="drop"``, or beyond the
+    ledger's ``max_held``).
     """
 
     accepted: int = 0
@@ -70,6 +80,8 @@ class SendResult:
     held: int = 0
     undelivered: int = 0
     held_items: tuple[str | bytes, ...] = field(default=(), repr=False)
+    budget_held: int = 0
+    budget_dropped: int = 0
 
     @property
     def sent(self) -> int:
@@ -101,7 +113,8 @@ class GatewayDevice:
     """A device of one use case: its configuration from ``gateway_url``, its tokens from the
     issuer (``issuer_url``, default: the directory the configuration names) with its bearer
     ``credential``. ``http`` is an ``httpx.Client`` to use (default: one of its own, closed
-    by ``close``)."""
+    by ``close``); ``budget`` the device's ``BudgetLedger`` (default: none, the issuer's quota
+    is the only limit)."""
 
     def __init__(
         self,
@@ -113,6 +126,7 @@ class GatewayDevice:
         *,
         retry: RetryPolicy | None = None,
         clock: Callable[[], float] = time.time,
+        budget: BudgetLedger | None = None,
     ) -> None:
         self.gateway_url = gateway_url.rstrip("/")
         self.use_case = use_case
@@ -121,6 +135,7 @@ class GatewayDevice:
         self.http = http if http is not None else httpx.Client(timeout=30.0)
         self.retry = retry or RetryPolicy()
         self.clock = clock
+        self.budget = budget
         self._credential = credential
         self._config: DeviceConfiguration | None = None
         self._fetched_at = 0.0
@@ -196,12 +211,23 @@ class GatewayDevice:
         """Randomize, seal and upload one report per item (one token each); ``rng`` is for
         tests only (a device's noise must come from the OS CSPRNG, the default)."""
         items = list(items)
-        if not items:
+        if not items and self.budget is None:
             return SendResult()
         config = self.configuration()
+        budget_held = budget_dropped = 0
+        if self.budget is not None:
+            items, budget_held, budget_dropped = self._within_budget(config, items)
+            if not items:
+                return SendResult(budget_held=budget_held, budget_dropped=budget_dropped)
         wallet = self.wallet()
         period = config.period(self.clock())
-        tokens = wallet.take(len(items), period, config.issuer_name, config.origin_name)
+        try:
+            tokens = wallet.take(len(items), period, config.issuer_name, config.origin_name)
+        except DeviceError:
+            self._refund(config, len(items), items)  # nothing was randomized: hold them again
+            raise
+        if self.budget is not None and len(tokens) < len(items):
+            self._refund(config, len(items) - len(tokens))
         sending, held = items[: len(tokens)], items[len(tokens) :]
         pending = self._seal(config, sending, [b""] * len(sending), tokens, rng, reuse=False)
         tally = _Tally()
@@ -223,8 +249,48 @@ class GatewayDevice:
             )
             self._upload(new, resealed, tally, period)
         return SendResult(
-            tally.accepted, dict(tally.refused), len(held), tally.undelivered, tuple(held)
+            tally.accepted,
+            dict(tally.refused),
+            len(held),
+            tally.undelivered,
+            tuple(held),
+            budget_held,
+            budget_dropped,
         )
+
+    def _epsilon(self, config: DeviceConfiguration) -> float:
+        """ε₀ of one report: the configuration's, or the mechanism's effective ε if larger."""
+        effective = getattr(config.client.mechanism, "effective_epsilon", config.epsilon)
+        return max(float(config.epsilon), float(effective))
+
+    def _within_budget(
+        self, config: DeviceConfiguration, items: list[str | bytes]
+    ) -> tuple[list[str | bytes], int, int]:
+        """(items to send now, held in the ledger, dropped); the ledger is spent and saved."""
+        assert self.budget is not None
+        ledger, now, eps = self.budget, self.clock(), self._epsilon(config)
+        ledger.entry(self.use_case, now, config.period_seconds)  # roll the period over first
+        queue = ledger.take_held(self.use_case) + items
+        n = ledger.allowance(
+            self.use_case, now=now, epsilon=eps, period_seconds=config.period_seconds
+        )
+        sending, over = queue[:n], queue[n:]
+        held = ledger.hold(self.use_case, over) if ledger.over_budget == "hold" else 0
+        ledger.spend(
+            self.use_case, len(sending), now=now, epsilon=eps, period_seconds=config.period_seconds
+        )
+        return sending, held, len(over) - held
+
+    def _refund(
+        self, config: DeviceConfiguration, reports: int, items: Sequence[str | bytes] = ()
+    ) -> None:
+        """Give back the ε of ``reports`` never randomized; ``items`` go back to the front of
+        the ledger's held items (``over_budget="hold"``)."""
+        if self.budget is None:
+            return
+        if items and self.budget.over_budget == "hold":
+            self.budget.hold(self.use_case, items, first=True)
+        self.budget.refund(self.use_case, reports, epsilon=self._epsilon(config))
 
     def _seal(
         self,

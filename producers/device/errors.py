@@ -9,7 +9,7 @@ __all__ = ["DeviceError"]
 
 class DeviceError(LdpipeError, RuntimeError):
     """One line naming the problem and the fix; ``reason`` is a stable word for programs
-    (``config``, ``unauthorized``, ``unknown_use_case``, ``issuer``, ``gateway``)."""
+    (``config``, ``unauthorized``, ``unknown_use_case``, ``issuer``, ``gateway``, ``budget``)."""
 
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)

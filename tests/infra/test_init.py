@@ -1,4 +1,5 @@
-"""``ldpipe init``: a starter deployment that loads, with every key it names, and no overwrite."""
+"""``ldpipe init``: a starter deployment that loads, with every key it names (the front door's
+too: the issuer's key directory and the gateway's OHTTP key), and no overwrite."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import pytest
 import yaml
 
 from ldpipe.discovery.runtime import load_tag_key
-from ldpipe.infra.cli.init import STARTER_KEYS, Ports, init
+from ldpipe.infra.cli.init import ISSUER_KEYS, STARTER_KEYS, Ports, init
 from ldpipe.infra.cli.main import main
+from ldpipe.infra.runtime.ohttp_asgi import load_gateway_keys
 from ldpipe.schemas.config import load_config
 from ldpipe.schemas.keys import KeyRing, load_public_key
 
@@ -40,6 +42,7 @@ def test_init_writes_a_deployment_whose_keys_all_load(tmp_path: Path) -> None:
             assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
     ignored = (root / ".gitignore").read_text(encoding="utf-8").split()
     assert {"keys/", "shuffler-keys/", "aux-keys/"} <= set(ignored)
+    assert {"ohttp-keys/", f"{ISSUER_KEYS}/", "issuer.sqlite3*"} <= set(ignored)
     lines = (root / "words.txt").read_text(encoding="utf-8").splitlines()
     assert lines and all("," in line for line in lines if line and not line.startswith("#"))
 
@@ -47,7 +50,7 @@ def test_init_writes_a_deployment_whose_keys_all_load(tmp_path: Path) -> None:
 def test_init_never_overwrites(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     root = tmp_path / "deploy"
     assert main(["init", str(root)]) == 0
-    assert "wrote 17 files" in capsys.readouterr().out
+    assert "wrote 19 files" in capsys.readouterr().out
     before = {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
     assert main(["init", str(root)]) == 2
     err = capsys.readouterr().err
@@ -55,18 +58,54 @@ def test_init_never_overwrites(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert {p: p.read_bytes() for p in root.rglob("*") if p.is_file()} == before
 
 
+def test_init_writes_the_front_door(tmp_path: Path) -> None:
+    """[issuer] and [gateway]: the gateway's issuer name and directory are the issuer's, its
+    OHTTP key loads as the gateway loads it, and the issuer's key directory is private."""
+    root = tmp_path / "deploy"
+    init(root, Ports(issuer=19710, gateway=19711))
+    config = load_config(root / "pipeline.toml")
+    issuer, gateway = config.issuer, config.gateway
+    assert gateway is not None
+    assert (issuer.addr, issuer.port) == ("127.0.0.1", 19710)
+    assert (gateway.addr, gateway.port) == ("127.0.0.1", 19711)
+    assert gateway.issuer_name == issuer.name
+    assert gateway.issuer_directory_url == (
+        "http://127.0.0.1:19710/.well-known/private-token-issuer-directory"
+    )
+    assert issuer.key_directory == root / ISSUER_KEYS and issuer.key_directory.is_dir()
+    assert stat.S_IMODE(issuer.key_directory.stat().st_mode) == 0o700
+    assert issuer.database == root / "issuer.sqlite3" and not issuer.database.exists()
+    assert gateway.ohttp_keys == (root / "ohttp-keys",)
+    (key,) = load_gateway_keys(*gateway.ohttp_keys)
+    ids = {key_id for _, _, key_id, _ in STARTER_KEYS}
+    assert key.key_id == 41 and key.key_id in ids
+    # the gateway serves the use case the steps run, which has nested envelopes
+    assert config.use_case("emoji").shuffle.nested
+
+
 def test_the_steps_use_the_ports_the_files_name(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """pipeline.toml's broker, the --metrics-port of each started service and prometheus.yml's
     targets agree, for the default ports and for others given to init."""
-    for args, ports in (([], (9092, 9101, 9102, 9090)), (PORTS_ARGS, (19400, 19401, 19402, 19403))):
+    for args, ports in (
+        ([], (9092, 9101, 9102, 9090, 8790, 8480)),
+        (PORTS_ARGS, (19400, 19401, 19402, 19403, 19404, 19405)),
+    ):
         root = tmp_path / f"deploy-{ports[0]}"
         assert main(["init", str(root), *args]) == 0
         printed = capsys.readouterr().out
-        broker, shuffler, aggregator, prometheus = ports
+        broker, shuffler, aggregator, prometheus, issuer, gateway = ports
         config = load_config(root / "pipeline.toml")
         assert config.kafka.bootstrap_servers == f"127.0.0.1:{broker}"
+        assert config.issuer.port == issuer and config.gateway is not None
+        assert config.gateway.port == gateway
+        # the front door: how to start the issuer and the gateway, and provision a device
+        assert "  ldpipe issuer --config pipeline.toml    # tokens on " in printed
+        assert f"http://127.0.0.1:{issuer}\n" in printed
+        assert "  ldpipe gateway --config pipeline.toml --use-case emoji    #" in printed
+        assert f"http://127.0.0.1:{gateway}\n" in printed
+        assert "  ldpipe issuer credentials add --config pipeline.toml --device phone-1" in printed
         assert (
             f"ldpipe shuffler --config pipeline.toml --use-case emoji --metrics-port {shuffler}\n"
             in printed
@@ -97,6 +136,10 @@ PORTS_ARGS = [
     "19401,19402",
     "--prometheus-port",
     "19403",
+    "--issuer-port",
+    "19404",
+    "--gateway-port",
+    "19405",
 ]
 
 
@@ -107,6 +150,9 @@ PORTS_ARGS = [
         ["--metrics-ports", "9101,x"],
         ["--broker-port", "9101"],  # the shuffler's metrics port too
         ["--prometheus-port", "70000"],
+        ["--issuer-port", "8480"],  # the gateway's default port too
+        ["--gateway-port", "9092"],  # the broker's
+        ["--issuer-port", "0"],
     ],
 )
 def test_bad_ports_are_one_line_and_write_nothing(
@@ -129,3 +175,19 @@ def test_the_default_ports_are_those_of_the_package_prometheus_yml() -> None:
     }
     assert first["ldpipe-shuffler"] == f"127.0.0.1:{Ports.shuffler}"
     assert first["ldpipe-aggregator"] == f"127.0.0.1:{Ports.aggregator}"
+
+
+def test_a_bad_ohttp_key_stops_the_gateway_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The OHTTP keys load before the gateway binds or connects; a wrong file names the key."""
+    root = tmp_path / "deploy"
+    init(root)
+    config = root / "pipeline.toml"
+    text = config.read_text(encoding="utf-8")
+    public = 'ohttp_keys = ["ohttp-keys/gateway-ohttp-41.public.json"]'
+    config.write_text(text.replace('ohttp_keys = ["ohttp-keys"]', public), encoding="utf-8")
+    assert main(["gateway", "--config", str(config), "--use-case", "emoji"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ldpipe gateway: error: gateway.ohttp_keys: ") and err.count("\n") == 1
+    assert "pass the *.private.json file" in err

@@ -1,6 +1,6 @@
 """``ldpipe gateway`` as a user runs it: a subprocess on the embedded broker with a real issuer
-directory; it announces its address, takes a batch, prints progress lines and stops cleanly on
-SIGTERM."""
+directory and an OHTTP key; it announces its address, serves /ohttp-keys, takes a batch,
+prints progress lines and stops cleanly on SIGTERM."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from pathlib import Path
 import httpx
 
 from ldpipe.infra.runtime.kafka import KafkaSettings, read_to_end
-from ldpipe.schemas.keys import KeyPair, write_public_key
+from ldpipe.schemas.keys import KeyPair, save_key_pair, write_public_key
+from ldpipe.schemas.ohttp import parse_key_configs
 from ldpipe.schemas.upload import MEDIA_TYPE
 from tests.gateway_helpers import (
     ISSUER,
@@ -40,6 +41,7 @@ origin_name = "{origin}"
 issuer_name = "{issuer}"
 issuer_directory_url = "{directory}"
 port = 0
+ohttp_keys = ["ohttp"]
 
 [[use_case]]
 name = "emoji"
@@ -65,6 +67,9 @@ def test_the_command_serves_and_stops_on_sigterm(
     issuer.key("emoji", now_period())
     write_public_key(KeyPair.generate(key_id=1), tmp_path / "analyzer.public.json")
     write_public_key(SHUFFLER, tmp_path / "shuffler.public.json")
+    save_key_pair(
+        KeyPair.generate(key_id=3, name="gateway-ohttp", role="ohttp"), tmp_path / "ohttp"
+    )
     topic = f"gateway-cli-{group_id[-8:]}"
     with serve_app(directory_app(issuer)) as url:
         config = tmp_path / "pipeline.toml"
@@ -101,6 +106,11 @@ def test_the_command_serves_and_stops_on_sigterm(
             assert match, line
             base = f"http://127.0.0.1:{match.group(1)}"
             assert wait_for(lambda: httpx.get(f"{base}/readyz").status_code == 200, 30)
+            # [gateway] ohttp_keys: the OHTTP gateway is in front (docs/ohttp.md)
+            assert "Oblivious HTTP on /ohttp (keys 3 at /ohttp-keys)" in line, line
+            keys = httpx.get(f"{base}/ohttp-keys")
+            assert keys.status_code == 200, keys.text
+            assert [c.key_id for c in parse_key_configs(keys.content)] == [3]
             token = issuer.token("emoji", now_period())
             envelope = v3_envelope("emoji")
             response = httpx.post(

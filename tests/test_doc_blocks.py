@@ -27,9 +27,9 @@ the commands run against it, and each block still owns what it makes there (it s
 starts, and starts afresh where a rerun would be refused). The deployment takes free ports;
 ports the blocks name literally lie in 19500-19599 (checked), away from README's.
 
-README's Kafka blocks listen on fixed ports (their configurations' ``bootstrap_servers`` and
-the services block's metrics ports); the test fails at once, naming them, if one is taken, as
-it does for a guide's block whose literal ports are taken.
+README's Kafka blocks listen on fixed ports (their configurations' ``bootstrap_servers``, the
+services block's metrics ports, the front door's issuer and gateway); the test fails at once,
+naming them, if one is taken, as it does for a guide's block whose literal ports are taken.
 """
 
 from __future__ import annotations
@@ -62,9 +62,9 @@ WITH_README = re.compile(r"<!--\s*run with README\.md\b:?\s*(.*?)\s*-->\s*\Z", r
 IN_DEPLOYMENT = re.compile(r"<!--\s*run in a deployment\b:?\s*(.*?)\s*-->\s*\Z", re.S)
 # a port a guide's block names: an option's value or an address on this machine
 LITERAL_PORT = re.compile(r"(?:--[\w-]*ports?[ =]|127\.0\.0\.1:|localhost:)(\d{2,5})\b")
-GUIDE_PORTS = range(19500, 19600)  # the guides' literal ports: README's are 9092-9094, 9101-9102
+GUIDE_PORTS = range(19500, 19600)  # the guides' literal ports: README's are 9092-9095, 9101-9104
 DEV_SH = "./dev.sh"  # `./dev.sh demo` and `./dev.sh test`: CI runs them anyway
-PORTS = (9092, 9093, 9094, 9101, 9102)  # README's example configurations' brokers, metrics
+PORTS = (9092, 9093, 9094, 9095, 9101, 9102, 9103, 9104)  # README's brokers, metrics, front door
 BLOCK_TIMEOUT_S = 240.0
 DEPLOYMENT_WAIT_S = 120.0
 PASSES = 2
@@ -131,6 +131,16 @@ EXPECTED = (
             r"use case newwords: [1-9]\d* items found in 1 windows",
             r"(?m)^newwords: 20,000 reports in 1 window\(s\)",
             r"(?m)^the +\d+\.\d +\d+\.\d +\[",
+            r"(?m)^broker stopped$",
+        ),
+    ),
+    Expect(
+        "C=infra/front-door-example.toml",
+        (
+            r"1,000 devices of 'emoji' through http://127\.0\.0\.1:9104 sharing 20",
+            r"sent 1,000: accepted 1,000, refused 0 \(none\), held for lack of tokens 0, "
+            r"undelivered 0",
+            r"(?m)^emoji: 1,000 reports in \d+ window\(s\)",
             r"(?m)^broker stopped$",
         ),
     ),
@@ -490,7 +500,7 @@ def test_the_scan_sees_the_blocks() -> None:
 
 def test_guide_ports_are_the_guides() -> None:
     """A guide's block that runs names only ports of 19500-19599, so it never meets README's
-    brokers and services (9092-9094, 9101-9102) nor the ports the deployment takes."""
+    brokers and services (9092-9095, 9101-9104) nor the ports the deployment takes."""
     outside = [
         f"{b.name}: {port}"
         for b in ALL_BLOCKS

@@ -50,7 +50,7 @@ def configurations(starter: Path) -> list[Path]:
 
 
 def test_every_shipped_configuration_validates_and_names_the_schema(starter: Path) -> None:
-    assert len(EXAMPLES) == 3
+    assert len(EXAMPLES) == 4  # example, discovery-, sfp-, front-door-example.toml
     for path in configurations(starter):
         raw = decoded(path)
         config_from_mapping(raw, base=path.parent)  # ldpipe runs it ...

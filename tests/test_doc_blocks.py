@@ -42,6 +42,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -81,6 +82,7 @@ class Block:
     skip: str | None
     with_readme: bool = False
     in_deployment: bool = False
+    front_door: bool = False  # in a deployment whose issuer and gateway run for the block
 
     @property
     def name(self) -> str:
@@ -200,13 +202,19 @@ def blocks_of(doc: Path) -> list[Block]:
         comment = NOT_RUN.search(before)
         skip = None
         with_readme = WITH_README.search(before) is not None
-        in_deployment = IN_DEPLOYMENT.search(before) is not None
+        deployed = IN_DEPLOYMENT.search(before)
+        in_deployment = deployed is not None
+        front_door = deployed is not None and "issuer and gateway running" in deployed.group(1)
         if comment:
             skip = comment.group(1)
         elif DEV_SH in match.group(2):
             skip = "runs ./dev.sh (the demo or the test suite: CI runs them itself)"
         line = text.count("\n", 0, match.start()) + 1
-        found.append(Block(doc, line, language, match.group(2), skip, with_readme, in_deployment))
+        found.append(
+            Block(
+                doc, line, language, match.group(2), skip, with_readme, in_deployment, front_door
+            )
+        )
     return found
 
 
@@ -418,10 +426,38 @@ class Deployment:
         self._wait("window sealed", sealed, "aggregator")
         stop_group(self.processes.pop("aggregator"))
 
+    @contextlib.contextmanager
+    def front_door(self) -> Iterator[None]:
+        """The deployment's issuer and gateway, as ``ldpipe init`` configured them, running for
+        one block (blocks of docs/gateway.md start their own on the same ports)."""
+        (metrics,) = free_ports(1)
+        try:
+            self._spawn("issuer", "ldpipe issuer --config pipeline.toml --progress 0")
+            self._wait("issuer", lambda: "running" in self._log("issuer"), "issuer")
+            self._spawn(
+                "gateway",
+                f"ldpipe gateway --config pipeline.toml --use-case emoji --metrics-port {metrics}",
+            )
+            self._wait("gateway ready", lambda: _ready(metrics), "gateway")
+            yield
+        finally:
+            for name in ("gateway", "issuer"):
+                if name in self.processes:
+                    stop_group(self.processes.pop(name))
+
     def stop(self) -> None:
         for proc in reversed(self.processes.values()):  # the services first, the broker last
             stop_group(proc)
         self.processes.clear()
+
+
+def _ready(port: int) -> bool:
+    """Whether a service's ``/readyz`` on ``port`` answers 200."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as answer:
+            return bool(answer.status == 200)
+    except OSError:
+        return False
 
 
 @pytest.fixture(scope="module")
@@ -542,7 +578,8 @@ def test_blocks_run_verbatim_twice(doc: Path, tmp_path: Path, deployment: Deploy
                         f"on 127.0.0.1: stop whatever holds them"
                     )
             tag = f"{doc.stem}-pass{run}-{block.line}"
-            status, output, seconds = run_block(block, tag, cwd, env)
+            with deployment.front_door() if block.front_door else contextlib.nullcontext():
+                status, output, seconds = run_block(block, tag, cwd, env)
             timings.append(f"{seconds:6.1f} s  pass {run}  {block.name}")
             tail = output[-4000:]
             where = f"{block.name}, pass {run}"

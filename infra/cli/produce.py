@@ -53,8 +53,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--gateway",
         metavar="URL",
+        nargs="?",
+        const="",
         help="send through the front door: tokens from the issuer, uploads to this gateway "
-        "over HTTP (no Kafka client); credentials go in the [issuer] database",
+        "over HTTP (no Kafka client; without URL: the [gateway] table's address); "
+        "credentials go in the [issuer] database",
     )
     p.add_argument(
         "--identities",
@@ -92,11 +95,17 @@ def _population(args: argparse.Namespace, uc: UseCase) -> Population:
 
 
 def _through_gateway(args: argparse.Namespace) -> int:
-    from ldpipe.infra.cli.produce_gateway import check_gateway_options, produce_through_gateway
+    from ldpipe.infra.cli.produce_gateway import (
+        check_gateway_options,
+        configured_gateway_url,
+        produce_through_gateway,
+    )
 
     config = load_config(args.config)
     uc = select_use_case(config, args.use_case)
     _validate(uc)
+    if args.gateway == "":  # --gateway alone: the configured gateway's own address
+        args.gateway = configured_gateway_url(config)
     check_gateway_options(args, config, uc)
     return produce_through_gateway(args, config, uc, _population(args, uc))
 

@@ -65,6 +65,21 @@ class GatewayRun:
         )
 
 
+def configured_gateway_url(config: PipelineConfig) -> str:
+    """The URL of the gateway the ``[gateway]`` table configures, as a device on this host
+    reaches it (``--gateway`` without a URL): a wildcard address is reached on loopback."""
+    gateway = config.gateway
+    if gateway is None:
+        raise ValueError(
+            "--gateway without a URL reads the [gateway] table, and the configuration has none; "
+            "give --gateway URL, or add [gateway] (docs/configuration.md)"
+        )
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(gateway.addr, gateway.addr)
+    host = f"[{host}]" if ":" in host else host
+    scheme = "https" if gateway.tls_certificate is not None else "http"
+    return f"{scheme}://{host}:{gateway.port}"
+
+
 def check_gateway_options(args: Any, config: PipelineConfig, uc: UseCase) -> None:
     """One line for each option that cannot go with ``--gateway`` (before any I/O)."""
     url = str(args.gateway)

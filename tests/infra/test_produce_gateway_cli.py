@@ -101,3 +101,18 @@ def test_an_unreachable_gateway_is_one_line_and_leaves_no_credential(tmp_path: P
         cwd=tmp_path, capture_output=True, text=True, timeout=60, check=True,
     )  # fmt: skip
     assert listed.stdout.strip() == ""  # this run's credentials were revoked
+
+
+def test_gateway_without_a_url_reads_the_gateway_table(tmp_path: Path) -> None:
+    """``--gateway`` alone sends to the ``[gateway]`` table's address (a wildcard address is
+    reached on loopback); with no such table it says what to give instead."""
+    from ldpipe.infra.cli.produce_gateway import configured_gateway_url
+    from ldpipe.schemas.config import load_config
+
+    gateway = '\n[gateway]\norigin_name = "gw.test"\naddr = "0.0.0.0"\nport = 8481\n'
+    config = _config(tmp_path, extra=gateway)
+    assert configured_gateway_url(load_config(config)) == "http://127.0.0.1:8481"
+    config.write_text(config.read_text("utf-8").replace("0.0.0.0", "::"), "utf-8")
+    assert configured_gateway_url(load_config(config)) == "http://[::1]:8481"
+    (tmp_path / "bare").mkdir()
+    _one_line(_produce(_config(tmp_path / "bare"), "--gateway"), 2, "give --gateway URL")

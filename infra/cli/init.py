@@ -185,7 +185,7 @@ class Ports:
     prometheus: int = 9090
     issuer: int = 8790
     gateway: int = 8480
-    gateway_metrics: int = 9104
+    gateway_metrics: int = 9110
 
     def __post_init__(self) -> None:
         values = (

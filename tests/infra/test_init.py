@@ -89,7 +89,7 @@ def test_the_steps_use_the_ports_the_files_name(
     """pipeline.toml's broker, the --metrics-port of each started service and prometheus.yml's
     targets agree, for the default ports and for others given to init."""
     for args, ports in (
-        ([], (9092, 9101, 9102, 9090, 8790, 8480, 9104)),
+        ([], (9092, 9101, 9102, 9090, 8790, 8480, 9110)),
         (PORTS_ARGS, (19400, 19401, 19402, 19403, 19404, 19405, 19406)),
     ):
         root = tmp_path / f"deploy-{ports[0]}"

@@ -380,8 +380,8 @@ class Deployment:
         self.home = self.base
         self._run(
             f"ldpipe init my-deployment --broker-port {broker} --metrics-ports "
-            f"{shuffler},{aggregator},{gateway_metrics} --prometheus-port {prometheus} --issuer-port {issuer} "
-            f"--gateway-port {gateway}"
+            f"{shuffler},{aggregator},{gateway_metrics} --prometheus-port {prometheus} "
+            f"--issuer-port {issuer} --gateway-port {gateway}"
         )
         self.home = self.base / "my-deployment"
         bootstrap = f"127.0.0.1:{broker}"

@@ -195,7 +195,9 @@ def test_two_metrics_ports_leave_the_gateway_its_default(
     assert main(["init", str(root), "--metrics-ports", "19411,19412"]) == 0
     assert f"--metrics-port {Ports.gateway_metrics}    #" in capsys.readouterr().out
     scraped = yaml.safe_load((root / "prometheus.yml").read_text(encoding="utf-8"))
-    jobs = {job["job_name"]: job["static_configs"][0]["targets"] for job in scraped["scrape_configs"]}
+    jobs = {
+        job["job_name"]: job["static_configs"][0]["targets"] for job in scraped["scrape_configs"]
+    }
     assert jobs["ldpipe-gateway"] == [f"127.0.0.1:{Ports.gateway_metrics}"]
     assert jobs["ldpipe-shuffler"] == ["127.0.0.1:19411"]
 

@@ -209,10 +209,9 @@ def steps(ports: Ports) -> tuple[list[str], list[str], list[str]]:
     """What to run in the new directory, in order: the broker, the services that run until
     Ctrl-C (Prometheus scrapes the shuffler's, the aggregator's and the gateway's
     ``--metrics-port`` and the issuer's own port; the issuer and the gateway are the front door
-    devices talk to), and the commands that provision
-    a device's credential, produce reports, tell when a window is sealed and ask the first
-    question. ``run`` prints them and ``pipeline.toml``'s comments hold them;
-    ``tests/test_wheel.py`` runs them as printed."""
+    devices talk to), and the commands that provision a device's credential, produce reports,
+    tell when a window is sealed and ask the first question. ``run`` prints them and
+    ``pipeline.toml``'s comments hold them; ``tests/test_wheel.py`` runs them as printed."""
     config = "--config pipeline.toml --use-case emoji"
     broker = ["ldpipe broker --config pipeline.toml"]
     services = [
@@ -221,7 +220,8 @@ def steps(ports: Ports) -> tuple[list[str], list[str], list[str]]:
         "prometheus --config.file=prometheus.yml --storage.tsdb.path=prometheus-data "
         f"--web.listen-address=127.0.0.1:{ports.prometheus}    # if installed",
         f"ldpipe issuer --config pipeline.toml    # tokens on http://127.0.0.1:{ports.issuer}",
-        f"ldpipe gateway {config} --metrics-port {ports.gateway_metrics}    # devices upload to http://127.0.0.1:{ports.gateway}",
+        f"ldpipe gateway {config} --metrics-port {ports.gateway_metrics}    # devices upload to "
+        f"http://127.0.0.1:{ports.gateway}",
     ]
     commands = [
         "ldpipe issuer credentials add --config pipeline.toml --device phone-1    # prints the "

@@ -394,12 +394,12 @@ class Deployment:
             time.sleep(0.5)
 
     def _start(self) -> None:
-        broker, shuffler, aggregator, prometheus, issuer, gateway = free_ports(6)
+        broker, shuffler, aggregator, prometheus, issuer, gateway, gateway_metrics = free_ports(7)
         self.home = self.base
         self._run(
             f"ldpipe init my-deployment --broker-port {broker} --metrics-ports "
-            f"{shuffler},{aggregator} --prometheus-port {prometheus} --issuer-port {issuer} "
-            f"--gateway-port {gateway}"
+            f"{shuffler},{aggregator},{gateway_metrics} --prometheus-port {prometheus} "
+            f"--issuer-port {issuer} --gateway-port {gateway}"
         )
         self.home = self.base / "my-deployment"
         bootstrap = f"127.0.0.1:{broker}"

@@ -302,10 +302,10 @@ def deployment(installed: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     new directory: the broker, the services and Prometheus (when installed) in the
     background, then produce, ``store list`` again until it lists a window, and the query."""
     work = tmp_path_factory.mktemp("first-answer")
-    ports = [_free_port() for _ in range(6)]
+    ports = [_free_port() for _ in range(7)]
     init = subprocess.run(
         [installed / "ldpipe", "init", "deployment", "--broker-port", str(ports[0]),
-         "--metrics-ports", f"{ports[1]},{ports[2]}", "--prometheus-port", str(ports[3]),
+         "--metrics-ports", f"{ports[1]},{ports[2]},{ports[6]}", "--prometheus-port", str(ports[3]),
          "--issuer-port", str(ports[4]), "--gateway-port", str(ports[5])],
         cwd=work, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
@@ -377,7 +377,7 @@ def test_every_target_of_prometheus_yml_serves_its_metrics(deployment: Deploymen
     """A GET of each target in the prometheus.yml init wrote, parsed as Prometheus parses it:
     the services the steps started listen where it scrapes."""
     targets = _targets(deployment)
-    assert len(targets) == 2
+    assert len(targets) == 4  # shuffler, aggregator, issuer, gateway
     for target in targets:
         with urllib.request.urlopen(f"http://{target}/metrics", timeout=10) as response:
             text = response.read().decode("utf-8")

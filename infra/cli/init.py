@@ -159,6 +159,14 @@ scrape_configs:
   - job_name: ldpipe-aggregator
     static_configs:
       - targets: ["127.0.0.1:{aggregator_port}"]
+  - job_name: ldpipe-issuer
+    # the issuer serves /metrics on its own port ([issuer] port) beside the token endpoints
+    static_configs:
+      - targets: ["127.0.0.1:{issuer_port}"]
+  - job_name: ldpipe-gateway
+    # the gateway's /metrics (ldpipe_gateway_*, ldpipe_ohttp_*) is on its --metrics-port
+    static_configs:
+      - targets: ["127.0.0.1:{gateway_metrics_port}"]
 """
 
 
@@ -166,8 +174,10 @@ scrape_configs:
 class Ports:
     """The ports the starter deployment uses on 127.0.0.1: the development broker's (written
     into ``pipeline.toml``), the shuffler's and the aggregator's metrics (written into
-    ``prometheus.yml`` and the steps), Prometheus's own web port (the steps), and the issuer's
-    and the gateway's (``[issuer] port``, ``[gateway] port``)."""
+    ``prometheus.yml`` and the steps), Prometheus's own web port (the steps), the issuer's and
+    the gateway's (``[issuer] port``, ``[gateway] port``; the issuer's serves its /metrics
+    too, which ``prometheus.yml`` scrapes), and the gateway's metrics (its ``--metrics-port``
+    in the steps, scraped by ``prometheus.yml``)."""
 
     broker: int = 9092
     shuffler: int = 9101
@@ -175,6 +185,7 @@ class Ports:
     prometheus: int = 9090
     issuer: int = 8790
     gateway: int = 8480
+    gateway_metrics: int = 9110
 
     def __post_init__(self) -> None:
         values = (
@@ -184,10 +195,11 @@ class Ports:
             self.prometheus,
             self.issuer,
             self.gateway,
+            self.gateway_metrics,
         )
         if not all(1 <= port <= 65535 for port in values) or len(set(values)) != len(values):
             raise ValueError(
-                f"ports {values} must be six different numbers from 1 to 65535; give "
+                f"ports {values} must be seven different numbers from 1 to 65535; give "
                 f"--broker-port, --metrics-ports, --prometheus-port, --issuer-port and "
                 f"--gateway-port other values"
             )
@@ -195,11 +207,11 @@ class Ports:
 
 def steps(ports: Ports) -> tuple[list[str], list[str], list[str]]:
     """What to run in the new directory, in order: the broker, the services that run until
-    Ctrl-C (Prometheus scrapes the shuffler's and the aggregator's ``--metrics-port``; the
-    issuer and the gateway are the front door devices talk to), and the commands that provision
-    a device's credential, produce reports, tell when a window is sealed and ask the first
-    question. ``run`` prints them and ``pipeline.toml``'s comments hold them;
-    ``tests/test_wheel.py`` runs them as printed."""
+    Ctrl-C (Prometheus scrapes the shuffler's, the aggregator's and the gateway's
+    ``--metrics-port`` and the issuer's own port; the issuer and the gateway are the front door
+    devices talk to), and the commands that provision a device's credential, produce reports,
+    tell when a window is sealed and ask the first question. ``run`` prints them and
+    ``pipeline.toml``'s comments hold them; ``tests/test_wheel.py`` runs them as printed."""
     config = "--config pipeline.toml --use-case emoji"
     broker = ["ldpipe broker --config pipeline.toml"]
     services = [
@@ -208,7 +220,8 @@ def steps(ports: Ports) -> tuple[list[str], list[str], list[str]]:
         "prometheus --config.file=prometheus.yml --storage.tsdb.path=prometheus-data "
         f"--web.listen-address=127.0.0.1:{ports.prometheus}    # if installed",
         f"ldpipe issuer --config pipeline.toml    # tokens on http://127.0.0.1:{ports.issuer}",
-        f"ldpipe gateway {config}    # devices upload to http://127.0.0.1:{ports.gateway}",
+        f"ldpipe gateway {config} --metrics-port {ports.gateway_metrics}    # devices upload to "
+        f"http://127.0.0.1:{ports.gateway}",
     ]
     commands = [
         "ldpipe issuer credentials add --config pipeline.toml --device phone-1    # prints the "
@@ -245,9 +258,12 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument(
         "--metrics-ports",
-        default=f"{Ports.shuffler},{Ports.aggregator}",
-        metavar="SHUFFLER,AGGREGATOR",
-        help="the services' --metrics-port in the steps, scraped by prometheus.yml",
+        default=f"{Ports.shuffler},{Ports.aggregator},{Ports.gateway_metrics}",
+        metavar="SHUFFLER,AGGREGATOR[,GATEWAY]",
+        help=(
+            "the services' --metrics-port in the steps, scraped by prometheus.yml (the "
+            f"gateway's: {Ports.gateway_metrics} when not given)"
+        ),
     )
     p.add_argument(
         "--prometheus-port",
@@ -313,7 +329,12 @@ def init(directory: str | Path, ports: Ports = Ports()) -> list[Path]:
         gateway_port=ports.gateway,
         issuer_keys=ISSUER_KEYS,
     )
-    prometheus = PROMETHEUS.format(shuffler_port=ports.shuffler, aggregator_port=ports.aggregator)
+    prometheus = PROMETHEUS.format(
+        shuffler_port=ports.shuffler,
+        aggregator_port=ports.aggregator,
+        issuer_port=ports.issuer,
+        gateway_metrics_port=ports.gateway_metrics,
+    )
     texts = (pipeline, words, GITIGNORE, schema_text(), prometheus, alerts)
     for path, text in zip(planned[:6], texts, strict=True):
         path.write_text(text, encoding="utf-8")
@@ -323,19 +344,22 @@ def init(directory: str | Path, ports: Ports = Ports()) -> list[Path]:
 
 
 def _ports(args: argparse.Namespace) -> Ports:
-    shuffler, sep, aggregator = str(args.metrics_ports).partition(",")
-    if not (sep and shuffler.strip().isdigit() and aggregator.strip().isdigit()):
+    values = [value.strip() for value in str(args.metrics_ports).split(",")]
+    if len(values) not in (2, 3) or not all(value.isdigit() for value in values):
         raise ValueError(
-            f"--metrics-ports {args.metrics_ports!r} is not two ports: give SHUFFLER,AGGREGATOR, "
-            f"e.g. --metrics-ports {Ports.shuffler},{Ports.aggregator}"
+            f"--metrics-ports {args.metrics_ports!r} is not two or three ports: give "
+            f"SHUFFLER,AGGREGATOR[,GATEWAY], e.g. --metrics-ports "
+            f"{Ports.shuffler},{Ports.aggregator},{Ports.gateway_metrics}"
         )
+    gateway_metrics = int(values[2]) if len(values) == 3 else Ports.gateway_metrics
     return Ports(
         args.broker_port,
-        int(shuffler),
-        int(aggregator),
+        int(values[0]),
+        int(values[1]),
         args.prometheus_port,
         args.issuer_port,
         args.gateway_port,
+        gateway_metrics,
     )
 
 

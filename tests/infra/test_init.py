@@ -89,13 +89,13 @@ def test_the_steps_use_the_ports_the_files_name(
     """pipeline.toml's broker, the --metrics-port of each started service and prometheus.yml's
     targets agree, for the default ports and for others given to init."""
     for args, ports in (
-        ([], (9092, 9101, 9102, 9090, 8790, 8480)),
-        (PORTS_ARGS, (19400, 19401, 19402, 19403, 19404, 19405)),
+        ([], (9092, 9101, 9102, 9090, 8790, 8480, 9110)),
+        (PORTS_ARGS, (19400, 19401, 19402, 19403, 19404, 19405, 19406)),
     ):
         root = tmp_path / f"deploy-{ports[0]}"
         assert main(["init", str(root), *args]) == 0
         printed = capsys.readouterr().out
-        broker, shuffler, aggregator, prometheus, issuer, gateway = ports
+        broker, shuffler, aggregator, prometheus, issuer, gateway, gateway_metrics = ports
         config = load_config(root / "pipeline.toml")
         assert config.kafka.bootstrap_servers == f"127.0.0.1:{broker}"
         assert config.issuer.port == issuer and config.gateway is not None
@@ -103,7 +103,10 @@ def test_the_steps_use_the_ports_the_files_name(
         # the front door: how to start the issuer and the gateway, and provision a device
         assert "  ldpipe issuer --config pipeline.toml    # tokens on " in printed
         assert f"http://127.0.0.1:{issuer}\n" in printed
-        assert "  ldpipe gateway --config pipeline.toml --use-case emoji    #" in printed
+        assert (
+            "  ldpipe gateway --config pipeline.toml --use-case emoji "
+            f"--metrics-port {gateway_metrics}    #" in printed
+        )
         assert f"http://127.0.0.1:{gateway}\n" in printed
         assert "  ldpipe issuer credentials add --config pipeline.toml --device phone-1" in printed
         assert (
@@ -120,6 +123,8 @@ def test_the_steps_use_the_ports_the_files_name(
         assert targets == {
             "ldpipe-shuffler": [f"127.0.0.1:{shuffler}"],
             "ldpipe-aggregator": [f"127.0.0.1:{aggregator}"],
+            "ldpipe-issuer": [f"127.0.0.1:{issuer}"],  # its /metrics is on its own port
+            "ldpipe-gateway": [f"127.0.0.1:{gateway_metrics}"],
         }
         assert scraped["rule_files"] == ["alerts.yml"] and (root / "alerts.yml").is_file()
         # pipeline.toml's comments hold the same steps
@@ -133,7 +138,7 @@ PORTS_ARGS = [
     "--broker-port",
     "19400",
     "--metrics-ports",
-    "19401,19402",
+    "19401,19402,19406",
     "--prometheus-port",
     "19403",
     "--issuer-port",
@@ -148,6 +153,8 @@ PORTS_ARGS = [
     [
         ["--metrics-ports", "9101"],
         ["--metrics-ports", "9101,x"],
+        ["--metrics-ports", "9101,9102,9105,9106"],
+        ["--metrics-ports", "9101,9102,8480"],  # the gateway's metrics on its own port
         ["--broker-port", "9101"],  # the shuffler's metrics port too
         ["--prometheus-port", "70000"],
         ["--issuer-port", "8480"],  # the gateway's default port too
@@ -175,6 +182,24 @@ def test_the_default_ports_are_those_of_the_package_prometheus_yml() -> None:
     }
     assert first["ldpipe-shuffler"] == f"127.0.0.1:{Ports.shuffler}"
     assert first["ldpipe-aggregator"] == f"127.0.0.1:{Ports.aggregator}"
+    assert first["ldpipe-gateway"] == f"127.0.0.1:{Ports.gateway_metrics}"
+    assert first["ldpipe-issuer"] == f"127.0.0.1:{Ports.issuer}"
+
+
+def test_two_metrics_ports_leave_the_gateway_its_default(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--metrics-ports SHUFFLER,AGGREGATOR`` (as before the gateway was scraped) still works:
+    the gateway's metrics take their default port."""
+    root = tmp_path / "deploy"
+    assert main(["init", str(root), "--metrics-ports", "19411,19412"]) == 0
+    assert f"--metrics-port {Ports.gateway_metrics}    #" in capsys.readouterr().out
+    scraped = yaml.safe_load((root / "prometheus.yml").read_text(encoding="utf-8"))
+    jobs = {
+        job["job_name"]: job["static_configs"][0]["targets"] for job in scraped["scrape_configs"]
+    }
+    assert jobs["ldpipe-gateway"] == [f"127.0.0.1:{Ports.gateway_metrics}"]
+    assert jobs["ldpipe-shuffler"] == ["127.0.0.1:19411"]
 
 
 def test_a_bad_ohttp_key_stops_the_gateway_in_one_line(

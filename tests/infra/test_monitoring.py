@@ -19,6 +19,9 @@ from prometheus_client import CollectorRegistry
 
 from ldpipe.aggregator.metrics import AggregatorMetrics, QueryMetrics
 from ldpipe.discovery.metrics import AuxMetrics, ServerMetrics, SfpMetrics
+from ldpipe.infra.gateway.metrics import GatewayMetrics
+from ldpipe.infra.issuer.metrics import IssuerMetrics
+from ldpipe.infra.runtime.ohttp_metrics import OHTTPMetrics
 from ldpipe.shuffler.metrics import ShufflerMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,6 +44,9 @@ def exported() -> dict[str, set[str]]:
         AuxMetrics,
         ServerMetrics,
         SfpMetrics,
+        GatewayMetrics,  # the front door: the gateway and its Oblivious HTTP endpoint,
+        OHTTPMetrics,  # on one registry (infra/gateway/server.py) ...
+        IssuerMetrics,  # ... and the token issuer
     ):
         metrics = kind.create(registry)
         for metric in vars(metrics).values():
@@ -102,6 +108,7 @@ QUANTITY = {
     "ldpipe_aggregator_partitions_owned": "count",
     "ldpipe_aggregator_windows": "count",
     "ldpipe_discovery_release_delta": "delta",
+    "ldpipe_gateway_requests_in_flight": "count",
     "ldpipe_discovery_release_epsilon": "epsilon",
     "ldpipe_query_estimate": "estimate",  # an estimated count; its standard error is one too
     "ldpipe_query_reports": "count",
@@ -266,6 +273,15 @@ def test_the_inventory_knows_the_services_metrics() -> None:
     assert SERIES["ldpipe_aggregator_snapshot_seconds_bucket"] == {"use_case", "le"}
     assert SERIES["ldpipe_query_estimate"] == {"use_case", "item"}
     assert "ldpipe_shuffler_reports_in" not in SERIES  # a counter's samples end in _total
+    # the front door's
+    assert SERIES["ldpipe_gateway_reports_refused_total"] == {"use_case", "reason"}
+    assert SERIES["ldpipe_gateway_requests_total"] == {"endpoint", "status"}
+    assert SERIES["ldpipe_gateway_produce_seconds_bucket"] == {"le"}
+    assert SERIES["ldpipe_issuer_requests_refused_total"] == {"use_case", "reason"}
+    assert SERIES["ldpipe_ohttp_requests_total"] == {"outcome"}
+    assert "ldpipe_ohttp_requests_total_total" not in SERIES
+    with pytest.raises(AssertionError, match="labels"):
+        check("sum by (use_case) (ldpipe_gateway_token_checks_total)", "probe")
     with pytest.raises(AssertionError, match="not a series"):
         check("ldpipe_aggregator_lag > 0", "probe")
     with pytest.raises(AssertionError, match="labels"):

@@ -65,11 +65,11 @@ def front_door(
     host, _, broker_port = broker.bootstrap_servers.partition(",")[0].rpartition(":")
     if host not in ("127.0.0.1", "localhost"):
         pytest.skip("init writes a broker on 127.0.0.1; the suite runs on another Kafka")
-    issuer_port, gateway_port, shuffler, aggregator, prometheus = _free_ports(5)
+    issuer_port, gateway_port, shuffler, aggregator, prometheus, gateway_metrics = _free_ports(6)
     root = tmp_path / "deployment"
     ports = {
         "--broker-port": broker_port,
-        "--metrics-ports": f"{shuffler},{aggregator}",
+        "--metrics-ports": f"{shuffler},{aggregator},{gateway_metrics}",
         "--prometheus-port": str(prometheus),
         "--issuer-port": str(issuer_port),
         "--gateway-port": str(gateway_port),

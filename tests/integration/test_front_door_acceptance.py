@@ -38,8 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-import pytest
 import numpy as np
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from ldpipe.infra.cli.pipeline import LocalPipeline

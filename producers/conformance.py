@@ -315,8 +315,10 @@ def evaluate(case: Case, payloads: Sequence[bytes]) -> list[tuple[str, float, fl
         # uniform over [0, m - 1)
         offsets = (vals[~truth] - cells[~truth] - 1) % m
         lies = int((~truth).sum())
-        col.chi_square("a changed value uniform over the others",
-                       np.bincount(offsets, minlength=m - 1)[: m - 1], np.full(m - 1, lies / (m - 1)))  # fmt: skip
+        observed = np.bincount(offsets, minlength=m - 1)[: m - 1]
+        col.chi_square(
+            "a changed value uniform over the others", observed, np.full(m - 1, lies / (m - 1))
+        )
     else:  # gcms, ocms
         assert isinstance(mech, GeneralizedCountMeanSketch)
         indices = values.astype(np.int64)
@@ -385,8 +387,10 @@ def run_conformance(
     cases = tuple(default_cases() if cases is None else cases)
     argv = shlex.split(client) if isinstance(client, str) else list(client)
     if not argv:
-        raise ConformanceError("the client command is empty; pass the program that speaks the "
-                               "protocol, e.g. 'python -m ldpipe.producers.conformance_client'")  # fmt: skip
+        raise ConformanceError(
+            "the client command is empty; pass the program that speaks the protocol, e.g. "
+            "'python -m ldpipe.producers.conformance_client'"
+        )
     try:
         proc = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, encoding="utf-8"

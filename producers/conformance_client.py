@@ -115,10 +115,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m ldpipe.producers.conformance_client",
         description="The Python device randomizer speaking the conformance line protocol.",
     )
-    parser.add_argument("--epsilon-scale", type=float, default=1.0,
-                        help="WRONG ON PURPOSE when not 1: randomize at epsilon times this")  # fmt: skip
-    parser.add_argument("--biased-row", action="store_true",
-                        help="WRONG ON PURPOSE: row 0 chosen about twice as often as the others")  # fmt: skip
+    parser.add_argument(
+        "--epsilon-scale",
+        type=float,
+        default=1.0,
+        help="WRONG ON PURPOSE when not 1: randomize at epsilon times this",
+    )
+    parser.add_argument(
+        "--biased-row",
+        action="store_true",
+        help="WRONG ON PURPOSE: row 0 chosen about twice as often as the others",
+    )
     args = parser.parse_args(argv)
     serve(sys.stdin, sys.stdout, epsilon_scale=args.epsilon_scale, biased_row=args.biased_row)
     return 0

@@ -24,8 +24,10 @@ from ldpipe.producers.conformance import (
     run_conformance,
 )
 from ldpipe.producers.conformance_client import answer
+from ldpipe.producers.device.config import DeviceConfiguration
+from ldpipe.schemas.epochs import ParameterEpoch
 from ldpipe.schemas.hashing import item_key
-from ldpipe.schemas.mechanisms import Reports, build_mechanism
+from ldpipe.schemas.mechanisms import Reports, build_mechanism, randomizer_parameters
 from ldpipe.schemas.payloads import PayloadCodec
 from tests.gateway_helpers import make_config
 
@@ -210,3 +212,33 @@ def test_items_are_nfc_and_lone_surrogates_are_refused() -> None:
     with pytest.raises(ValueError, match=r"lone surrogate U\+D83D at index 2"):
         oue.encode(["ab\ud83d"])
     assert item_key(b"\xed\xa0\x80") != 0  # bytes are never decoded: any bytes are an item
+
+
+@pytest.mark.parametrize(
+    ("mechanism", "options", "keys"),
+    [
+        ("ocms", {"k": 16, "m": 64, "target_frequency": 0.05}, {"k", "m", "p", "s"}),
+        ("rrcms", {"k": 16}, {"k", "m"}),
+        ("oue", {}, {"dictionary"}),
+    ],
+)
+def test_the_gateway_serves_resolved_randomizer_parameters(
+    tmp_path: Path, mechanism: str, options: dict[str, Any], keys: set[str]
+) -> None:
+    """No device runs OCMS's optimizer, Pan's width rule or reads a dictionary file: the
+    configuration carries the resolved values, and the device library rebuilds the same."""
+    config = make_config(tmp_path)
+    assert config.gateway is not None
+    uc = config.use_case("emoji")
+    seeded = options if mechanism == "oue" else {**options, "seed": 2**62 + 1}
+    epoch = ParameterEpoch("emoji", 2, mechanism, 4.0, seeded)
+    served = gateway_device_config(uc, UseCaseRules.of(uc), config.gateway, epoch)
+    body = json.loads(served.body)
+    assert set(body["parameters"]) == keys
+    assert all(abs(v) <= SAFE for v in _integers(body))
+    expected = epoch.build(uc.dictionary_items)
+    device = DeviceConfiguration.from_json(served.body).client.mechanism
+    assert randomizer_parameters(device) == randomizer_parameters(expected)
+    assert type(device) is type(expected) and device.effective_epsilon == expected.effective_epsilon
+    if mechanism != "oue":
+        assert body["hash_seed"] == str(2**62 + 1)

@@ -6,7 +6,8 @@
 randomized reports of the item, made exactly as a device makes them (``DeviceClient``'s mechanism
 with the OS CSPRNG, ``PayloadCodec``), unsealed. A request it cannot serve gets
 ``{"error": "one line"}``. ``--epsilon-scale`` and ``--biased-row`` make it deliberately wrong,
-for testing that the harness catches a wrong client.
+for testing that the harness catches a wrong client; ``--seed`` fixes its generator for
+reproducible tests.
 """
 
 from __future__ import annotations
@@ -90,10 +91,16 @@ def _bias_rows(spare: Reports, reports: Reports, rng: np.random.Generator) -> Re
 
 
 def serve(
-    stdin: IO[str], stdout: IO[str], *, epsilon_scale: float = 1.0, biased_row: bool = False
+    stdin: IO[str],
+    stdout: IO[str],
+    *,
+    epsilon_scale: float = 1.0,
+    biased_row: bool = False,
+    seed: int | None = None,
 ) -> None:
-    """Answer every request line of ``stdin`` on ``stdout`` until end of input."""
-    rng = secure_rng()
+    """Answer every request line of ``stdin`` on ``stdout`` until end of input, drawing from the
+    OS CSPRNG (as a device does) unless ``seed`` fixes a generator (reproducible tests)."""
+    rng = secure_rng() if seed is None else np.random.default_rng(seed)
     for line in stdin:
         if not line.strip():
             continue
@@ -126,8 +133,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="WRONG ON PURPOSE: row 0 chosen about twice as often as the others",
     )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="a fixed generator seed, for reproducible tests (default: the OS CSPRNG)",
+    )
     args = parser.parse_args(argv)
-    serve(sys.stdin, sys.stdout, epsilon_scale=args.epsilon_scale, biased_row=args.biased_row)
+    serve(
+        sys.stdin,
+        sys.stdout,
+        epsilon_scale=args.epsilon_scale,
+        biased_row=args.biased_row,
+        seed=args.seed,
+    )
     return 0
 
 

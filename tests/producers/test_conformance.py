@@ -36,7 +36,7 @@ SAFE = (1 << 53) - 1
 
 
 def test_the_python_device_passes() -> None:
-    result = run_conformance(CLIENT)
+    result = run_conformance([*CLIENT, "--seed", "11"])
     assert result.passed, [c for c in result.failures]
     assert len(result.checks) == 26
     assert {c.case for c in result.checks} == {c.name for c in default_cases()}
@@ -51,7 +51,7 @@ def test_the_python_device_passes() -> None:
     ],
 )
 def test_a_wrong_client_fails(flags: list[str], failing: set[str]) -> None:
-    result = run_conformance([*CLIENT, *flags])
+    result = run_conformance([*CLIENT, "--seed", "12", *flags])
     assert not result.passed
     assert {c.case for c in result.failures} == failing
 
@@ -59,7 +59,7 @@ def test_a_wrong_client_fails(flags: list[str], failing: set[str]) -> None:
 def test_epsilon_ten_percent_low_is_caught() -> None:
     # gcms's configured p and s exceed epsilon 3.6: the wrong client refuses that case
     cases = [c for c in default_cases() if c.mechanism in ("cms", "hcms", "rrcms", "oue")]
-    result = run_conformance([*CLIENT, "--epsilon-scale", "0.9"], cases=cases)
+    result = run_conformance([*CLIENT, "--seed", "13", "--epsilon-scale", "0.9"], cases=cases)
     assert {c.case for c in result.failures} == {c.name for c in cases}
 
 

@@ -14,6 +14,9 @@ In one run, with one issuer key:
   in threads; its CPU seconds are read from its own ``process_cpu_seconds_total`` (``/metrics``)
   before and after, so the clients' work (blinding, finalizing) is not counted.
 
+- **private op**: the RSA-2048 CRT private operation alone, in GMP (``gmpy2.powmod_sec``) and in
+  Python integers on the same messages, each result checked: milliseconds each and their ratio.
+
 Printed: tokens per CPU-second of each, their ratio (http / bare: the share of the issuer's CPU
 that goes into the signature), the issuer's wall-clock tokens per second and request latency
 percentiles. Every token is finalized and verified by the client. Absolute numbers on a shared
@@ -24,8 +27,10 @@ from __future__ import annotations
 
 import argparse
 import base64
+import importlib.util
 import json
 import os
+import random
 import re
 import subprocess
 import sys
@@ -41,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import httpx
 
 from benchmarks.common import machine_facts, progress
+from ldpipe.schemas import tokens
 from ldpipe.schemas.tokens import (
     IssuerKeyPair,
     IssuerPublicKey,
@@ -87,6 +93,27 @@ def _bare(requests: int) -> dict[str, float]:
         finalize_token(state, response)  # outside the timing: every answer is a valid token
     return {"tokens": requests, "cpu_seconds": cpu, "wall_seconds": wall,
             "tokens_per_cpu_second": requests / cpu}  # fmt: skip
+
+
+def _private_op(operations: int) -> dict[str, float]:
+    """The RSA-2048 CRT private operation alone: GMP (gmpy2) and Python integers, same numbers."""
+    key = IssuerKeyPair.generate()
+    rng = random.Random(19890)
+    messages = [rng.randrange(2, key.public.n) for _ in range(operations)]
+    timings: dict[str, float] = {}
+    for name, crt in (("python", tokens._crt_python), ("gmpy2", tokens._crt_gmpy2)):
+        if name == "gmpy2" and importlib.util.find_spec("gmpy2") is None:
+            continue
+        started = time.process_time()
+        signatures = [crt(key, m) for m in messages]
+        timings[name] = (time.process_time() - started) / operations
+        for s, m in zip(signatures, messages, strict=True):
+            assert pow(s, key.public.e, key.public.n) == m
+    result = {"python_ms": timings["python"] * 1000}
+    if "gmpy2" in timings:
+        result["gmpy2_ms"] = timings["gmpy2"] * 1000
+        result["speedup"] = timings["python"] / timings["gmpy2"]
+    return result
 
 
 def _start_issuer(directory: Path) -> tuple[subprocess.Popen[str], str]:
@@ -169,6 +196,8 @@ def _http(requests: int, concurrency: int) -> dict[str, Any]:
 
 
 def run(requests: int, concurrency: int) -> dict[str, Any]:
+    progress(f"RSA private operation, Python integers and gmpy2: {requests} each")
+    private_op = _private_op(requests)
     progress(f"bare issue_token_response: {requests} requests")
     bare = _bare(requests)
     progress(f"ldpipe issuer over HTTP: {requests} requests, {concurrency} connections")
@@ -178,6 +207,7 @@ def run(requests: int, concurrency: int) -> dict[str, Any]:
         "bare": {k: round(v, 3) for k, v in bare.items()},
         "http": {k: round(v, 3) if isinstance(v, float) else v for k, v in http.items()},
         "ratio_tokens_per_cpu_second": round(ratio, 3),
+        "private_op": {k: round(v, 3) for k, v in private_op.items()},
         "machine": machine_facts(),
     }
 
@@ -194,7 +224,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
-    bare, http = result["bare"], result["http"]
+    bare, http, op = result["bare"], result["http"], result["private_op"]
+    if "gmpy2_ms" in op:
+        print(
+            f"RSA private op (CRT)        {op['python_ms']:8.3f} ms Python ints, "
+            f"{op['gmpy2_ms']:.3f} ms gmpy2: {op['speedup']:.2f}x"
+        )
+    else:
+        print(f"RSA private op (CRT)        {op['python_ms']:8.3f} ms Python ints (no gmpy2)")
     print(f"bare issue_token_response   {bare['tokens_per_cpu_second']:8.1f} tokens/CPU-s")
     print(
         f"ldpipe issuer over HTTP     {http['tokens_per_cpu_second']:8.1f} tokens/CPU-s "

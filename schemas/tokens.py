@@ -38,6 +38,11 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
+try:  # GMP's modular exponentiation: the issuer's private operation about 5x faster
+    import gmpy2
+except ImportError:  # pragma: no cover - exercised by tests/schemas/test_tokens_gmpy2.py
+    gmpy2 = None  # type: ignore[assignment]
+
 from ldpipe.schemas.errors import LdpipeError
 
 __all__ = [
@@ -425,15 +430,33 @@ class IssuerKeyPair:
         """RSASP1 (RFC 8017 §5.2.1) by the Chinese remainder theorem, checked by RSAVP1.
 
         RFC 9474 §4.3: the result is verified before it leaves (a fault in the computation would
-        otherwise reveal the factors of n); ``RuntimeError`` when it does not verify.
+        otherwise reveal the factors of n); ``RuntimeError`` when it does not verify. The two
+        half-size exponentiations run in GMP (``gmpy2.powmod_sec``, constant-time in the
+        exponent) when gmpy2 is installed, in Python integers otherwise: the same numbers.
         """
-        s1 = pow(m % self._p, self._dp, self._p)
-        s2 = pow(m % self._q, self._dq, self._q)
-        h = (self._qinv * (s1 - s2)) % self._p
-        s = s2 + self._q * h
+        s = _crt_gmpy2(self, m) if gmpy2 is not None else _crt_python(self, m)
         if pow(s, self.public.e, self.public.n) != m:
             raise RuntimeError("signing failure: the RSA signature does not verify (RFC 9474 §4.3)")
         return s
+
+
+def _crt_python(key: IssuerKeyPair, m: int) -> int:
+    """s = m^d mod n by CRT (RFC 8017 §5.2.1, 2.b) in Python integers."""
+    s1 = pow(m % key._p, key._dp, key._p)
+    s2 = pow(m % key._q, key._dq, key._q)
+    h = (key._qinv * (s1 - s2)) % key._p
+    return s2 + key._q * h
+
+
+def _crt_gmpy2(key: IssuerKeyPair, m: int) -> int:
+    """s = m^d mod n by CRT (RFC 8017 §5.2.1, 2.b) in GMP: ``mpz_powm_sec`` for each prime."""
+    assert gmpy2 is not None
+    x = gmpy2.mpz(m)
+    p, q = gmpy2.mpz(key._p), gmpy2.mpz(key._q)
+    s1 = int(gmpy2.powmod_sec(x % p, key._dp, p))
+    s2 = int(gmpy2.powmod_sec(x % q, key._dq, q))
+    h = (key._qinv * (s1 - s2)) % key._p
+    return s2 + key._q * h
 
 
 # ---- RSABSSA (RFC 9474 §4) --------------------------------------------------------------------

@@ -434,8 +434,13 @@ class IssuerKeyPair:
         half-size exponentiations run in GMP (``gmpy2.powmod_sec``, constant-time in the
         exponent) when gmpy2 is installed, in Python integers otherwise: the same numbers.
         """
-        s = _crt_gmpy2(self, m) if gmpy2 is not None else _crt_python(self, m)
-        if pow(s, self.public.e, self.public.n) != m:
+        if gmpy2 is not None:
+            s = _crt_gmpy2(self, m)
+            check = int(gmpy2.powmod(s, self.public.e, self.public.n))  # public values
+        else:
+            s = _crt_python(self, m)
+            check = pow(s, self.public.e, self.public.n)
+        if check != m:
             raise RuntimeError("signing failure: the RSA signature does not verify (RFC 9474 §4.3)")
         return s
 

@@ -29,7 +29,7 @@ import math
 import os
 import secrets
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, Literal
@@ -67,7 +67,9 @@ __all__ = [
     "begin_token_request",
     "blind",
     "blind_sign",
+    "decode_batch",
     "emsa_pss_encode",
+    "encode_batch",
     "finalize",
     "finalize_token",
     "issue_token_response",
@@ -619,6 +621,39 @@ def issue_token_response(key: IssuerKeyPair, request: bytes) -> bytes:
             f"not this issuer's ..{key.public.truncated_key_id:02x}",
         )
     return blind_sign(key, parsed.blinded_msg)
+
+
+# ---- batches (ldpipe's, after draft-ietf-privacypass-batched-tokens) --------------------------
+
+
+def encode_batch(items: Sequence[bytes]) -> bytes:
+    """count u16 | count items of one fixed length: a batch of token requests or responses.
+
+    ldpipe's batch (``schemas/tokens.md``, "Batches"), modelled on the IETF draft "Batched
+    Token Issuance" but simpler: every item is an RFC 9578 §6.1 TokenRequest (259 bytes) or
+    §6.2 TokenResponse (256 bytes), so a count says where each one is.
+    """
+    if len(items) > 0xFFFF:
+        raise ValueError(f"a batch holds at most 65535 items, not {len(items)}")
+    return struct.pack(">H", len(items)) + b"".join(items)
+
+
+def decode_batch(data: bytes, item_length: int, max_count: int) -> list[bytes]:
+    """The items of ``encode_batch``'s bytes; ``TokenError`` ("malformed") names what is wrong:
+    a missing count, a count of 0 or above ``max_count``, or a length that is not the count's."""
+    data = bytes(data)
+    if len(data) < 2:
+        raise TokenError("malformed", "a batch starts with its count, a 2-byte big-endian integer")
+    (count,) = struct.unpack_from(">H", data, 0)
+    if not 1 <= count <= max_count:
+        raise TokenError("malformed", f"a batch holds 1 to {max_count} items, not {count}")
+    if len(data) != 2 + count * item_length:
+        raise TokenError(
+            "malformed",
+            f"a batch of {count} items of {item_length} bytes is {2 + count * item_length} "
+            f"bytes, not {len(data)}",
+        )
+    return [data[2 + i * item_length : 2 + (i + 1) * item_length] for i in range(count)]
 
 
 def finalize_token(state: TokenRequestState, response: bytes) -> Token:

@@ -7,7 +7,10 @@ origin name), blinds a token request, sends it with its attestation (``Authoriza
 <credential>``) and unblinds the answer into a token it checks before keeping
 (RFC 9474 §4.4). The issuer gives an attested device at most ``contribution_limit`` tokens per
 use case and period; its 429 (reason ``quota``) means none is left until the next period, and
-the wallet asks no more for that period.
+the wallet asks no more for that period. The tokens of one ``take`` are asked for in one
+request to the issuer's batch endpoint (``schemas/tokens.md``, "Batches": up to
+``BATCH_LIMIT`` a request; fewer answered than asked means the quota is spent), or one request
+per token when the issuer's directory names no ``ldpipe-batch-request-uri``.
 
 Tokens live in memory, by period; a token of a past period is dropped (the gateway accepts
 a token of the current period or of the report's). A token whose report the gateway refused

@@ -3,6 +3,7 @@
     python benchmarks/issuer.py              # 2,000 token requests over 8 connections
     python benchmarks/issuer.py --quick      # 200
     python benchmarks/issuer.py --requests 5000 --concurrency 16 --json
+    python benchmarks/issuer.py --batch 64   # the batch endpoint at 64 a request (1: skip it)
 
 In one run, with one issuer key:
 

@@ -161,7 +161,7 @@ def test_flood_one_identity_moves_the_estimate_by_its_quota_at_most(
         assert forwarded == 50 * N  # the gateway is stateless: the shuffler's ledger refuses
 
         baseline = len(honest)
-        pipe.wait_for_count(pipe.aggregated, baseline + 2 * N, "the sketch", stall=60)
+        pipe.wait_for_count(pipe.aggregated, baseline + 2 * N, "the sketch", stall=180)
         pipe.wait_until(lambda: pipe.shuffler_backlog() == 0, 60, "the shuffler")
         refusals = {"replayed_key": 49 * N}  # every reuse of a nonce, and nothing else
         assert wait_for(lambda: rejected(door.metrics_port) == refusals, 30)
@@ -212,7 +212,7 @@ def test_replay_the_same_upload_twice_is_refused_by_the_shuffler(
         assert again.status_code == 200  # the gateway is stateless: it takes it again
         assert UploadAnswer.from_json(again.content) == UploadAnswer(3, ())
 
-        pipe.wait_for_count(pipe.aggregated, 3, "the sketch", stall=60)
+        pipe.wait_for_count(pipe.aggregated, 3, "the sketch", stall=180)
         pipe.wait_until(lambda: pipe.shuffler_backlog() == 0, 60, "the shuffler")
         assert wait_for(lambda: sum(rejected(door.metrics_port).values()) == 3, 30)
         assert rejected(door.metrics_port) == {"replayed_report_id": 3}

@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
+from typing import Any
 
 import httpx
 import uvicorn
@@ -47,9 +48,11 @@ __all__ = [
     "ORIGIN",
     "BenchIssuer",
     "Service",
+    "directory_app",
     "empty_app",
     "gateway_table",
     "mint",
+    "serve_app",
     "serve_directory",
     "start_empty",
     "start_gateway",
@@ -58,6 +61,7 @@ __all__ = [
 ISSUER = "issuer.bench"
 ORIGIN = "gateway.bench"
 ROOT = Path(__file__).resolve().parents[1]
+DIRECTORY_PATH = "/.well-known/private-token-issuer-directory"  # RFC 9578 §4
 
 
 @dataclass
@@ -117,26 +121,38 @@ def mint(key: IssuerKeyPair, use_case: str, period: int, count: int) -> list[byt
         _MINTING.pop()
 
 
-@contextmanager
-def serve_directory(issuer: BenchIssuer) -> Iterator[str]:
-    """The issuer directory on uvicorn in a thread: yields its URL."""
+def directory_app(issuer: BenchIssuer) -> Starlette:
+    """The issuer directory (RFC 9578 §4) of ``issuer`` as an ASGI app."""
 
     async def directory(_request: Request) -> Response:
         return JSONResponse(issuer.directory())
 
-    app = Starlette(routes=[Route("/.well-known/private-token-issuer-directory", directory)])
-    sock = bind("127.0.0.1", 0)
+    return Starlette(routes=[Route(DIRECTORY_PATH, directory)])
+
+
+@contextmanager
+def serve_app(app: Any, *, host: str = "127.0.0.1") -> Iterator[str]:
+    """Serve any ASGI app with uvicorn on a free loopback port in a thread: yields its URL."""
+    sock = bind(host, 0)
     server = uvicorn.Server(uvicorn.Config(app, access_log=False, log_config=None, lifespan="off"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
-    while not server.started:
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline:
         time.sleep(0.02)
     try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}/.well-known/private-token-issuer-directory"
+        yield f"http://{host}:{sock.getsockname()[1]}"
     finally:
         server.should_exit = True
         thread.join(10)
         sock.close()
+
+
+@contextmanager
+def serve_directory(issuer: BenchIssuer) -> Iterator[str]:
+    """The issuer directory on uvicorn in a thread: yields its URL."""
+    with serve_app(directory_app(issuer)) as url:
+        yield url + DIRECTORY_PATH
 
 
 def gateway_table(directory_url: str) -> str:

@@ -3,6 +3,7 @@
     python benchmarks/issuer.py              # 2,000 token requests over 8 connections
     python benchmarks/issuer.py --quick      # 200
     python benchmarks/issuer.py --requests 5000 --concurrency 16 --json
+    python benchmarks/issuer.py --batch 64   # the batch endpoint at 64 a request (1: skip it)
 
 In one run, with one issuer key:
 
@@ -14,6 +15,12 @@ In one run, with one issuer key:
   in threads; its CPU seconds are read from its own ``process_cpu_seconds_total`` (``/metrics``)
   before and after, so the clients' work (blinding, finalizing) is not counted.
 
+- **private op**: the RSA-2048 CRT private operation alone, in GMP (``gmpy2.powmod_sec``) and in
+  Python integers on the same messages, each result checked: milliseconds each and their ratio.
+
+- **http batched** (``--batch B``, default 16; 1 skips it): the same issuer process's batch
+  endpoint, B token requests a request (``POST /v1/token-batch-request``).
+
 Printed: tokens per CPU-second of each, their ratio (http / bare: the share of the issuer's CPU
 that goes into the signature), the issuer's wall-clock tokens per second and request latency
 percentiles. Every token is finalized and verified by the client. Absolute numbers on a shared
@@ -24,8 +31,10 @@ from __future__ import annotations
 
 import argparse
 import base64
+import importlib
 import json
 import os
+import random
 import re
 import subprocess
 import sys
@@ -41,11 +50,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import httpx
 
 from benchmarks.common import machine_facts, progress
+from ldpipe.schemas import tokens
 from ldpipe.schemas.tokens import (
+    TOKEN_RESPONSE_LENGTH,
     IssuerKeyPair,
     IssuerPublicKey,
     TokenChallenge,
     begin_token_request,
+    decode_batch,
+    encode_batch,
     finalize_token,
     issue_token_response,
     redemption_context,
@@ -89,6 +102,35 @@ def _bare(requests: int) -> dict[str, float]:
             "tokens_per_cpu_second": requests / cpu}  # fmt: skip
 
 
+def _gmpy2_importable() -> bool:
+    try:
+        importlib.import_module("gmpy2")
+    except ImportError:
+        return False
+    return True
+
+
+def _private_op(operations: int) -> dict[str, float]:
+    """The RSA-2048 CRT private operation alone: GMP (gmpy2) and Python integers, same numbers."""
+    key = IssuerKeyPair.generate()
+    rng = random.Random(19890)
+    messages = [rng.randrange(2, key.public.n) for _ in range(operations)]
+    timings: dict[str, float] = {}
+    for name, crt in (("python", tokens._crt_python), ("gmpy2", tokens._crt_gmpy2)):
+        if name == "gmpy2" and not _gmpy2_importable():
+            continue
+        started = time.process_time()
+        signatures = [crt(key, m) for m in messages]
+        timings[name] = (time.process_time() - started) / operations
+        for s, m in zip(signatures, messages, strict=True):
+            assert pow(s, key.public.e, key.public.n) == m
+    result = {"python_ms": timings["python"] * 1000}
+    if "gmpy2" in timings:
+        result["gmpy2_ms"] = timings["gmpy2"] * 1000
+        result["speedup"] = timings["python"] / timings["gmpy2"]
+    return result
+
+
 def _start_issuer(directory: Path) -> tuple[subprocess.Popen[str], str]:
     config = directory / "pipeline.toml"
     config.write_text(CONFIG, encoding="utf-8")
@@ -107,7 +149,7 @@ def _start_issuer(directory: Path) -> tuple[subprocess.Popen[str], str]:
     raise RuntimeError("the issuer did not start")
 
 
-def _http(requests: int, concurrency: int) -> dict[str, Any]:
+def _http(requests: int, concurrency: int, size: int = 1) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(tmp)
         process, url = _start_issuer(directory)
@@ -123,43 +165,52 @@ def _http(requests: int, concurrency: int) -> dict[str, Any]:
             challenge = TokenChallenge(
                 "issuer.bench", redemption_context("bench", entry["period"]), "gateway"
             )
-            batch = [begin_token_request(challenge, key) for _ in range(requests)]
-            headers = {"content-type": "application/private-token-request",
-                       "authorization": f"Bearer {secret}"}  # fmt: skip
+            pairs = [begin_token_request(challenge, key) for _ in range(requests)]
+            batch = [pairs[i : i + size] for i in range(0, len(pairs), size)]
+            media = "application/x-ldpipe-token-batch-request" if size > 1 else (
+                "application/private-token-request")  # fmt: skip
+            path = "/v1/token-batch-request" if size > 1 else "/v1/token-request"
+            headers = {"content-type": media, "authorization": f"Bearer {secret}"}
             local = threading.local()
 
-            def ask(item: tuple[bytes, Any]) -> float:
+            def ask(items: list[tuple[bytes, Any]]) -> float:
                 client = getattr(local, "client", None)
                 if client is None:
                     client = local.client = httpx.Client(timeout=60)
+                body = encode_batch([r for r, _ in items]) if size > 1 else items[0][0]
                 began = time.perf_counter()
-                answer = client.post(
-                    url + "/v1/token-request?use_case=bench", content=item[0], headers=headers
-                )
+                answer = client.post(url + path + "?use_case=bench", content=body, headers=headers)
                 latency = time.perf_counter() - began
                 answer.raise_for_status()
-                finalize_token(item[1], answer.content)
+                answers = (
+                    decode_batch(answer.content, TOKEN_RESPONSE_LENGTH, len(items))
+                    if size > 1 else [answer.content]
+                )  # fmt: skip
+                for (_, state), response in zip(items, answers, strict=True):
+                    finalize_token(state, response)
                 return latency
 
-            for item in batch[:5]:  # warm up: connections, threads, SQLite pages
-                ask(item)
+            warm = (5 + size - 1) // size
+            for items in batch[:warm]:  # warm up: connections, threads, SQLite pages
+                ask(items)
             before = _cpu_seconds(httpx.get(url + "/metrics").text)
             wall = time.perf_counter()
             with ThreadPoolExecutor(concurrency) as pool:
-                latencies = sorted(pool.map(ask, batch[5:]))
+                latencies = sorted(pool.map(ask, batch[warm:]))
             wall = time.perf_counter() - wall
             cpu = _cpu_seconds(httpx.get(url + "/metrics").text) - before
         finally:
             process.terminate()
             process.wait(timeout=30)
-    measured = len(latencies)
+    measured = sum(len(items) for items in batch[warm:])
 
     def percentile(q: float) -> float:
-        return round(latencies[min(measured - 1, int(q * measured))] * 1000, 2)
+        return round(latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000, 2)
 
     return {
         "tokens": measured,
         "concurrency": concurrency,
+        "batch": size,
         "cpu_seconds": cpu,
         "wall_seconds": wall,
         "tokens_per_cpu_second": measured / cpu,
@@ -168,16 +219,26 @@ def _http(requests: int, concurrency: int) -> dict[str, Any]:
     }
 
 
-def run(requests: int, concurrency: int) -> dict[str, Any]:
+def run(requests: int, concurrency: int, size: int = 1) -> dict[str, Any]:
+    progress(f"RSA private operation, Python integers and gmpy2: {requests} each")
+    private_op = _private_op(requests)
     progress(f"bare issue_token_response: {requests} requests")
     bare = _bare(requests)
     progress(f"ldpipe issuer over HTTP: {requests} requests, {concurrency} connections")
     http = _http(requests + 5, concurrency)
+    batched: dict[str, Any] | None = None
+    if size > 1:
+        progress(f"ldpipe issuer, batches of {size}: {requests} tokens, {concurrency} connections")
+        batched = _http(requests + size * ((5 + size - 1) // size), concurrency, size)
     ratio = http["tokens_per_cpu_second"] / bare["tokens_per_cpu_second"]
     return {
         "bare": {k: round(v, 3) for k, v in bare.items()},
         "http": {k: round(v, 3) if isinstance(v, float) else v for k, v in http.items()},
         "ratio_tokens_per_cpu_second": round(ratio, 3),
+        "private_op": {k: round(v, 3) for k, v in private_op.items()},
+        "http_batched": None if batched is None else {
+            k: round(v, 3) if isinstance(v, float) else v for k, v in batched.items()
+        },
         "machine": machine_facts(),
     }
 
@@ -186,15 +247,25 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--requests", type=int, default=2000, help="token requests per side")
     parser.add_argument("--concurrency", type=int, default=8, help="client connections")
+    parser.add_argument("--batch", type=int, default=16,
+                        help="also over the batch endpoint, this many token requests a request "
+                             "(1: not)")  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="200 requests")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON only")
     args = parser.parse_args(argv)
     requests = 200 if args.quick else args.requests
-    result = run(requests, args.concurrency)
+    result = run(requests, args.concurrency, args.batch)
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
-    bare, http = result["bare"], result["http"]
+    bare, http, op = result["bare"], result["http"], result["private_op"]
+    if "gmpy2_ms" in op:
+        print(
+            f"RSA private op (CRT)        {op['python_ms']:8.3f} ms Python ints, "
+            f"{op['gmpy2_ms']:.3f} ms gmpy2: {op['speedup']:.2f}x"
+        )
+    else:
+        print(f"RSA private op (CRT)        {op['python_ms']:8.3f} ms Python ints (no gmpy2)")
     print(f"bare issue_token_response   {bare['tokens_per_cpu_second']:8.1f} tokens/CPU-s")
     print(
         f"ldpipe issuer over HTTP     {http['tokens_per_cpu_second']:8.1f} tokens/CPU-s "
@@ -203,6 +274,14 @@ def main(argv: list[str] | None = None) -> int:
         f"{http['latency_ms']['p99']} ms)"
     )
     print(f"ratio http / bare           {result['ratio_tokens_per_cpu_second']:8.3f}")
+    if result["http_batched"] is not None:
+        b = result["http_batched"]
+        print(
+            f"issuer, batches of {b['batch']:<3}      {b['tokens_per_cpu_second']:8.1f} "
+            f"tokens/CPU-s "
+            f"({b['tokens_per_wall_second']:.1f} tokens/s wall, latency p50 "
+            f"{b['latency_ms']['p50']} ms per batch)"
+        )
     return 0
 
 

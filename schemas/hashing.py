@@ -42,6 +42,7 @@ __all__ = [
     "item_bytes",
     "item_key",
     "item_keys",
+    "item_text",
 ]
 
 MERSENNE_61 = (1 << 61) - 1
@@ -57,13 +58,33 @@ _HASH_ALL_CHUNK = 1 << 17  # values per hash_all block (1 MiB per uint64 tempora
 Keys = npt.NDArray[np.uint64]
 
 
+def item_text(item: str) -> str:
+    """``item`` in NFC, refusing a lone surrogate (``schemas/hashing.md``, Step 1).
+
+    A code point in U+D800..U+DFFF is not a Unicode scalar value and has no UTF-8 encoding;
+    rather than replace it (as JavaScript's ``TextEncoder`` does, with U+FFFD) and merge
+    distinct items, every implementation refuses it with ``ValueError``.
+    """
+    for index, char in enumerate(item):
+        if "\ud800" <= char <= "\udfff":
+            raise ValueError(
+                f"item has a lone surrogate U+{ord(char):04X} at index {index}: it is not "
+                f"Unicode text and has no UTF-8 form; fix the text or send its bytes"
+            )
+    return unicodedata.normalize("NFC", item)
+
+
 def item_bytes(item: str | bytes) -> bytes:
-    """Canonical bytes of an item: UTF-8 of its NFC normal form (bytes pass through)."""
+    """Canonical bytes of an item: UTF-8 of its NFC normal form (bytes pass through); a text
+    item with a lone surrogate is refused with ``ValueError``."""
     if isinstance(item, bytes):
         return item
     if not isinstance(item, str):
         raise TypeError(f"an item must be str or bytes, got {type(item).__name__}")
-    return unicodedata.normalize("NFC", item).encode("utf-8")
+    try:
+        return unicodedata.normalize("NFC", item).encode("utf-8")
+    except UnicodeEncodeError:
+        return item_text(item).encode("utf-8")  # raises the one-line error naming the index
 
 
 def field_elements(keys: npt.ArrayLike) -> Keys:

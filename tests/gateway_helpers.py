@@ -5,25 +5,22 @@ by uvicorn on a loopback port in a thread."""
 from __future__ import annotations
 
 import asyncio
-import base64
 import os
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-import uvicorn
 from prometheus_client import CollectorRegistry
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
 
+from benchmarks.front_door_kit import BenchIssuer
+from benchmarks.front_door_kit import directory_app as directory_app  # re-exported for the tests
+from benchmarks.front_door_kit import serve_app as serve_app  # re-exported for the tests
 from ldpipe.infra.gateway.app import GatewayState, Producing
 from ldpipe.infra.gateway.headers import parse_report_header
 from ldpipe.infra.gateway.server import ServeOptions, bind, gateway_app, serve
@@ -100,16 +97,9 @@ def make_config(
     return config_from_mapping(raw, base=tmp)
 
 
-@dataclass
-class Issuer:
-    """Blind-RSA keys per (use case, period), and tokens made by the real protocol."""
-
-    keys: dict[tuple[str, int], IssuerKeyPair] = field(default_factory=dict)
-
-    def key(self, use_case: str, period: int) -> IssuerKeyPair:
-        if (use_case, period) not in self.keys:
-            self.keys[(use_case, period)] = IssuerKeyPair.generate()
-        return self.keys[(use_case, period)]
+class Issuer(BenchIssuer):
+    """Blind-RSA keys per (use case, period) and their directory (the benchmarks' issuer), and
+    tokens made by the real protocol."""
 
     def token(
         self,
@@ -124,20 +114,6 @@ class Issuer:
         challenge = TokenChallenge(issuer, redemption_context(use_case, period), origin)
         request, state = begin_token_request(challenge, signer.public)
         return finalize_token(state, issue_token_response(signer, request)).to_bytes()
-
-    def directory(self) -> dict[str, Any]:
-        return {
-            "issuer-request-uri": "/token-request",
-            "token-keys": [
-                {
-                    "token-type": 2,
-                    "token-key": base64.urlsafe_b64encode(pair.public.spki).decode().rstrip("="),
-                    "use-case": use_case,
-                    "period": period,
-                }
-                for (use_case, period), pair in self.keys.items()
-            ],
-        }
 
 
 def v3_envelope(
@@ -166,31 +142,6 @@ def batch(reports: Sequence[tuple[bytes, bytes]]) -> bytes:
 
 def now_period() -> int:
     return int(time.time()) // PERIOD
-
-
-@contextmanager
-def serve_app(app: Any, *, host: str = "127.0.0.1") -> Iterator[str]:
-    """Serve any ASGI app with uvicorn on a free loopback port in a thread: yields its URL."""
-    sock = bind(host, 0)
-    server = uvicorn.Server(uvicorn.Config(app, access_log=False, log_config=None, lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.02)
-    try:
-        yield f"http://{host}:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
-
-
-def directory_app(issuer: Issuer) -> Starlette:
-    async def directory(_request: Request) -> Response:
-        return JSONResponse(issuer.directory())
-
-    return Starlette(routes=[Route("/.well-known/private-token-issuer-directory", directory)])
 
 
 @dataclass

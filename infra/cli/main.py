@@ -89,6 +89,8 @@ COMMANDS: tuple[Command, ...] = (
             "estimate frequencies of a simulated population; compare MSE with theory"),
     Command("discover-sim", "discover_sim", "Simulate",
             "discover unknown items of a simulated population; precision, recall, F1"),
+    Command("conformance", "conformance", "Simulate",
+            "test a device randomizer's output distributions against the exact ones"),
 )  # fmt: skip
 _BY_NAME = {command.name: command for command in COMMANDS}
 
@@ -145,6 +147,8 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
                  "--n 100000 --trials 5 --top 10",
                  "ldpipe simulate --mechanism oue --epsilon 2 --dataset zipf:d=5000,a=1.5 "
                  "--n 100000 --calibrate powerlaw --json"),
+    "conformance": ("ldpipe conformance --client 'python -m ldpipe.producers.conformance_client'",
+                    "ldpipe conformance --client 'node my-client.js' --count 50000 --json"),
     "discover-sim": ("ldpipe discover-sim --protocol aux --dataset zipf:d=5000,a=1.1 --n 20000 "
                      "--epsilon 2 --seed 7",
                      "ldpipe discover-sim --protocol sfp --dataset file:words.txt --n 20000 "

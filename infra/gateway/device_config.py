@@ -4,7 +4,9 @@ Everything a device needs to randomize, seal and upload: the newest parameter ep
 configured one, or a later one ``ldpipe adapt`` published) and its mechanism, the
 analyzer's and the shuffler's public keys (lists in preference order: a device walks each in
 order and uses the first it can), the token issuer and the challenge's origin name, the period
-tokens are issued for, and the time precision of the outer header. Every integer a JavaScript
+tokens are issued for, and the time precision of the outer header. ``parameters`` are the
+randomizer's, resolved (``randomizer_parameters``: k and m, p and s for gcms/ocms, the dictionary
+for oue), so no device runs an optimizer or assumes a default. Every integer a JavaScript
 number cannot hold exactly (``hash_seed`` always) is a decimal string. The body's SHA-256 is its
 ``ETag``.
 """
@@ -14,7 +16,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +23,7 @@ from ldpipe.infra.gateway.rules import UseCaseRules
 from ldpipe.schemas.config import GatewayConfig, UseCase
 from ldpipe.schemas.epochs import ParameterEpoch
 from ldpipe.schemas.keys import KEM_NAME, PublicKey
+from ldpipe.schemas.mechanisms import randomizer_parameters
 from ldpipe.schemas.upload import MEDIA_TYPE
 
 __all__ = ["DeviceConfig", "device_config"]
@@ -66,11 +68,11 @@ def device_config(
     """The configuration document of ``uc`` as this gateway serves it, with the parameters of
     ``epoch`` (the newest published one; default: the configured epoch)."""
     epoch = epoch or uc.base_epoch()
-    options: Mapping[str, Any] = epoch.options
-    seed = options.get("seed")
-    if seed is None and epoch.epoch == uc.epoch:
-        seed = getattr(uc.mechanism, "seed", None)  # the mechanism's default seed
-    parameters = {k: _number(v) for k, v in sorted(options.items()) if k != "seed"}
+    # resolved, so a device needs no optimizer and no defaults (schemas/randomizers.md)
+    mechanism = uc.mechanism if epoch == uc.base_epoch() else epoch.build(uc.dictionary_items)
+    seed = getattr(mechanism, "seed", None)  # the configured seed or the mechanism's default
+    resolved = randomizer_parameters(mechanism)
+    parameters = {k: _number(v) for k, v in sorted(resolved.items())}
     document = {
         "use_case": uc.name,
         "epoch": epoch.epoch,

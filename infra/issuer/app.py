@@ -5,6 +5,9 @@
                                                        "period", "period-seconds")
     POST /v1/token-request?use_case=NAME               RFC 9578 §6.1-§6.2: TokenRequest in,
                                                        TokenResponse out
+    POST /v1/token-batch-request?use_case=NAME         several TokenRequests in, as many
+                                                       TokenResponses as the quota allows out
+                                                       (``schemas/tokens.md``, "Batches")
     GET  /metrics, /healthz, /readyz                   as every ldpipe service
 
 Refusals are RFC 9457 problem details (``application/problem+json``) whose ``type`` is
@@ -44,11 +47,17 @@ from ldpipe.schemas.tokens import (
     TokenError,
     TokenRequest,
     blind_sign,
+    decode_batch,
+    encode_batch,
 )
 
 __all__ = [
+    "BATCH_PATH",
+    "BATCH_REQUEST_TYPE",
+    "BATCH_RESPONSE_TYPE",
     "DIRECTORY_PATH",
     "DIRECTORY_TYPE",
+    "MAX_BATCH",
     "REQUEST_PATH",
     "REQUEST_TYPE",
     "RESPONSE_TYPE",
@@ -67,6 +76,11 @@ REQUEST_TYPE: Final = "application/private-token-request"  # RFC 9578 §8.2
 RESPONSE_TYPE: Final = "application/private-token-response"  # RFC 9578 §8.3
 PROBLEM_TYPE: Final = "application/problem+json"  # RFC 9457 §3
 MAX_BODY: Final = 1024  # a token request is 259 bytes: anything much larger is not one
+BATCH_PATH: Final = "/v1/token-batch-request"
+BATCH_REQUEST_TYPE: Final = "application/x-ldpipe-token-batch-request"
+BATCH_RESPONSE_TYPE: Final = "application/x-ldpipe-token-batch-response"
+MAX_BATCH: Final = 64  # token requests in one batch
+MAX_BATCH_BODY: Final = 2 + MAX_BATCH * TOKEN_REQUEST_LENGTH
 DIRECTORY_MAX_AGE: Final = 3600
 
 
@@ -162,7 +176,81 @@ class IssuerService:
                 )
             next_start = (period_of(now, policy.period_seconds) + 1) * policy.period_seconds
             max_age = min(max_age, max(0, math.floor(next_start - now)))
-        return {"issuer-request-uri": REQUEST_PATH, "token-keys": entries}, max_age
+        document = {
+            "issuer-request-uri": REQUEST_PATH,
+            "ldpipe-batch-request-uri": BATCH_PATH,  # an extension: clients ignore what they
+            "token-keys": entries,  # do not know (RFC 9578 §4)
+        }
+        return document, max_age
+
+    def issue_batch(self, use_case: str, headers: Mapping[str, str], body: bytes) -> bytes:
+        """Token responses for a batch of token requests of one key (``schemas/tokens.md``,
+        "Batches"): the first k of the n requests are signed, k = min(n, quota left), counted
+        in one transaction; 429 when k = 0. Attestation and every request are checked first."""
+        policy = self.policies[use_case]
+        device = self._attest(headers)
+        try:
+            items = decode_batch(body, TOKEN_REQUEST_LENGTH, MAX_BATCH)
+            requests = [TokenRequest.parse(item) for item in items]
+        except TokenError as exc:
+            raise TokenRequestError(422, exc.reason, str(exc)) from None
+        ids = {request.truncated_token_key_id for request in requests}
+        if len(ids) != 1:
+            raise TokenRequestError(
+                422, "malformed", "a batch's token requests must all name one key: split it"
+            )
+        period, key = self._chosen(policy, ids.pop())
+        for request in requests:
+            self._check_below_modulus(key, request)
+        granted = self.quota.spend_up_to(device, use_case, period, policy.limit, len(requests))
+        if granted == 0:
+            raise self._quota_refusal(policy, period)
+        return encode_batch([blind_sign(key, r.blinded_msg) for r in requests[:granted]])
+
+    def _attest(self, headers: Mapping[str, str]) -> str:
+        try:
+            return self.attester.attest(headers)
+        except AttestationError as exc:
+            raise TokenRequestError(
+                401, "unauthorized", str(exc), {"WWW-Authenticate": "Bearer"}
+            ) from None
+
+    def _chosen(self, policy: UseCasePolicy, key_id: int) -> tuple[int, IssuerKeyPair]:
+        chosen = next(
+            (
+                (period, key)
+                for period, key in self.current_keys(policy)
+                if key.public.truncated_key_id == key_id
+            ),
+            None,
+        )
+        if chosen is None:
+            raise TokenRequestError(
+                422,
+                "unknown_key",
+                f"the token request names key ..{key_id:02x}, which is "
+                f"not this period's or the next's key for {policy.name!r}: fetch {DIRECTORY_PATH}",
+            )
+        return chosen
+
+    @staticmethod
+    def _check_below_modulus(key: IssuerKeyPair, request: TokenRequest) -> None:
+        if len(request.blinded_msg) != key.public.modulus_length or (
+            int.from_bytes(request.blinded_msg, "big") >= key.public.n
+        ):
+            raise TokenRequestError(
+                422, "malformed", "the blinded message is not below the key's modulus"
+            )
+
+    def _quota_refusal(self, policy: UseCasePolicy, period: int) -> TokenRequestError:
+        retry = max(math.ceil((period + 1) * policy.period_seconds - self.clock()), 1)
+        return TokenRequestError(
+            429,
+            "quota",
+            f"this device has spent its {policy.limit} token(s) of {policy.name!r} for period "
+            f"{period}; the next period starts in {retry} s",
+            {"Retry-After": str(retry)},
+        )
 
     def issue(self, use_case: str, headers: Mapping[str, str], body: bytes) -> bytes:
         """A token response for an attested device's token request, or ``TokenRequestError``.
@@ -219,19 +307,17 @@ def _media_type(value: str | None) -> str:
     return (value or "").split(";", 1)[0].strip().lower()
 
 
-async def _body(request: Request, limit: int) -> bytes:
+async def _body(
+    request: Request, limit: int, what: str = f"a token request is {TOKEN_REQUEST_LENGTH} bytes"
+) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise TokenRequestError(
-            413, "too_large", f"a token request is {TOKEN_REQUEST_LENGTH} bytes"
-        )
+        raise TokenRequestError(413, "too_large", what)
     data = bytearray()
     async for chunk in request.stream():
         data += chunk
         if len(data) > limit:
-            raise TokenRequestError(
-                413, "too_large", f"a token request is {TOKEN_REQUEST_LENGTH} bytes"
-            )
+            raise TokenRequestError(413, "too_large", what)
     return bytes(data)
 
 
@@ -273,6 +359,31 @@ def build_app(
         service.metrics.issue_seconds.observe(time.perf_counter() - started)
         return Response(answer, media_type=RESPONSE_TYPE, headers={"Cache-Control": "no-store"})
 
+    async def batch_request(request: Request) -> Response:
+        use_case = request.query_params.get("use_case", "")
+        label = use_case if use_case in service.policies else ""
+        started = time.perf_counter()
+        try:
+            if not label:
+                known = ", ".join(sorted(service.policies))
+                raise TokenRequestError(
+                    404, "not_found", f"no use case {use_case!r}: ask ?use_case= one of {known}"
+                )
+            if _media_type(request.headers.get("content-type")) != BATCH_REQUEST_TYPE:
+                raise TokenRequestError(
+                    415, "media_type", f"send the batch of token requests as {BATCH_REQUEST_TYPE}"
+                )
+            body = await _body(request, MAX_BATCH_BODY, f"at most {MAX_BATCH} token requests")
+            answer = await run_in_threadpool(service.issue_batch, use_case, request.headers, body)
+        except TokenRequestError as refusal:
+            service.metrics.refused.labels(use_case=label, reason=refusal.reason).inc()
+            return refusal.response()
+        service.metrics.issued.labels(use_case=label).inc(int.from_bytes(answer[:2], "big"))
+        service.metrics.issue_seconds.observe(time.perf_counter() - started)
+        return Response(
+            answer, media_type=BATCH_RESPONSE_TYPE, headers={"Cache-Control": "no-store"}
+        )
+
     async def metrics(request: Request) -> Response:
         encoder, content_type = choose_encoder(request.headers.get("accept", ""))
         return Response(encoder(registry), headers={"Content-Type": content_type})
@@ -293,6 +404,7 @@ def build_app(
         routes=[
             Route(DIRECTORY_PATH, directory, methods=["GET"]),
             Route(REQUEST_PATH, token_request, methods=["POST"]),
+            Route(BATCH_PATH, batch_request, methods=["POST"]),
             Route("/metrics", metrics, methods=["GET"]),
             Route("/healthz", health, methods=["GET"]),
             Route("/readyz", health, methods=["GET"]),

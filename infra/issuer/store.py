@@ -76,6 +76,17 @@ class QuotaStore(Protocol):
         """
         ...
 
+    def spend_up_to(
+        self, device: str, use_case: str, period: int, limit: int, count: int
+    ) -> int:
+        """Take up to ``count`` of the ``limit`` tokens in one transaction: how many were taken
+        (``min(count, what is left)``, 0 when none is left).
+
+        Atomic and durable like ``spend``: however many callers race, the count never passes
+        ``limit``.
+        """
+        ...
+
     def used(self, device: str, use_case: str, period: int) -> int:
         """How many tokens (device, use case, period) has spent."""
         ...
@@ -146,6 +157,33 @@ class SQLiteStore:
                 (device, use_case, period, limit),
             )
             return cursor.rowcount == 1
+
+    def spend_up_to(
+        self, device: str, use_case: str, period: int, limit: int, count: int
+    ) -> int:
+        """One ``BEGIN IMMEDIATE`` transaction (the write lock first, so no other process reads
+        the count in between): read the count, add ``min(count, limit - used)``, one commit."""
+        if limit < 1 or count < 1:
+            return 0
+        key = (device, use_case, period)
+        with self._connection() as db:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                row = db.execute(
+                    "SELECT used FROM quota WHERE device = ? AND use_case = ? AND period = ?", key
+                ).fetchone()
+                granted = max(0, min(count, limit - (int(row[0]) if row else 0)))
+                if granted:
+                    db.execute(
+                        "INSERT INTO quota (device, use_case, period, used) VALUES (?, ?, ?, ?) "
+                        "ON CONFLICT (device, use_case, period) DO UPDATE SET used = used + ?",
+                        (*key, granted, granted),
+                    )
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+        return granted
 
     def used(self, device: str, use_case: str, period: int) -> int:
         with self._connection() as db:

@@ -7,7 +7,10 @@ origin name), blinds a token request, sends it with its attestation (``Authoriza
 <credential>``) and unblinds the answer into a token it checks before keeping
 (RFC 9474 §4.4). The issuer gives an attested device at most ``contribution_limit`` tokens per
 use case and period; its 429 (reason ``quota``) means none is left until the next period, and
-the wallet asks no more for that period.
+the wallet asks no more for that period. The tokens of one ``take`` are asked for in one
+request to the issuer's batch endpoint (``schemas/tokens.md``, "Batches": up to
+``BATCH_LIMIT`` a request; fewer answered than asked means the quota is spent), or one request
+per token when the issuer's directory names no ``ldpipe-batch-request-uri``.
 
 Tokens live in memory, by period; a token of a past period is dropped (the gateway accepts
 a token of the current period or of the report's). A token whose report the gateway refused
@@ -30,11 +33,14 @@ import httpx
 from ldpipe.producers.device.errors import DeviceError
 from ldpipe.producers.device.retry import RetryPolicy, problem_reason, request_with_retries
 from ldpipe.schemas.tokens import (
+    TOKEN_RESPONSE_LENGTH,
     IssuerPublicKey,
     Token,
     TokenChallenge,
     TokenError,
     begin_token_request,
+    decode_batch,
+    encode_batch,
     finalize_token,
     redemption_context,
     verify_token,
@@ -44,6 +50,8 @@ __all__ = ["DIRECTORY_PATH", "TokenWallet"]
 
 DIRECTORY_PATH = "/.well-known/private-token-issuer-directory"  # RFC 9578 §4
 REQUEST_MEDIA_TYPE = "application/private-token-request"  # RFC 9578 §6.1
+BATCH_MEDIA_TYPE = "application/x-ldpipe-token-batch-request"  # schemas/tokens.md, "Batches"
+BATCH_LIMIT = 64  # token requests per batch: the issuer's MAX_BATCH
 
 
 @dataclass
@@ -60,6 +68,7 @@ class TokenWallet:
     _exhausted: set[int] = field(default_factory=set, repr=False)
     _keys: dict[int, IssuerPublicKey] = field(default_factory=dict, repr=False)
     _request_url: str = field(default="", repr=False)
+    _batch_url: str = field(default="", repr=False)
 
     def held(self, period: int) -> int:
         """Tokens in hand for ``period``."""
@@ -82,11 +91,17 @@ class TokenWallet:
             try:
                 key = self._key(period)
                 while len(out) < count:
-                    token = self._fetch(challenge, key)
-                    if token is None:
+                    if self._batch_url:  # one request for up to BATCH_LIMIT tokens
+                        wanted = min(count - len(out), BATCH_LIMIT)
+                        tokens = self._fetch_batch(challenge, key, wanted)
+                    else:  # an issuer without batches: one request per token
+                        wanted = 1
+                        token = self._fetch(challenge, key)
+                        tokens = [] if token is None else [token]
+                    out.extend(tokens)
+                    if len(tokens) < wanted:  # the period's quota is spent
                         self._exhausted.add(period)
                         break
-                    out.append(token)
             except DeviceError:
                 self.give_back(period, out)  # signed and counted by the issuer: keep them
                 raise
@@ -126,6 +141,10 @@ class TokenWallet:
             self._request_url = urllib.parse.urljoin(
                 self.directory_url, str(document["issuer-request-uri"])
             )
+            batch = document.get("ldpipe-batch-request-uri")
+            self._batch_url = (
+                urllib.parse.urljoin(self.directory_url, str(batch)) if batch else ""
+            )
             for entry in document["token-keys"]:
                 if entry.get("use-case") == self.use_case and int(entry.get("token-type")) == 2:
                     spki = base64.urlsafe_b64decode(_padded(str(entry["token-key"])))
@@ -136,6 +155,62 @@ class TokenWallet:
                 f"{self.directory_url} is not an RFC 9578 issuer directory with ldpipe's "
                 f"use-case and period fields ({exc})",
             ) from None
+
+    def _fetch_batch(
+        self, challenge: TokenChallenge, key: IssuerPublicKey, count: int
+    ) -> list[Token]:
+        """Up to ``count`` tokens in one request (``schemas/tokens.md``, "Batches"): the issuer
+        answers the first k of them, k = what is left of the quota; [] once it is spent."""
+        pairs = [begin_token_request(challenge, key) for _ in range(count)]
+        response = self._post(
+            self._batch_url, encode_batch([request for request, _ in pairs]), BATCH_MEDIA_TYPE
+        )
+        if response is None:
+            return []
+        try:
+            answers = decode_batch(response.content, TOKEN_RESPONSE_LENGTH, count)
+            tokens = [
+                finalize_token(state, a)
+                for (_, state), a in zip(pairs[: len(answers)], answers, strict=True)
+            ]
+            for token in tokens:
+                verify_token(token, key, challenge)
+        except (TokenError, ValueError) as exc:
+            raise DeviceError(
+                "issuer", f"the token issuer's answer does not make valid tokens: {exc}"
+            ) from None
+        return tokens
+
+    def _post(self, url: str, content: bytes, media_type: str) -> httpx.Response | None:
+        """POST to the issuer: its 200 answer, ``None`` for 429 "quota", else ``DeviceError``."""
+        try:
+            response = request_with_retries(
+                self.http,
+                "POST",
+                url,
+                self.policy,
+                params={"use_case": self.use_case},
+                content=content,
+                headers={"content-type": media_type, "authorization": f"Bearer {self.credential}"},
+            )
+        except httpx.TransportError as exc:
+            raise DeviceError("issuer", f"cannot reach the token issuer at {url}: {exc}") from None
+        if response.status_code == 429 and problem_reason(response) == "quota":
+            return None
+        if response.status_code == 401:
+            raise DeviceError(
+                "unauthorized",
+                "the token issuer does not accept this device's credential; provision one "
+                "with `ldpipe issuer credentials add`",
+            )
+        if response.status_code != 200:
+            reason = problem_reason(response) or "no reason given"
+            raise DeviceError(
+                "issuer",
+                f"the token issuer answered {response.status_code} ({reason}) to a token "
+                f"request for {self.use_case!r}",
+            )
+        return response
 
     def _fetch(self, challenge: TokenChallenge, key: IssuerPublicKey) -> Token | None:
         """One token (RFC 9578 §6.1-6.3), or ``None`` once the period's quota is spent."""

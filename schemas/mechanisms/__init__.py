@@ -51,6 +51,7 @@ __all__ = [
     "build_mechanism",
     "optimal_parameters",
     "optimal_width",
+    "randomizer_parameters",
     "secure_rng",
 ]
 
@@ -95,3 +96,16 @@ def build_mechanism(name: str, *, epsilon: float, **options: Any) -> Mechanism:
             raise ValueError("oue needs a dictionary (the list of items devices may hold)")
         return OptimizedUnaryEncoding(epsilon=epsilon, dictionary=tuple(dictionary))
     return MECHANISMS[name](epsilon=epsilon, **given)  # type: ignore[call-arg]
+
+
+def randomizer_parameters(mechanism: Mechanism) -> dict[str, Any]:
+    """Every parameter a device's randomizer reads, resolved (``schemas/randomizers.md``):
+    ``k`` and ``m`` of a sketch, ``p`` and ``s`` of gcms/ocms, the dictionary of oue. With these
+    (and epsilon and the hash seed) ``build_mechanism`` rebuilds the same randomizer with no
+    optimizer or default to agree on: what the gateway's device configuration serves."""
+    if isinstance(mechanism, OptimizedUnaryEncoding):
+        return {"dictionary": list(mechanism.dictionary)}
+    parameters: dict[str, Any] = {"k": mechanism.k, "m": mechanism.m}
+    if isinstance(mechanism, GeneralizedCountMeanSketch):  # ocms too: its p and s, resolved
+        parameters.update(p=mechanism.inclusion, s=mechanism.size)
+    return parameters

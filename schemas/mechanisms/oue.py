@@ -13,7 +13,6 @@ within each byte.
 from __future__ import annotations
 
 import math
-import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -21,6 +20,7 @@ from typing import Any, ClassVar
 import numpy as np
 import numpy.typing as npt
 
+from ldpipe.schemas.hashing import item_text
 from ldpipe.schemas.mechanisms.base import (
     FloatArray,
     Mechanism,
@@ -53,7 +53,7 @@ def canonical_text(item: str | bytes) -> str:
             raise ValueError(f"OUE item {item!r} is not valid UTF-8: {exc.reason}") from None
     elif not isinstance(item, str):
         raise TypeError(f"an item must be str or bytes, got {type(item).__name__}")
-    return unicodedata.normalize("NFC", item)
+    return item_text(item)  # NFC; a lone surrogate is refused (schemas/hashing.md, Step 1)
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,7 @@ FILL: dict[str, str] = {
     "--dataset": "zipf:d=100,a=1.1",
     "--out": "new-keys",
     "--device": "phone-1",
+    "--client": "no-such-ldpipe-client",
 }
 FILL_FOR: dict[tuple[str, str], str] = {
     ("produce", "--dataset"): "dictionary:a=1.1",
@@ -65,10 +66,11 @@ QUICK = {("query", "garbled store"), ("store verify", "missing segment"), ("dlq"
          ("produce", "missing key"), ("aggregator", "bad config value"),
          ("store list", "missing config"), ("simulate", "missing dataset file"),
          ("params", "bad option value"), ("issuer", "missing key"),
-         ("issuer credentials add", "missing config")}  # fmt: skip
+         ("issuer credentials add", "missing config"),
+         ("conformance", "bad option value")}  # fmt: skip
 # commands that take no configuration: only the bad value and a missing dataset file apply
 NO_FILES = {"demo", "params", "simulate", "discover-sim", "privacy amplification", "keys tag",
-            "keys generate", "init"}  # fmt: skip
+            "keys generate", "init", "conformance"}  # fmt: skip
 
 
 @dataclass(frozen=True)

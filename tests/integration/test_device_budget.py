@@ -16,41 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from ldpipe.infra.gateway.producer import AsyncProducer
-from ldpipe.infra.runtime.kafka import KafkaSettings, TopicSpec, ensure_topics, read_to_end
+from ldpipe.infra.runtime.kafka import KafkaSettings, read_to_end
 from ldpipe.producers.device import BudgetLedger, GatewayDevice
-from ldpipe.schemas.config import load_config
-from ldpipe.schemas.keys import KeyPair, write_public_key
-from tests.gateway_helpers import SHUFFLER, RunningGateway, run_gateway, wait_for
-from tests.issuer_helpers import add_credential, start_issuer
+from ldpipe.schemas.keys import KeyPair
+from tests.front_door_helpers import new_topic, serve_front_door, write_front_door_config
+from tests.gateway_helpers import RunningGateway
+from tests.issuer_helpers import add_credential
 
 PERIOD = 20
-CONFIG = f"""
-[kafka]
-bootstrap_servers = "{{bootstrap}}"
-
-[[use_case]]
-name = "emoji"
-mechanism = "cms"
-epsilon = 4.0
-k = 16
-m = 64
-dictionary = "builtin:emoji"
-public_key = "analyzer.public.json"
-
-[use_case.topics]
-reports = "{{topic}}"
-
-[use_case.shuffle]
-public_key = "shuffler.public.json"
-contribution_limit = 3
-contribution_period_seconds = {PERIOD}
-time_precision_seconds = 1
-
-[issuer]
-name = "issuer.test"
-port = 0
-"""
 ANALYZER = KeyPair.generate(key_id=1)
 
 RESTARTED = """
@@ -66,28 +39,16 @@ print(json.dumps({"accepted": r.accepted, "budget_held": r.budget_held, "sent": 
 @pytest.fixture
 def front_door(tmp_path: Path, broker: KafkaSettings) -> Iterator[tuple[RunningGateway, str, Path]]:
     """(gateway, reports topic, configuration path)."""
-    topic = f"reports-budget-{time.monotonic_ns()}"
-    ensure_topics(broker, [TopicSpec(topic, 1)])
-    write_public_key(ANALYZER, tmp_path / "analyzer.public.json")
-    write_public_key(SHUFFLER, tmp_path / "shuffler.public.json")
-    path = tmp_path / "pipeline.toml"
-    path.write_text(CONFIG.format(bootstrap=broker.bootstrap_servers, topic=topic), "utf-8")
-    issuer = start_issuer(path)
-    path.write_text(
-        path.read_text("utf-8") + f'\n[gateway]\norigin_name = "gateway.test"\n'
-        f'issuer_directory_url = "{issuer.url}/.well-known/private-token-issuer-directory"\n',
-        "utf-8",
+    topic = new_topic(broker, "reports-budget", partitions=1)
+    config = write_front_door_config(
+        tmp_path,
+        bootstrap=broker.bootstrap_servers,
+        topic=topic,
+        analyzer=ANALYZER,
+        shuffle={"contribution_period_seconds": PERIOD, "time_precision_seconds": 1},
     )
-    producer = AsyncProducer(broker)
-    try:
-        with run_gateway(
-            load_config(path), producer=producer, kafka_reachable=producer.reachable
-        ) as gw:
-            assert wait_for(lambda: gw.state.readiness.ready, 15), gw.state.readiness.state()
-            yield gw, topic, path
-    finally:
-        producer.close()
-        issuer.kill()
+    with serve_front_door(config, broker) as door:
+        yield door.gateway, topic, config
 
 
 def _at_a_period_start() -> None:

@@ -6,48 +6,21 @@ analyzer's keys."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from ldpipe.infra.gateway.producer import AsyncProducer
-from ldpipe.infra.runtime.kafka import KafkaSettings, TopicSpec, ensure_topics, read_to_end
+from ldpipe.infra.runtime.kafka import KafkaSettings, read_to_end
 from ldpipe.producers.device import DeviceError, GatewayDevice, RetryPolicy
-from ldpipe.schemas.config import load_config
 from ldpipe.schemas.envelope import open_envelope
-from ldpipe.schemas.keys import KeyPair, KeyRing, write_public_key
+from ldpipe.schemas.keys import KeyPair, KeyRing
 from ldpipe.schemas.outer import open_outer
-from tests.gateway_helpers import SHUFFLER, RunningGateway, run_gateway, wait_for
-from tests.issuer_helpers import add_credential, start_issuer
+from tests.front_door_helpers import new_topic, serve_front_door, write_front_door_config
+from tests.gateway_helpers import SHUFFLER, RunningGateway
+from tests.issuer_helpers import add_credential
 
 LIMIT = 3
-CONFIG = """
-[kafka]
-bootstrap_servers = "{bootstrap}"
-
-[[use_case]]
-name = "emoji"
-mechanism = "cms"
-epsilon = 4.0
-k = 16
-m = 64
-hash_seed = 9223372036854775813
-dictionary = "builtin:emoji"
-public_key = "analyzer.public.json"
-
-[use_case.topics]
-reports = "{topic}"
-
-[use_case.shuffle]
-public_key = "shuffler.public.json"
-contribution_limit = {limit}
-
-[issuer]
-name = "issuer.test"
-port = 0
-"""
 ANALYZER = KeyPair.generate(key_id=1)
 
 
@@ -56,30 +29,17 @@ def front_door(
     tmp_path: Path, broker: KafkaSettings
 ) -> Iterator[tuple[RunningGateway, str, str, Path]]:
     """(gateway, reports topic, issuer URL, configuration path)."""
-    topic = f"device-{os.urandom(4).hex()}"
-    ensure_topics(broker, [TopicSpec(topic, 2)])
-    write_public_key(ANALYZER, tmp_path / "analyzer.public.json")
-    write_public_key(SHUFFLER, tmp_path / "shuffler.public.json")
-    path = tmp_path / "pipeline.toml"
-    path.write_text(
-        CONFIG.format(bootstrap=broker.bootstrap_servers, topic=topic, limit=LIMIT), "utf-8"
+    topic = new_topic(broker, "device")
+    config = write_front_door_config(
+        tmp_path,
+        bootstrap=broker.bootstrap_servers,
+        topic=topic,
+        analyzer=ANALYZER,
+        use_case={"hash_seed": 9223372036854775813},
+        shuffle={"contribution_limit": LIMIT},
     )
-    issuer = start_issuer(path)
-    path.write_text(
-        path.read_text("utf-8") + f'\n[gateway]\norigin_name = "gateway.test"\n'
-        f'issuer_directory_url = "{issuer.url}/.well-known/private-token-issuer-directory"\n',
-        "utf-8",
-    )
-    producer = AsyncProducer(broker)
-    try:
-        with run_gateway(
-            load_config(path), producer=producer, kafka_reachable=producer.reachable
-        ) as gw:
-            assert wait_for(lambda: gw.state.readiness.ready, 15), gw.state.readiness.state()
-            yield gw, topic, issuer.url, path
-    finally:
-        producer.close()
-        issuer.kill()
+    with serve_front_door(config, broker) as door:
+        yield door.gateway, topic, door.issuer.url, config
 
 
 def test_a_device_spends_one_token_per_report_and_holds_the_rest(

@@ -43,23 +43,22 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from ldpipe.infra.cli.pipeline import LocalPipeline
-from ldpipe.infra.gateway.producer import AsyncProducer
 from ldpipe.infra.runtime.kafka import KafkaSettings, read_to_end
 from ldpipe.infra.runtime.ledger_io import read_ledger
 from ldpipe.producers.device import GatewayDevice
-from ldpipe.schemas.config import load_config
 from ldpipe.schemas.keys import KeyRing
 from ldpipe.schemas.outer import open_outer
 from ldpipe.schemas.privacy.ledger import WindowRecord
 from ldpipe.schemas.upload import MEDIA_TYPE, UploadAnswer, UploadedReport, encode_batch
-from tests.gateway_helpers import run_gateway, wait_for
+from tests.front_door_helpers import serve_front_door, with_issuer_table
+from tests.gateway_helpers import wait_for
 from tests.integration.pipeline_helpers import (
     live_sketch,
     make_pipeline,
     offline_sketch,
     publish,
 )
-from tests.issuer_helpers import add_credential, start_issuer
+from tests.issuer_helpers import add_credential
 
 N = 5  # the quota: contribution_limit
 FLOOD = 20_000
@@ -82,32 +81,16 @@ def front_door(tmp: Path, broker: KafkaSettings, metrics_port: int) -> Iterator[
         tmp, broker.bootstrap_servers, n_min=1, max_reports=5000, max_wait_seconds=0.5,
         contribution_limit=N,
     )  # fmt: skip
-    issuer_config = pipe.workdir / "issuer.toml"
-    issuer_config.write_text(
-        pipe.config_path.read_text("utf-8") + '\n[issuer]\nname = "issuer.test"\nport = 0\n',
-        "utf-8",
-    )
-    issuer = start_issuer(issuer_config)
-    config = pipe.workdir / "front-door.toml"
-    config.write_text(
-        issuer_config.read_text("utf-8") + '\n[gateway]\norigin_name = "gateway.test"\n'
-        f'issuer_directory_url = "{issuer.url}/.well-known/private-token-issuer-directory"\n',
-        "utf-8",
-    )
-    producer = AsyncProducer(broker)
     try:
-        with run_gateway(
-            load_config(config), producer=producer, kafka_reachable=producer.reachable
-        ) as gw:
-            assert wait_for(lambda: gw.state.readiness.ready, 15), gw.state.readiness.state()
+        with serve_front_door(
+            with_issuer_table(pipe.config_path), broker, gateway_name="front-door.toml"
+        ) as door:
             pipe.start("shuffler", ["shuffler", "--use-case", pipe.use_case.name,
                                     "--metrics-port", str(metrics_port)])  # fmt: skip
             pipe.start_aggregator()
-            yield FrontDoor(pipe, gw.url, config, metrics_port)
+            yield FrontDoor(pipe, door.gateway.url, door.config, metrics_port)
     finally:
         pipe.stop_all()
-        producer.close()
-        issuer.kill()
 
 
 def rejected(port: int) -> dict[str, float]:
@@ -179,7 +162,7 @@ def test_flood_one_identity_moves_the_estimate_by_its_quota_at_most(
         assert forwarded == 50 * N  # the gateway is stateless: the shuffler's ledger refuses
 
         baseline = len(honest)
-        pipe.wait_for_count(pipe.aggregated, baseline + 2 * N, "the sketch", stall=60)
+        pipe.wait_for_count(pipe.aggregated, baseline + 2 * N, "the sketch", stall=180)
         pipe.wait_until(lambda: pipe.shuffler_backlog() == 0, 60, "the shuffler")
         refusals = {"replayed_key": 49 * N}  # every reuse of a nonce, and nothing else
         assert wait_for(lambda: rejected(door.metrics_port) == refusals, 30)
@@ -236,7 +219,7 @@ def test_replay_the_same_upload_twice_is_refused_by_the_shuffler(
         assert again.status_code == 200  # the gateway is stateless: it takes it again
         assert UploadAnswer.from_json(again.content) == UploadAnswer(3, ())
 
-        pipe.wait_for_count(pipe.aggregated, 3, "the sketch", stall=60)
+        pipe.wait_for_count(pipe.aggregated, 3, "the sketch", stall=180)
         pipe.wait_until(lambda: pipe.shuffler_backlog() == 0, 60, "the shuffler")
         assert wait_for(lambda: sum(rejected(door.metrics_port).values()) == 3, 30)
         assert rejected(door.metrics_port) == {"replayed_report_id": 3}

@@ -16,13 +16,12 @@ from pathlib import Path
 import httpx
 
 from ldpipe.infra.runtime.kafka import KafkaSettings, read_to_end
-from ldpipe.schemas.keys import KeyPair, save_key_pair, write_public_key
+from ldpipe.schemas.keys import KeyPair, save_key_pair
 from ldpipe.schemas.ohttp import parse_key_configs
 from ldpipe.schemas.upload import MEDIA_TYPE
+from tests.front_door_helpers import directory_url, write_front_door_config
 from tests.gateway_helpers import (
     ISSUER,
-    ORIGIN,
-    SHUFFLER,
     Issuer,
     batch,
     directory_app,
@@ -32,56 +31,29 @@ from tests.gateway_helpers import (
     wait_for,
 )
 
-CONFIG = """
-[kafka]
-bootstrap_servers = "{bootstrap}"
-
-[gateway]
-origin_name = "{origin}"
-issuer_name = "{issuer}"
-issuer_directory_url = "{directory}"
-port = 0
-ohttp_keys = ["ohttp"]
-
-[[use_case]]
-name = "emoji"
-mechanism = "cms"
-epsilon = 4.0
-k = 16
-m = 64
-dictionary = "builtin:emoji"
-public_key = "analyzer.public.json"
-
-[use_case.topics]
-reports = "{topic}"
-
-[use_case.shuffle]
-public_key = "shuffler.public.json"
-"""
-
 
 def test_the_command_serves_and_stops_on_sigterm(
     broker: KafkaSettings, tmp_path: Path, group_id: str
 ) -> None:
     issuer = Issuer()
     issuer.key("emoji", now_period())
-    write_public_key(KeyPair.generate(key_id=1), tmp_path / "analyzer.public.json")
-    write_public_key(SHUFFLER, tmp_path / "shuffler.public.json")
     save_key_pair(
         KeyPair.generate(key_id=3, name="gateway-ohttp", role="ohttp"), tmp_path / "ohttp"
     )
     topic = f"gateway-cli-{group_id[-8:]}"
     with serve_app(directory_app(issuer)) as url:
-        config = tmp_path / "pipeline.toml"
-        config.write_text(
-            CONFIG.format(
-                bootstrap=broker.bootstrap_servers,
-                origin=ORIGIN,
-                issuer=ISSUER,
-                directory=f"{url}/.well-known/private-token-issuer-directory",
-                topic=topic,
-            ),
-            encoding="utf-8",
+        config = write_front_door_config(
+            tmp_path,
+            bootstrap=broker.bootstrap_servers,
+            topic=topic,
+            shuffle={"contribution_limit": None},
+            with_issuer=False,
+            gateway={
+                "issuer_name": ISSUER,
+                "issuer_directory_url": directory_url(url),
+                "port": 0,
+                "ohttp_keys": ["ohttp"],
+            },
         )
         process = subprocess.Popen(
             [sys.executable, "-m", "ldpipe.infra.cli", "gateway", "--config", str(config),

@@ -16,10 +16,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from ldpipe.infra.gateway.producer import AsyncProducer
-from ldpipe.infra.runtime.kafka import KafkaSettings, TopicSpec, ensure_topics, read_to_end
+from ldpipe.infra.runtime.kafka import KafkaSettings, read_to_end
 from ldpipe.schemas.bhttp import Request, decode_response, encode_request
 from ldpipe.schemas.config import PipelineConfig, load_config
-from ldpipe.schemas.keys import KeyPair, write_public_key
 from ldpipe.schemas.ohttp import (
     KEYS_MEDIA_TYPE,
     REQUEST_MEDIA_TYPE,
@@ -37,45 +36,21 @@ from ldpipe.schemas.tokens import (
     redemption_context,
 )
 from ldpipe.schemas.upload import MEDIA_TYPE, UploadAnswer
+from tests.front_door_helpers import new_topic, with_gateway_table, write_front_door_config
 from tests.gateway_helpers import SHUFFLER, batch, run_gateway, wait_for
 from tests.issuer_helpers import Issuer, add_credential, start_issuer
 
 LIMIT = 3
-CONFIG = """
-[kafka]
-bootstrap_servers = "{bootstrap}"
-
-[[use_case]]
-name = "emoji"
-mechanism = "cms"
-epsilon = 4.0
-k = 16
-m = 64
-dictionary = "builtin:emoji"
-public_key = "analyzer.public.json"
-
-[use_case.topics]
-reports = "{topic}"
-
-[use_case.shuffle]
-public_key = "shuffler.public.json"
-contribution_limit = {limit}
-
-[issuer]
-name = "issuer.test"
-port = 0
-"""
 
 
 @pytest.fixture
 def issuer(tmp_path: Path, broker: KafkaSettings) -> Iterator[tuple[Path, Issuer, str]]:
-    topic = f"front-door-{os.urandom(4).hex()}"
-    ensure_topics(broker, [TopicSpec(topic, 2)])
-    write_public_key(KeyPair.generate(key_id=1), tmp_path / "analyzer.public.json")
-    write_public_key(SHUFFLER, tmp_path / "shuffler.public.json")
-    config = tmp_path / "pipeline.toml"
-    config.write_text(
-        CONFIG.format(bootstrap=broker.bootstrap_servers, topic=topic, limit=LIMIT), "utf-8"
+    topic = new_topic(broker, "front-door")
+    config = write_front_door_config(
+        tmp_path,
+        bootstrap=broker.bootstrap_servers,
+        topic=topic,
+        shuffle={"contribution_limit": LIMIT},
     )
     running = start_issuer(config)
     try:
@@ -87,14 +62,7 @@ def issuer(tmp_path: Path, broker: KafkaSettings) -> Iterator[tuple[Path, Issuer
 def _gateway_config(config_path: Path, running: Issuer) -> PipelineConfig:
     """The gateway's configuration: the issuer's name comes from [issuer], its directory is
     the running issuer's (it picked a free port)."""
-    gateway_config = config_path.with_name("gateway.toml")
-    gateway_config.write_text(
-        config_path.read_text("utf-8")
-        + f'\n[gateway]\norigin_name = "gateway.test"\nissuer_directory_url = '
-        f'"{running.url}/.well-known/private-token-issuer-directory"\n',
-        "utf-8",
-    )
-    config = load_config(gateway_config)
+    config = load_config(with_gateway_table(config_path, running.url, name="gateway.toml"))
     assert config.gateway is not None and config.gateway.issuer_name == "issuer.test"
     return config
 

@@ -6,65 +6,36 @@ device retries; the issuer comes back on its address; the same report is accepte
 
 from __future__ import annotations
 
-import os
 import threading
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
 from ldpipe.infra.gateway.producer import AsyncProducer
-from ldpipe.infra.runtime.kafka import KafkaSettings, TopicSpec, ensure_topics, read_to_end
+from ldpipe.infra.runtime.kafka import KafkaSettings, read_to_end
 from ldpipe.producers.device import GatewayDevice, RetryPolicy, SendResult
 from ldpipe.schemas.config import load_config
-from ldpipe.schemas.keys import KeyPair, write_public_key
-from tests.gateway_helpers import SHUFFLER, run_gateway, wait_for
+from tests.front_door_helpers import directory_url, new_topic, write_front_door_config
+from tests.gateway_helpers import run_gateway, wait_for
 from tests.issuer_helpers import add_credential, start_issuer
 
 ISSUER_PORT = 19771  # fixed: the issuer comes back on the address the gateway knows
 GATEWAY_PORT = 19772  # fixed: the restarted gateway is where the device sends
-CONFIG = """
-[kafka]
-bootstrap_servers = "{bootstrap}"
-
-[[use_case]]
-name = "emoji"
-mechanism = "cms"
-epsilon = 4.0
-k = 16
-m = 64
-dictionary = "builtin:emoji"
-public_key = "analyzer.public.json"
-
-[use_case.topics]
-reports = "{topic}"
-
-[use_case.shuffle]
-public_key = "shuffler.public.json"
-contribution_limit = 3
-
-[issuer]
-name = "issuer.test"
-addr = "127.0.0.1"
-port = {issuer_port}
-
-[gateway]
-origin_name = "gateway.test"
-issuer_directory_url = "http://127.0.0.1:{issuer_port}/.well-known/private-token-issuer-directory"
-directory_refresh_seconds = 0.5
-"""
 
 
 def test_a_report_sent_while_the_issuer_is_down_is_accepted_once_it_is_back(
     tmp_path: Path, broker: KafkaSettings, group_id: str
 ) -> None:
-    topic = f"issuer-down-{os.urandom(4).hex()}"
-    ensure_topics(broker, [TopicSpec(topic, 2)])
-    write_public_key(KeyPair.generate(key_id=1), tmp_path / "analyzer.public.json")
-    write_public_key(SHUFFLER, tmp_path / "shuffler.public.json")
-    path = tmp_path / "pipeline.toml"
-    path.write_text(
-        CONFIG.format(bootstrap=broker.bootstrap_servers, topic=topic, issuer_port=ISSUER_PORT),
-        "utf-8",
+    topic = new_topic(broker, "issuer-down")
+    path = write_front_door_config(
+        tmp_path,
+        bootstrap=broker.bootstrap_servers,
+        topic=topic,
+        issuer={"addr": "127.0.0.1", "port": ISSUER_PORT},
+        gateway={
+            "issuer_directory_url": directory_url(f"http://127.0.0.1:{ISSUER_PORT}"),
+            "directory_refresh_seconds": 0.5,
+        },
     )
     config = load_config(path)
     secret = add_credential(path, "phone-1")

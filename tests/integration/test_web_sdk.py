@@ -28,12 +28,10 @@ import numpy as np
 import pytest
 
 from ldpipe.aggregator.query import query_use_case
-from ldpipe.infra.gateway.producer import AsyncProducer
 from ldpipe.infra.runtime.kafka import KafkaSettings
-from ldpipe.schemas.config import load_config
-from tests.gateway_helpers import run_gateway, wait_for
+from tests.front_door_helpers import serve_front_door, with_issuer_table
 from tests.integration.pipeline_helpers import make_pipeline
-from tests.issuer_helpers import add_credential, start_issuer
+from tests.issuer_helpers import add_credential
 
 ROOT = Path(__file__).resolve().parents[2]
 BUNDLE = ROOT / "producers" / "web" / "dist" / "ldpipe.js"
@@ -76,24 +74,11 @@ def test_web_sdk_reports_are_all_aggregated_and_estimates_hold(
     assert uc.dictionary_items is not None
     names = list(uc.dictionary_items[: len(COUNTS)])
     items = [name for name, count in zip(names, COUNTS, strict=True) for _ in range(count)]
-    issuer_config = pipe.workdir / "issuer.toml"
-    issuer_config.write_text(
-        pipe.config_path.read_text("utf-8") + '\n[issuer]\nname = "issuer.test"\nport = 0\n',
-        "utf-8",
-    )
-    issuer = start_issuer(issuer_config)
-    config = pipe.workdir / "front-door.toml"
-    config.write_text(
-        issuer_config.read_text("utf-8") + '\n[gateway]\norigin_name = "gateway.test"\n'
-        f'issuer_directory_url = "{issuer.url}/.well-known/private-token-issuer-directory"\n',
-        "utf-8",
-    )
-    producer = AsyncProducer(broker)
     try:
-        with run_gateway(
-            load_config(config), producer=producer, kafka_reachable=producer.reachable
-        ) as gw:
-            assert wait_for(lambda: gw.state.readiness.ready, 15), gw.state.readiness.state()
+        with serve_front_door(
+            with_issuer_table(pipe.config_path), broker, gateway_name="front-door.toml"
+        ) as door:
+            gw, config = door.gateway, door.config
             pipe.start("shuffler", ["shuffler", "--use-case", uc.name])
             pipe.start_aggregator()
             secret = add_credential(config, "browser-1")
@@ -110,8 +95,6 @@ def test_web_sdk_reports_are_all_aggregated_and_estimates_hold(
             assert pipe.aggregated() == N  # every report exactly once
     finally:
         pipe.stop_all()
-        producer.close()
-        issuer.kill()
 
     result = query_use_case(uc, items=names)
     assert result.reports == N

@@ -33,6 +33,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ldpipe.schemas import tokens
 from ldpipe.schemas.errors import LdpipeError
 from ldpipe.schemas.tokens import (
     NONCE_LENGTH,
@@ -376,3 +377,55 @@ def test_vector_generator_is_current() -> None:
         [sys.executable, str(GENERATOR), "--check"], capture_output=True, text=True, check=False
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# ---- the private operation: GMP (gmpy2) and its Python-integer fallback ------------------------
+
+
+@pytest.fixture(params=["gmpy2", "python"])
+def crt_backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each test that asks runs twice: with gmpy2 (installed: a dependency) and without it."""
+    assert tokens.gmpy2 is not None, "gmpy2 is a dependency: pip install -e ."
+    if request.param == "python":
+        monkeypatch.setattr(tokens, "gmpy2", None)
+    return str(request.param)
+
+
+def test_both_backends_reproduce_the_rfc_vectors_and_check_faults(crt_backend: str) -> None:
+    test_rfc9474_deterministic_vector_byte_for_byte()
+    for name in ("RSABSSA-SHA384-PSS-Randomized", "RSABSSA-SHA384-PSSZERO-Randomized",
+                 "RSABSSA-SHA384-PSSZERO-Deterministic"):  # fmt: skip
+        test_rfc9474_other_variants_share_blind_sign(name)
+    for index in range(5):
+        test_rfc9578_vector_byte_for_byte(index)
+    test_blind_sign_checks_its_result()
+    test_ldpipe_vectors_reproduce()
+
+
+def test_gmpy2_and_python_integers_give_the_same_signatures() -> None:
+    key = fixed_key()
+    rng = random.Random(19890)
+    for _ in range(50):
+        m = rng.randrange(0, key.public.n)
+        assert tokens._crt_gmpy2(key, m) == tokens._crt_python(key, m)
+        assert type(tokens._crt_gmpy2(key, m)) is int
+        assert key.private_op(m) == tokens._crt_python(key, m)
+
+
+def test_without_gmpy2_tokens_are_issued_with_python_integers() -> None:
+    """A platform where gmpy2 cannot be imported: the module loads and signs without it."""
+    script = (
+        "import sys; sys.modules['gmpy2'] = None\n"  # makes `import gmpy2` raise ImportError
+        "from ldpipe.schemas import tokens as t\n"
+        "assert t.gmpy2 is None\n"
+        "key = t.IssuerKeyPair.generate()\n"
+        "c = t.TokenChallenge('i.example', t.redemption_context('emoji', 1), 'gw')\n"
+        "request, state = t.begin_token_request(c, key.public)\n"
+        "token = t.finalize_token(state, t.issue_token_response(key, request))\n"
+        "t.verify_token(token, key.public, c)\n"
+        "print('ok')\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-2000:]

@@ -275,8 +275,16 @@ def build_app(state: GatewayState) -> ASGIApp:
             "/v1/use-cases/{name}/reports, /healthz and /readyz",
         )
 
-    async def not_allowed(request: Request, _exc: Exception) -> Response:
-        return problem(405, "method_not_allowed", "Method not allowed", f"{request.method[:16]}")
+    async def not_allowed(request: Request, exc: Exception) -> Response:
+        # RFC 9110 §15.5.6: a 405 carries Allow (the route's methods, from Starlette)
+        allow = (getattr(exc, "headers", None) or {}).get("Allow", "")
+        return problem(
+            405,
+            "method_not_allowed",
+            "Method not allowed",
+            f"{request.method[:16]} is not served here; use {allow or 'another method'}",
+            {"Allow": allow} if allow else None,
+        )
 
     async def server_error(_request: Request, exc: Exception) -> Response:
         log.error("gateway error: %s: %s", type(exc).__name__, " ".join(str(exc).split()))

@@ -395,7 +395,14 @@ def build_app(
         return PlainTextResponse(text, status_code=int(status))
 
     async def method_not_allowed(request: Request, exc: Exception) -> Response:
-        return TokenRequestError(405, "method", f"{request.method} is not allowed here").response()
+        # RFC 9110 §15.5.6: a 405 carries Allow (the route's methods, from Starlette)
+        allow = (getattr(exc, "headers", None) or {}).get("Allow", "")
+        return TokenRequestError(
+            405,
+            "method",
+            f"{request.method[:16]} is not allowed here; use {allow or 'another method'}",
+            {"Allow": allow} if allow else None,
+        ).response()
 
     async def not_found(request: Request, exc: Exception) -> Response:
         return TokenRequestError(404, "not_found", f"no such path: {request.url.path}").response()

@@ -11,10 +11,10 @@
     GET  /metrics, /healthz, /readyz                   as every ldpipe service
 
 Refusals are RFC 9457 problem details (``application/problem+json``) whose ``type`` is
-``urn:ldpipe:issuer:<reason>``: 404 unknown use case, 415 wrong media type, 413 body too large,
-401 no valid credential (with ``WWW-Authenticate: Bearer``), 422 a token request of another
-type, size or key (RFC 9578 §6.2), 429 quota spent (with ``Retry-After``: seconds to the next
-period). Nothing of a request's body is logged, stored or put in a metric label.
+``urn:ldpipe:issuer:<reason>``, checked in this order: 404 unknown use case, 401 no valid
+credential (with ``WWW-Authenticate: Bearer``: before the body is read), 415 wrong media type,
+413 body too large, 422 a token request of another type, size or key (RFC 9578 §6.2), 429
+quota spent (with ``Retry-After``: seconds to the next period). Nothing of a request's body is logged, stored or put in a metric label.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Final
 
 from prometheus_client import CollectorRegistry
@@ -183,12 +184,15 @@ class IssuerService:
         }
         return document, max_age
 
-    def issue_batch(self, use_case: str, headers: Mapping[str, str], body: bytes) -> bytes:
+    def issue_batch(
+        self, use_case: str, headers: Mapping[str, str], body: bytes, *, device: str | None = None
+    ) -> bytes:
         """Token responses for a batch of token requests of one key (``schemas/tokens.md``,
         "Batches"): the first k of the n requests are signed, k = min(n, quota left), counted
-        in one transaction; 429 when k = 0. Attestation and every request are checked first."""
+        in one transaction; 429 when k = 0. Attestation (skipped when ``device`` is given: the
+        caller attested it) and every request are checked first."""
         policy = self.policies[use_case]
-        device = self._attest(headers)
+        device = self.attest(headers) if device is None else device
         try:
             items = decode_batch(body, TOKEN_REQUEST_LENGTH, MAX_BATCH)
             requests = [TokenRequest.parse(item) for item in items]
@@ -207,7 +211,8 @@ class IssuerService:
             raise self._quota_refusal(policy, period)
         return encode_batch([blind_sign(key, r.blinded_msg) for r in requests[:granted]])
 
-    def _attest(self, headers: Mapping[str, str]) -> str:
+    def attest(self, headers: Mapping[str, str]) -> str:
+        """The device id the attester vouches for, or ``TokenRequestError`` 401."""
         try:
             return self.attester.attest(headers)
         except AttestationError as exc:
@@ -252,19 +257,17 @@ class IssuerService:
             {"Retry-After": str(retry)},
         )
 
-    def issue(self, use_case: str, headers: Mapping[str, str], body: bytes) -> bytes:
+    def issue(
+        self, use_case: str, headers: Mapping[str, str], body: bytes, *, device: str | None = None
+    ) -> bytes:
         """A token response for an attested device's token request, or ``TokenRequestError``.
 
-        Order: the device is attested (401), the request parsed and matched to the current or
-        next period's key (422), one token of that period's quota spent (429), then signed.
+        Order: the device is attested (401; skipped when ``device`` is given: the caller
+        attested it), the request parsed and matched to the current or next period's key
+        (422), one token of that period's quota spent (429), then signed.
         """
         policy = self.policies[use_case]
-        try:
-            device = self.attester.attest(headers)
-        except AttestationError as exc:
-            raise TokenRequestError(
-                401, "unauthorized", str(exc), {"WWW-Authenticate": "Bearer"}
-            ) from None
+        device = self.attest(headers) if device is None else device
         try:
             request = TokenRequest.parse(body)
         except TokenError as exc:
@@ -346,12 +349,16 @@ def build_app(
                 raise TokenRequestError(
                     404, "not_found", f"no use case {use_case!r}: ask ?use_case= one of {known}"
                 )
+            # the credential before the body: a client without one learns nothing more
+            device = await run_in_threadpool(service.attest, request.headers)
             if _media_type(request.headers.get("content-type")) != REQUEST_TYPE:
                 raise TokenRequestError(
                     415, "media_type", f"send the token request as {REQUEST_TYPE}"
                 )
             body = await _body(request, MAX_BODY)
-            answer = await run_in_threadpool(service.issue, use_case, request.headers, body)
+            answer = await run_in_threadpool(
+                partial(service.issue, device=device), use_case, request.headers, body
+            )
         except TokenRequestError as refusal:
             service.metrics.refused.labels(use_case=label, reason=refusal.reason).inc()
             return refusal.response()
@@ -369,12 +376,15 @@ def build_app(
                 raise TokenRequestError(
                     404, "not_found", f"no use case {use_case!r}: ask ?use_case= one of {known}"
                 )
+            device = await run_in_threadpool(service.attest, request.headers)
             if _media_type(request.headers.get("content-type")) != BATCH_REQUEST_TYPE:
                 raise TokenRequestError(
                     415, "media_type", f"send the batch of token requests as {BATCH_REQUEST_TYPE}"
                 )
             body = await _body(request, MAX_BATCH_BODY, f"at most {MAX_BATCH} token requests")
-            answer = await run_in_threadpool(service.issue_batch, use_case, request.headers, body)
+            answer = await run_in_threadpool(
+                partial(service.issue_batch, device=device), use_case, request.headers, body
+            )
         except TokenRequestError as refusal:
             service.metrics.refused.labels(use_case=label, reason=refusal.reason).inc()
             return refusal.response()

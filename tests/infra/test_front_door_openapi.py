@@ -106,7 +106,7 @@ class Spec:
         return node
 
 
-class TestClient:
+class InProcess:
     """Requests to an ASGI application in process (httpx's ASGI transport), one at a time."""
 
     def __init__(self, app: Any) -> None:
@@ -155,7 +155,7 @@ class _NoKafka:
 
 
 @pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TestClient, Any]]:
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[InProcess, Any]]:
     config = make_config(tmp_path_factory.mktemp("gw"), cors_origins=[ORIGIN])
     state = gateway_state(
         config,
@@ -167,11 +167,11 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TestClie
     )
     key = GatewayKey.from_pair(KeyPair.generate(key_id=3, name="ohttp", role="ohttp"))
     app = gateway_app(state, [key], CollectorRegistry())
-    yield TestClient(app), app
+    yield InProcess(app), app
 
 
 def test_the_gateway_document_names_exactly_the_routes_served(
-    gateway: tuple[TestClient, Any],
+    gateway: tuple[InProcess, Any],
 ) -> None:
     _, app = gateway
     served = _routes(app.inner_app.app.routes)  # OHTTPGateway -> _Anonymous -> Starlette
@@ -182,7 +182,7 @@ def test_the_gateway_document_names_exactly_the_routes_served(
     assert GATEWAY.operations() == served
 
 
-def test_gateway_answers_are_the_documented_ones(gateway: tuple[TestClient, Any]) -> None:
+def test_gateway_answers_are_the_documented_ones(gateway: tuple[InProcess, Any]) -> None:
     client, _ = gateway
     config = "/v1/use-cases/{name}/config"
     reports = "/v1/use-cases/{name}/reports"
@@ -235,7 +235,7 @@ def test_gateway_answers_are_the_documented_ones(gateway: tuple[TestClient, Any]
     ],
 )
 def test_a_method_not_served_is_405_with_allow(
-    gateway: tuple[TestClient, Any], method: str, path: str, allow: str
+    gateway: tuple[InProcess, Any], method: str, path: str, allow: str
 ) -> None:
     """RFC 9110 §15.5.6: a 405 "MUST generate an Allow header field"."""
     answer = gateway[0].request(method, path)
@@ -246,7 +246,7 @@ def test_a_method_not_served_is_405_with_allow(
 
 # ---- the issuer ----------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def issuer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TestClient, Any, str]]:
+def issuer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[InProcess, Any, str]]:
     tmp = tmp_path_factory.mktemp("issuer")
     store = SQLiteStore(tmp / "db.sqlite3")
     secret = store.add_credential("phone-1")
@@ -258,16 +258,18 @@ def issuer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TestClien
         IssuerMetrics.create(CollectorRegistry()),
     )
     app = build_app(service, CollectorRegistry())
-    yield TestClient(app), app, secret
+    yield InProcess(app), app, secret
 
 
 def test_the_issuer_document_names_exactly_the_routes_served(
-    issuer: tuple[TestClient, Any, str],
+    issuer: tuple[InProcess, Any, str],
 ) -> None:
     assert ISSUER.operations() == _routes(issuer[1].routes)
 
 
-def test_issuer_answers_are_the_documented_ones(issuer: tuple[TestClient, Any, str]) -> None:
+def test_issuer_answers_are_the_documented_ones(issuer: tuple[InProcess, Any, str]) -> None:
+    """Every refusal of a request as a whole, in the documented order: the credential is
+    checked before the media type and the body (a request with neither is 401, not 415)."""
     client, _, secret = issuer
     directory = "/.well-known/private-token-issuer-directory"
     ISSUER.check(directory, "get", client.get(directory))
@@ -282,6 +284,7 @@ def test_issuer_answers_are_the_documented_ones(issuer: tuple[TestClient, Any, s
             ("?use_case=emoji", b"x", {"Content-Type": "text/plain", **bearer}, 415),
             ("?use_case=emoji", b"x" * (limit + 1), {**typed, **bearer}, 413),
             ("?use_case=emoji", b"x", typed, 401),
+            ("?use_case=emoji", b"x" * (limit + 1), {"Content-Type": "text/plain"}, 401),
             ("?use_case=emoji", b"x", {**typed, "Authorization": "Bearer wrong"}, 401),
             ("?use_case=emoji", b"\x00\x02" + bytes(257), {**typed, **bearer}, 422),
         ]:
@@ -302,7 +305,7 @@ def test_issuer_answers_are_the_documented_ones(issuer: tuple[TestClient, Any, s
     ],
 )
 def test_the_issuer_answers_405_with_allow(
-    issuer: tuple[TestClient, Any, str], method: str, path: str, allow: str
+    issuer: tuple[InProcess, Any, str], method: str, path: str, allow: str
 ) -> None:
     answer = issuer[0].request(method, path)
     assert answer.status_code == 405

@@ -3,6 +3,7 @@
     GET  /v1/use-cases/{name}/config    the device configuration (ETag, Cache-Control, 304)
     POST /v1/use-cases/{name}/reports   an upload batch (schemas/upload.md) -> 200 + answer
     GET  /healthz, /readyz              liveness; readiness (Kafka and the issuer directory)
+    OPTIONS on the two /v1/ paths       a CORS preflight (with ``cors_origins``), else 204 + Allow
 
 Errors of a request are RFC 9457 problem details (``application/problem+json``) with a
 ``reason`` member: 400 (a batch that does not parse), 404 (unknown use case), 408 (body too
@@ -112,6 +113,11 @@ async def _read_body(request: Request, limit: int, timeout: float) -> bytes:
     return bytes(body)
 
 
+def _options(allow: str) -> Response:
+    """The answer to an ``OPTIONS`` request that is not a CORS preflight (RFC 9110 §9.3.7)."""
+    return Response(status_code=204, headers={"Allow": allow})
+
+
 def _media_type(request: Request) -> str:
     return request.headers.get("content-type", "").split(";")[0].strip().lower()
 
@@ -135,6 +141,8 @@ def build_app(state: GatewayState) -> ASGIApp:
         name = request.path_params["name"]
         if name not in state.use_cases:
             return unknown(name, "config")
+        if request.method == "OPTIONS":
+            return _options("GET, HEAD, OPTIONS")
         document = state.use_cases[name][1]
         headers = {
             "ETag": document.etag,
@@ -150,6 +158,8 @@ def build_app(state: GatewayState) -> ASGIApp:
         name = request.path_params["name"]
         if name not in state.use_cases:
             return unknown(name, "reports")
+        if request.method == "OPTIONS":
+            return _options("POST, OPTIONS")
         answer = await _upload(request, name)
         metrics.requests.labels("reports", str(answer.status_code)).inc()
         return answer
@@ -292,8 +302,10 @@ def build_app(state: GatewayState) -> ASGIApp:
 
     app = Starlette(
         routes=[
-            Route("/v1/use-cases/{name}/config", device_config, methods=["GET"]),
-            Route("/v1/use-cases/{name}/reports", reports, methods=["POST"]),
+            # OPTIONS: a CORS preflight is answered by the middleware below; any other
+            # OPTIONS request by the handler (RFC 9110 §9.3.7: 204 with Allow)
+            Route("/v1/use-cases/{name}/config", device_config, methods=["GET", "OPTIONS"]),
+            Route("/v1/use-cases/{name}/reports", reports, methods=["POST", "OPTIONS"]),
             Route("/healthz", healthz, methods=["GET"]),
             Route("/readyz", readyz, methods=["GET"]),
         ],

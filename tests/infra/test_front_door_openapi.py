@@ -177,8 +177,6 @@ def test_the_gateway_document_names_exactly_the_routes_served(
     served = _routes(app.inner_app.app.routes)  # OHTTPGateway -> _Anonymous -> Starlette
     served[DEFAULT_KEYS_PATH] = {"get"}
     served[DEFAULT_REQUEST_PATH] = {"post"}
-    for path in ("/v1/use-cases/{name}/config", "/v1/use-cases/{name}/reports"):
-        served[path].add("options")  # CORS preflight, answered by the CORS middleware
     assert GATEWAY.operations() == served
 
 
@@ -212,6 +210,13 @@ def test_gateway_answers_are_the_documented_ones(gateway: tuple[InProcess, Any])
     refused = client.options(upload, headers={**preflight, "Origin": "https://evil.example"})
     assert refused.status_code == 400
     GATEWAY.check(reports, "options", refused)
+    plain = client.options(upload)  # not a preflight: RFC 9110 §9.3.7
+    assert plain.status_code == 204 and plain.headers["allow"] == "POST, OPTIONS"
+    GATEWAY.check(reports, "options", plain)
+    plain = client.options("/v1/use-cases/emoji/config", headers={"Origin": ORIGIN})
+    assert plain.status_code == 204 and plain.headers["allow"] == "GET, HEAD, OPTIONS"
+    GATEWAY.check(config, "options", plain)
+    GATEWAY.check(config, "options", client.options("/v1/use-cases/nope/config"))
     GATEWAY.check("/healthz", "get", client.get("/healthz"))
     GATEWAY.check("/readyz", "get", client.get("/readyz"))
     GATEWAY.check("/ohttp-keys", "get", client.get("/ohttp-keys"))

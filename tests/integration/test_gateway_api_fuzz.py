@@ -1,0 +1,104 @@
+"""An independent fuzzer against the gateway: schemathesis, ``--checks all --mode all``, every
+operation of ``schemas/gateway-api.yaml`` against a real ``ldpipe gateway`` process on the
+embedded broker, with an issuer directory of real blind-RSA keys, an OHTTP key and a CORS origin
+(so every documented path is served).
+
+Random bytes of the upload media type are valid by the document (it cannot describe the batch
+format of schemas/upload.md) and refused 400 by its parse rules; random OHTTP requests are
+refused 400 by RFC 9458 §5.2: those operations accept 400 as the answer to schema-valid data.
+The path's use case is the configured one (an unknown name is 404 before any check:
+``tests/infra/test_front_door_openapi.py`` covers it). Seeded and bounded (``--max-examples``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+
+from ldpipe.infra.runtime.kafka import KafkaSettings
+from ldpipe.schemas.keys import KeyPair, save_key_pair
+from tests.front_door_helpers import directory_url, write_front_door_config
+from tests.fuzz_helpers import run_schemathesis
+from tests.gateway_helpers import ISSUER, Issuer, directory_app, now_period, serve_app, wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+SPEC_PATH = ROOT / "schemas" / "gateway-api.yaml"
+ORIGIN = "https://app.example"
+
+CONFIG = """
+[parameters]
+"path.name" = "emoji"  # the configured use case, so requests reach the handlers
+
+[[operations]]
+include-operation-id = ["uploadReports", "ohttpRequest"]
+checks.positive_data_acceptance.expected-statuses = ["2xx", "304", "400", "404", "429"]
+
+[[operations]]
+include-operation-id = ["preflightConfig", "preflightReports"]
+checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "404"]
+"""
+
+
+@pytest.mark.slow
+def test_schemathesis_finds_no_failure(broker: KafkaSettings, tmp_path: Path, group_id: str) -> None:
+    issuer = Issuer()
+    issuer.key("emoji", now_period())
+    save_key_pair(
+        KeyPair.generate(key_id=3, name="gateway-ohttp", role="ohttp"), tmp_path / "ohttp"
+    )
+    with serve_app(directory_app(issuer)) as url:
+        config = write_front_door_config(
+            tmp_path,
+            bootstrap=broker.bootstrap_servers,
+            topic=f"gateway-fuzz-{group_id[-8:]}",
+            with_issuer=False,
+            gateway={
+                "issuer_name": ISSUER,
+                "issuer_directory_url": directory_url(url),
+                "port": 0,
+                "ohttp_keys": ["ohttp"],
+                "cors_origins": [ORIGIN],
+            },
+        )
+        process = subprocess.Popen(
+            [sys.executable, "-m", "ldpipe.infra.cli", "gateway", "--config", str(config),
+             "--progress", "0"],
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        out: list[str] = []
+        err: list[str] = []
+        readers = [
+            threading.Thread(target=lambda: out.extend(iter(process.stdout.readline, ""))),  # type: ignore[union-attr]
+            threading.Thread(target=lambda: err.extend(iter(process.stderr.readline, ""))),  # type: ignore[union-attr]
+        ]
+        for reader in readers:
+            reader.start()
+        try:
+            assert wait_for(lambda: any("/v1/use-cases/" in line for line in out), 60), (out, err)
+            match = re.search(r"(http://127\.0\.0\.1:\d+)/v1/", "".join(out))
+            assert match, out
+            base = match.group(1)
+            assert wait_for(lambda: httpx.get(f"{base}/readyz").status_code == 200, 30), err
+            report = run_schemathesis(SPEC_PATH, base, tmp_path, config=CONFIG)
+        finally:
+            process.send_signal(signal.SIGTERM)
+            try:
+                code = process.wait(30)
+            finally:
+                process.kill()
+                for reader in readers:
+                    reader.join()
+    assert code == 0, ("".join(out), "".join(err))
+    assert "Traceback" not in "".join(err)
+    assert "8 selected / 8 total" in report  # every operation of the document was exercised

@@ -16,7 +16,7 @@ HOOKS = Path(__file__).with_name("schemathesis_hooks.py")  # binary bodies, the 
 
 
 def run_schemathesis(
-    spec: Path, url: str, cwd: Path, *, config: str = "", max_examples: int = 30
+    spec: Path, url: str, cwd: Path, *, config: str = "", max_examples: int = 100
 ) -> str:
     """Fuzz every operation of ``spec`` at ``url`` with every check, schema-valid and
     schema-invalid requests; ``config`` (after the ``hooks`` key) is written to ``cwd/schemathesis.toml``, where its
@@ -58,4 +58,5 @@ def run_schemathesis(
     # no failure, no error (warnings, e.g. "mostly rejected generated data", may be printed)
     assert re.search(r"\b(\d+) generated, \1 passed\b", report), report[-8000:]
     assert "Failures:" not in report and "Errors:" not in report, report[-8000:]
+    print(report)  # shown by pytest -s or on failure
     return report

@@ -7,7 +7,9 @@ Random bytes of the upload media type are valid by the document (it cannot descr
 format of schemas/upload.md) and refused 400 by its parse rules; random OHTTP requests are
 refused 400 by RFC 9458 §5.2: those operations accept 400 as the answer to schema-valid data.
 The path's use case is the configured one (an unknown name is 404 before any check:
-``tests/infra/test_front_door_openapi.py`` covers it). Seeded and bounded (``--max-examples``).
+``tests/infra/test_front_door_openapi.py`` covers it). Last, a real batch (a valid report and a
+forged token) gets a 200 answer the document allows. Seeded and bounded (``--max-examples``),
+about 40 s on two cores.
 """
 
 from __future__ import annotations
@@ -27,7 +29,18 @@ from ldpipe.infra.runtime.kafka import KafkaSettings
 from ldpipe.schemas.keys import KeyPair, save_key_pair
 from tests.front_door_helpers import directory_url, write_front_door_config
 from tests.fuzz_helpers import run_schemathesis
-from tests.gateway_helpers import ISSUER, Issuer, directory_app, now_period, serve_app, wait_for
+from ldpipe.schemas.upload import MEDIA_TYPE
+from tests.gateway_helpers import (
+    ISSUER,
+    Issuer,
+    batch,
+    directory_app,
+    now_period,
+    serve_app,
+    v3_envelope,
+    wait_for,
+)
+from tests.infra.test_front_door_openapi import GATEWAY
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC_PATH = ROOT / "schemas" / "gateway-api.yaml"
@@ -91,6 +104,19 @@ def test_schemathesis_finds_no_failure(broker: KafkaSettings, tmp_path: Path, gr
             base = match.group(1)
             assert wait_for(lambda: httpx.get(f"{base}/readyz").status_code == 200, 30), err
             report = run_schemathesis(SPEC_PATH, base, tmp_path, config=CONFIG)
+            # what random bytes never reach: a batch that parses, one report accepted (on
+            # Kafka) and one refused, answered as the document says
+            good = (issuer.token("emoji", now_period()), v3_envelope("emoji"))
+            answer = httpx.post(
+                f"{base}/v1/use-cases/emoji/reports",
+                content=batch([good, (good[0][:-1] + b"\x00", v3_envelope("emoji"))]),
+                headers={"Content-Type": MEDIA_TYPE},
+                timeout=30,
+            )
+            GATEWAY.check("/v1/use-cases/{name}/reports", "post", answer)
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["accepted"] == 1
+            assert [r["index"] for r in answer.json()["refused"]] == [1]
         finally:
             process.send_signal(signal.SIGTERM)
             try:

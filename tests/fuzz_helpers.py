@@ -19,8 +19,9 @@ def run_schemathesis(
     spec: Path, url: str, cwd: Path, *, config: str = "", max_examples: int = 100
 ) -> str:
     """Fuzz every operation of ``spec`` at ``url`` with every check, schema-valid and
-    schema-invalid requests; ``config`` (after the ``hooks`` key) is written to ``cwd/schemathesis.toml``, where its
-    report directory (if any) also stays. Returns the report; asserts it found nothing."""
+    schema-invalid requests; ``config`` (after the ``hooks`` key) is written to
+    ``cwd/schemathesis.toml``, where its report directory (if any) also stays. Returns the
+    report; asserts it found no failure and no error."""
     hooks = f"hooks = {json.dumps(str(HOOKS))}\n"
     (cwd / "schemathesis.toml").write_text(hooks + config, encoding="utf-8")
     fuzz = subprocess.run(

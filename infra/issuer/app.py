@@ -14,7 +14,8 @@ Refusals are RFC 9457 problem details (``application/problem+json``) whose ``typ
 ``urn:ldpipe:issuer:<reason>``, checked in this order: 404 unknown use case, 401 no valid
 credential (with ``WWW-Authenticate: Bearer``: before the body is read), 415 wrong media type,
 413 body too large, 422 a token request of another type, size or key (RFC 9578 §6.2), 429
-quota spent (with ``Retry-After``: seconds to the next period). Nothing of a request's body is logged, stored or put in a metric label.
+quota spent (with ``Retry-After``: seconds to the next period); 405 with ``Allow``. Nothing of
+a request's body is logged, stored or put in a metric label.
 """
 
 from __future__ import annotations

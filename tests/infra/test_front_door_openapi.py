@@ -187,7 +187,9 @@ def test_gateway_answers_are_the_documented_ones(gateway: tuple[InProcess, Any])
     first = client.get("/v1/use-cases/emoji/config")
     assert first.status_code == 200
     GATEWAY.check(config, "get", first)
-    again = client.get("/v1/use-cases/emoji/config", headers={"If-None-Match": first.headers["etag"]})
+    again = client.get(
+        "/v1/use-cases/emoji/config", headers={"If-None-Match": first.headers["etag"]}
+    )
     assert again.status_code == 304
     GATEWAY.check(config, "get", again)
     GATEWAY.check(config, "get", client.get("/v1/use-cases/nope/config"))
@@ -204,7 +206,9 @@ def test_gateway_answers_are_the_documented_ones(gateway: tuple[InProcess, Any])
         GATEWAY.check(reports, "post", answer)
     GATEWAY.check(reports, "post", client.post("/v1/use-cases/nope/reports", content=b"x"))
     preflight = {"Origin": ORIGIN, "Access-Control-Request-Method": "POST"}
-    allowed = client.options(upload, headers={**preflight, "Access-Control-Request-Headers": "content-type"})
+    allowed = client.options(
+        upload, headers={**preflight, "Access-Control-Request-Headers": "content-type"}
+    )
     assert allowed.status_code == 200
     GATEWAY.check(reports, "options", allowed)
     refused = client.options(upload, headers={**preflight, "Origin": "https://evil.example"})

@@ -27,9 +27,9 @@ import pytest
 
 from ldpipe.infra.runtime.kafka import KafkaSettings
 from ldpipe.schemas.keys import KeyPair, save_key_pair
+from ldpipe.schemas.upload import MEDIA_TYPE
 from tests.front_door_helpers import directory_url, write_front_door_config
 from tests.fuzz_helpers import run_schemathesis
-from ldpipe.schemas.upload import MEDIA_TYPE
 from tests.gateway_helpers import (
     ISSUER,
     Issuer,
@@ -61,7 +61,9 @@ checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "404"]
 
 
 @pytest.mark.slow
-def test_schemathesis_finds_no_failure(broker: KafkaSettings, tmp_path: Path, group_id: str) -> None:
+def test_schemathesis_finds_no_failure(
+    broker: KafkaSettings, tmp_path: Path, group_id: str
+) -> None:
     issuer = Issuer()
     issuer.key("emoji", now_period())
     save_key_pair(

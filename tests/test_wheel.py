@@ -108,6 +108,8 @@ def test_the_wheel_holds_what_ldpipe_init_and_the_examples_need(wheel: zipfile.Z
         "ldpipe/infra/monitoring/alerts.yml",
         "ldpipe/schemas/envelope.md",
         "ldpipe/schemas/query-api.yaml",
+        "ldpipe/schemas/gateway-api.yaml",  # linked from docs/gateway.md
+        "ldpipe/schemas/issuer-api.yaml",  # linked from docs/issuer.md
         "ldpipe/schemas/vectors/payloads.json",
         "ldpipe/docs/cli.md",  # ldpipe docs cli
         "ldpipe/docs/install.md",

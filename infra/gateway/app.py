@@ -12,7 +12,8 @@ slow), 413 (body over the limit, counted while it is read), 415 (media type), 42
 not acknowledge; or ``issuer_unavailable``: a token names a key not cached and the issuer's
 directory cannot be fetched, so nothing of the batch is produced). The app never reads the
 client's address nor any forwarding header: the ASGI scope's ``client`` is erased before a
-handler runs (``_Anonymous``).
+handler runs (``_Anonymous``). ``schemas/gateway-api.yaml`` (OpenAPI 3.1) specifies every
+path, status, body and header, ``OHTTPGateway``'s two paths included.
 """
 
 from __future__ import annotations

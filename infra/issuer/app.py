@@ -15,7 +15,8 @@ Refusals are RFC 9457 problem details (``application/problem+json``) whose ``typ
 credential (with ``WWW-Authenticate: Bearer``: before the body is read), 415 wrong media type,
 413 body too large, 422 a token request of another type, size or key (RFC 9578 §6.2), 429
 quota spent (with ``Retry-After``: seconds to the next period); 405 with ``Allow``. Nothing of
-a request's body is logged, stored or put in a metric label.
+a request's body is logged, stored or put in a metric label. ``schemas/issuer-api.yaml``
+(OpenAPI 3.1) specifies every path, status, body and header.
 """
 
 from __future__ import annotations

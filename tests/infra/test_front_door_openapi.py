@@ -320,3 +320,20 @@ def test_the_issuer_answers_405_with_allow(
     assert answer.status_code == 405
     assert allow in answer.headers["allow"].replace(" ", "").split(","), answer.headers
     assert answer.headers["content-type"] == "application/problem+json"
+
+
+def test_the_issuer_checks_the_credential_before_the_body(
+    issuer: tuple[InProcess, Any, str],
+) -> None:
+    """A request without a credential is 401 whatever its media type and size (schemathesis
+    found it answered 415): a client that cannot authenticate learns nothing of the format."""
+    client = issuer[0]
+    for path in ("/v1/token-request", "/v1/token-batch-request"):
+        for body, headers in [
+            (b"", {}),
+            (b"x" * 40_000, {"Content-Type": "text/plain"}),
+            (b"x", {"Content-Type": "text/plain", "Authorization": "Bearer not-a-secret"}),
+        ]:
+            answer = client.post(f"{path}?use_case=emoji", content=body, headers=headers)
+            assert answer.status_code == 401, (path, answer.text)
+            assert answer.headers["www-authenticate"] == "Bearer"

@@ -1,13 +1,13 @@
 """SFP and discovery reports made by the TypeScript SDK under Node, read by the Python server side.
 
 A Node script (``web_sfp_discovery.mjs``) loads the SDK's bundle and makes, from a fixed
-splitmix64 seed (so every figure is the same on every run):
+xoshiro128** seed (so every figure is the same on every run):
 
-* 2,000 SFP report pairs of a known population, nested (inner v2, outer v3). Python opens both
+* 1,000 SFP report pairs of a known population, nested (inner v2, outer v3). Python opens both
   layers with its keys (``schemas/outer.py``, ``schemas/envelope.py``), decodes the payloads
   with the word oracle's and the fragments use case's codecs (``discovery/sfp_wire.py``),
-  accumulates them and runs Apple's Alg. 10 (``discovery/sfp.py``): it finds exactly the
-  population's heavy words. Statistically: the positions (rows // k′) are uniform (χ²₄ below
+  accumulates them and runs Apple's Alg. 10 (``discovery/sfp.py``): it finds every word held
+  by 200 devices or more, and no word outside the population. Statistically: the positions (rows // k′) are uniform (χ²₄ below
   its 0.999 quantile 18.47), and over the population's words, ``Σ z_i²`` of the word estimates
   is χ²₆ (below ``6 + 4·√12`` except with probability < 0.5 %).
 * discovery reports of a known population, nested to the discovery shuffler: the shuffler layer
@@ -55,7 +55,7 @@ SCRIPT = Path(__file__).with_name("web_sfp_discovery.mjs")
 NOW = 1_800_003_599
 PRECISION = 3600
 
-SFP_POPULATION = {"moana": 700, "bruh": 500, "rizz": 400, "yeet": 250, "slay": 100, "ohio": 50}
+SFP_POPULATION = {"moana": 350, "bruh": 250, "rizz": 200, "yeet": 120, "slay": 50, "ohio": 30}
 SFP_SETTINGS = {  # SfpParams keyword arguments; the SDK's camelCase names below
     "epsilon_fragment": 8.0,
     "epsilon_word": 6.0,
@@ -159,7 +159,9 @@ def test_sfp_report_pairs_from_node_open_decode_and_are_discovered(node: str) ->
     assert float(np.sum(z * z)) < 6 + 4 * math.sqrt(12), z.tolist()
 
     found = discover(wire_sketches(word_sketch, fragment_sketch, params), params)
-    assert {word for word, _count, _error in found.words} == set(SFP_POPULATION), found.words
+    words_found = {word for word, _count, _error in found.words}
+    heavy = {word for word, count in SFP_POPULATION.items() if count >= 200}
+    assert heavy <= words_found <= set(SFP_POPULATION), found.words
 
 
 def test_discovery_reports_from_node_pass_the_aux_server_and_the_server(node: str) -> None:
@@ -202,7 +204,7 @@ def test_discovery_reports_from_node_pass_the_aux_server_and_the_server(node: st
         [bucket.to_bytes() for bucket in release.released]
     )
     assert not result.refusals
-    assert sorted(d.item for d in result.found) == ["café", "hello", "world"]
+    assert sorted(d.item for d in result.discoveries) == ["café", "hello", "world"]
 
 
 NORMALIZE: list[tuple[str, dict[str, Any]]] = [

@@ -1,6 +1,6 @@
 // Makes SFP report pairs, discovery reports and normalized items with the TypeScript SDK's bundle
 // (producers/web/dist/ldpipe.js) for tests/producers/test_web_sfp_discovery.py. Request on stdin
-// (JSON), answer on stdout (JSON, bytes in hex). Randomness: a seeded splitmix64 (tests only).
+// (JSON), answer on stdout (JSON, bytes in hex). Randomness: a seeded xoshiro128** (tests only).
 import { readFileSync } from "node:fs";
 import { fileURLToPath } from "node:url";
 
@@ -9,16 +9,33 @@ const sdk = await import(fileURLToPath(bundle));
 const request = JSON.parse(readFileSync(0, "utf8"));
 
 function seeded(seed) {
-  let s = BigInt(seed);
+  // xoshiro128** in 32-bit arithmetic (fast enough for the cms bit vectors), seeded by splitmix32
+  let x = seed >>> 0;
+  const next32 = () => {
+    x = (x + 0x9e3779b9) >>> 0;
+    let z = x;
+    z = Math.imul(z ^ (z >>> 16), 0x85ebca6b) >>> 0;
+    z = Math.imul(z ^ (z >>> 13), 0xc2b2ae35) >>> 0;
+    return (z ^ (z >>> 16)) >>> 0;
+  };
+  const s = new Uint32Array([next32(), next32(), next32(), next32()]);
+  const rotl = (v, k) => ((v << k) | (v >>> (32 - k))) >>> 0;
+  const word = () => {
+    const out = Math.imul(rotl(Math.imul(s[1], 5) >>> 0, 7), 9) >>> 0;
+    const t = (s[1] << 9) >>> 0;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 11);
+    return out;
+  };
   return {
     fill(bytes) {
-      for (let i = 0; i < bytes.length; i += 8) {
-        s = (s + 0x9e3779b97f4a7c15n) & 0xffffffffffffffffn;
-        let z = s;
-        z = ((z ^ (z >> 30n)) * 0xbf58476d1ce4e5b9n) & 0xffffffffffffffffn;
-        z = ((z ^ (z >> 27n)) * 0x94d049bb133111ebn) & 0xffffffffffffffffn;
-        z ^= z >> 31n;
-        for (let b = 0; b < 8 && i + b < bytes.length; b++) bytes[i + b] = Number((z >> BigInt(8 * b)) & 0xffn);
+      for (let i = 0; i < bytes.length; i += 4) {
+        const w = word();
+        for (let b = 0; b < 4 && i + b < bytes.length; b++) bytes[i + b] = (w >>> (8 * b)) & 0xff;
       }
     },
   };

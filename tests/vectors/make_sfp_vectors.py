@@ -110,8 +110,7 @@ def _payloads(params: SfpParams) -> list[dict[str, Any]]:
     wire = fragment_wire_mechanism(params)
     m = params.fragment_m
     out: list[dict[str, Any]] = []
-    for position, local_row in ((0, 0), (params.positions - 1, params.fragment_k - 1), (1, 2)):
-        local_row = min(local_row, params.fragment_k - 1)
+    for position, local_row in ((0, 0), (params.positions - 1, params.fragment_k - 1), (1, 0)):
         if params.fragment_mechanism == "cms":
             bits = np.zeros((1, m), dtype=bool)
             bits[0, [0, 5, m - 1]] = True

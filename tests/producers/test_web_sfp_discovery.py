@@ -7,9 +7,10 @@ xoshiro128** seed (so every figure is the same on every run):
   layers with its keys (``schemas/outer.py``, ``schemas/envelope.py``), decodes the payloads
   with the word oracle's and the fragments use case's codecs (``discovery/sfp_wire.py``),
   accumulates them and runs Apple's Alg. 10 (``discovery/sfp.py``): it finds every word held
-  by 200 devices or more, and no word outside the population. Statistically: the positions (rows // k′) are uniform (χ²₄ below
-  its 0.999 quantile 18.47), and over the population's words, ``Σ z_i²`` of the word estimates
-  is χ²₆ (below ``6 + 4·√12`` except with probability < 0.5 %).
+  by 200 devices or more, and no word outside the population. Statistically: the positions
+  (rows // k′) are uniform (χ²₄ below its 0.999 quantile 18.47), and over the population's
+  words, ``Σ z_i²`` of the word estimates is χ²₆ (below ``6 + 4·√12`` except with probability
+  < 0.5 %).
 * discovery reports of a known population, nested to the discovery shuffler: the shuffler layer
   opens, the aux server (``discovery/aux.py``) accepts every report and releases the heavy items'
   buckets, and the server (``discovery/server.py``) accepts every release (its item is in normal
@@ -105,9 +106,7 @@ def test_sfp_report_pairs_from_node_open_decode_and_are_discovered(node: str) ->
     analyzer = KeyPair.generate(key_id=11)
     shuffler = KeyPair.generate(key_id=12, role="shuffler")
     words = [word for word, count in SFP_POPULATION.items() for _ in range(count)]
-    settings = {
-        _camel(k): str(v) if k.endswith("seed") else v for k, v in SFP_SETTINGS.items()
-    }
+    settings = {_camel(k): str(v) if k.endswith("seed") else v for k, v in SFP_SETTINGS.items()}
     answer = run_node(
         node,
         {
@@ -130,7 +129,9 @@ def test_sfp_report_pairs_from_node_open_decode_and_are_discovered(node: str) ->
         for hexed in reports:
             outer = open_outer(bytes.fromhex(hexed), shufflers, use_case=use_case)
             assert outer.header.time == NOW - NOW % PRECISION
-            opened = open_envelope(outer.inner, analyzers, use_case=use_case, epochs=(3,), version=2)
+            opened = open_envelope(
+                outer.inner, analyzers, use_case=use_case, epochs=(3,), version=2
+            )
             out.append(opened.payload)
         return out
 
@@ -191,7 +192,9 @@ def test_discovery_reports_from_node_pass_the_aux_server_and_the_server(node: st
         len(bytes.fromhex(reports[0]))
     }  # one length
     shufflers = KeyRing([shuffler])
-    window = [open_outer(bytes.fromhex(r), shufflers, use_case="words.discovery").inner for r in reports]
+    window = [
+        open_outer(bytes.fromhex(r), shufflers, use_case="words.discovery").inner for r in reports
+    ]
     release = AuxServer(
         config,
         KeyRing([aux]),

@@ -31,6 +31,7 @@ from ldpipe.schemas.payloads import PayloadCodec
 
 __all__ = ["OUTPUT", "SETTINGS", "WORDS", "build_vectors", "render"]
 
+_SERVER_ONLY = ("alphabet", "fragment_z", "word_z", "fragment_top", "max_words_per_piece")
 OUTPUT = Path(__file__).resolve().parents[2] / "schemas" / "vectors" / "sfp.json"
 
 # (name, SfpParams keyword arguments): small sketches so every hash value can be listed
@@ -140,8 +141,7 @@ def build_vectors() -> dict[str, Any]:
                 "settings": {
                     key: (str(value) if isinstance(value, int) and value > (1 << 53) else value)
                     for key, value in params.to_dict().items()
-                    if key
-                    not in ("alphabet", "fragment_z", "word_z", "fragment_top", "max_words_per_piece")
+                    if key not in _SERVER_ONLY
                 },
                 "positions": params.positions,
                 "fragment_rows": params.positions * params.fragment_k,

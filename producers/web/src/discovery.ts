@@ -63,9 +63,58 @@ function asText(item: unknown): string {
 const notAUrl = (why: string): DiscoveryError =>
   new DiscoveryError("not_a_url", `item is not an absolute URL with a host (${why}); the use case is in url mode, so report items like 'https://example.com/path'`);
 
+/** Python's str.partition: [before, separator found, after]. */
+function partition(text: string, sep: string): [string, boolean, string] {
+  const at = text.indexOf(sep);
+  return at < 0 ? [text, false, ""] : [text.slice(0, at), true, text.slice(at + sep.length)];
+}
+
+/** ipaddress.IPv4Address's parse (Python 3.11: four decimal octets, no leading zeros). */
+function isIPv4(text: string): boolean {
+  const octets = text.split(".");
+  return (
+    octets.length === 4 &&
+    octets.every((o) => /^[0-9]{1,3}$/.test(o) && Number(o) <= 255 && (o === "0" || o[0] !== "0"))
+  );
+}
+
+/** ipaddress.IPv6Address's parse (Python 3.11): hextets, one "::", a trailing IPv4, a %scope. */
+function isIPv6(text: string): boolean {
+  const [address, scoped, scope] = partition(text, "%");
+  if (scoped && (scope === "" || scope.includes("%"))) return false;
+  const parts = address.split(":");
+  if (parts.length < 3) return false;
+  if (parts[parts.length - 1]!.includes(".")) {
+    if (!isIPv4(parts.pop()!)) return false;
+    parts.push("0", "0");
+  }
+  if (parts.length > 9) return false;
+  let skip: number | null = null;
+  for (let i = 1; i < parts.length - 1; i++) {
+    if (parts[i] !== "") continue;
+    if (skip !== null) return false;
+    skip = i;
+  }
+  let hextets: string[];
+  if (skip !== null) {
+    let hi = skip;
+    let lo = parts.length - skip - 1;
+    if (parts[0] === "" && --hi !== 0) return false;
+    if (parts[parts.length - 1] === "" && --lo !== 0) return false;
+    if (8 - (hi + lo) < 1) return false;
+    hextets = [...parts.slice(parts[0] === "" ? 1 : 0, skip), ...parts.slice(skip + 1, parts.length - (parts[parts.length - 1] === "" ? 1 : 0))];
+  } else {
+    if (parts.length !== 8 || parts[0] === "" || parts[7] === "") return false;
+    hextets = parts;
+  }
+  return hextets.every((h) => /^[0-9A-Fa-f]{1,4}$/.test(h));
+}
+
 /**
- * Step 3, url mode: urllib.parse.urlsplit's reading of scheme, netloc and path (Python 3.11+:
- * leading C0 controls and spaces stripped, tab/CR/LF removed), then scheme://host[:port]path.
+ * Step 3, url mode: urllib.parse.urlsplit's reading of scheme, netloc and path as Python 3.11
+ * does it (leading C0 controls and spaces stripped, tab/CR/LF removed; a bracketed host must be
+ * an IPv6 address or IPvFuture; a non-ASCII netloc must not gain "/?#@:" under NFKC), the
+ * hostname (lower-cased up to a "%" zone) and port, then scheme://host[:port]path.
  */
 function normalizeUrl(input: string): string {
   // eslint-disable-next-line no-control-regex
@@ -82,33 +131,47 @@ function normalizeUrl(input: string): string {
     const end = rest.search(/[/?#]/);
     netloc = end < 0 ? rest : rest.slice(0, end);
     url = end < 0 ? "" : rest.slice(end);
-    if ((netloc.includes("[") && !netloc.includes("]")) || (netloc.includes("]") && !netloc.includes("["))) {
-      throw notAUrl("Invalid IPv6 URL");
+    const open = netloc.includes("[");
+    if (open !== netloc.includes("]")) throw notAUrl("Invalid IPv6 URL");
+    if (open) {
+      const bracketed = partition(partition(netloc, "[")[2], "]")[0];
+      if (bracketed.startsWith("v")) {
+        if (!/^v[a-fA-F0-9]+\.[^\n]+$/.test(bracketed)) throw notAUrl("IPvFuture address is invalid");
+      } else if (isIPv4(bracketed)) {
+        throw notAUrl("An IPv4 address cannot be in brackets");
+      } else if (!isIPv6(bracketed)) {
+        throw notAUrl("does not appear to be an IPv4 or IPv6 address");
+      }
     }
   }
-  const cut = url.search(/[?#]/);
-  const path = cut < 0 ? url : url.slice(0, cut);
-  const hostinfo = netloc.slice(netloc.lastIndexOf("@") + 1);
-  let host: string;
-  let portText: string;
-  if (hostinfo.includes("[")) {
-    const close = hostinfo.indexOf("]", hostinfo.indexOf("["));
-    host = hostinfo.slice(hostinfo.indexOf("[") + 1, close);
-    const after = hostinfo.slice(close + 1);
-    portText = after.includes(":") ? after.slice(after.indexOf(":") + 1) : "";
-  } else {
-    const at = hostinfo.indexOf(":");
-    host = at < 0 ? hostinfo : hostinfo.slice(0, at);
-    portText = at < 0 ? "" : hostinfo.slice(at + 1);
+  // eslint-disable-next-line no-control-regex
+  if (netloc !== "" && /[^\x00-\x7f]/.test(netloc)) {
+    const bare = netloc.replace(/[@:#?]/g, "");
+    const folded = bare.normalize("NFKC");
+    if (folded !== bare && /[/?#@:]/.test(folded)) throw notAUrl("netloc contains invalid characters under NFKC normalization");
   }
-  host = host.toLowerCase();
+  const path = url.split(/[?#]/, 1)[0]!;
+  const hostinfo = netloc.slice(netloc.lastIndexOf("@") + 1);
+  let hostname: string;
+  let portText: string;
+  const [, bracket, bracketed] = partition(hostinfo, "[");
+  if (bracket) {
+    const [inside, , after] = partition(bracketed, "]");
+    hostname = inside;
+    portText = partition(after, ":")[2];
+  } else {
+    [hostname, , portText] = partition(hostinfo, ":");
+  }
   let port: number | null = null;
   if (portText !== "") {
-    if (!/^[0-9]+$/.test(portText) || Number(portText) > 65535) throw notAUrl(`Port could not be cast to integer value as '${portText}'`);
+    if (!/^[0-9]+$/.test(portText)) throw notAUrl(`Port could not be cast to integer value as '${portText}'`);
     port = Number(portText);
+    if (port > 65535) throw notAUrl("Port out of range 0-65535");
   }
+  const [name, zoned, zone] = partition(hostname, "%");
+  let host = name.toLowerCase() + (zoned ? "%" + zone : "");
   if (!scheme || !host) throw notAUrl("no scheme or no host");
-  if (/[\p{White_Space}\x1c-\x1f\x85\p{C}]/u.test(host)) throw notAUrl("whitespace or a control character in the host");
+  if (/[\p{White_Space}\p{C}]/u.test(host)) throw notAUrl("whitespace or a control character in the host");
   if (host.includes(":")) host = `[${host}]`;
   const portPart = port === null || DEFAULT_PORTS[scheme] === port ? "" : `:${port}`;
   return `${scheme}://${host}${portPart}${path || "/"}`.normalize("NFC");

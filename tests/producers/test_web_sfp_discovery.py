@@ -210,67 +210,71 @@ def test_discovery_reports_from_node_pass_the_aux_server_and_the_server(node: st
     assert sorted(d.item for d in result.discoveries) == ["café", "hello", "world"]
 
 
-NORMALIZE: list[tuple[str, dict[str, Any]]] = [
-    (text, {"max_bytes": 64, "mode": "text", "lowercase": lower, "strip": True})
-    for text in (
-        "\ufeffhello",  # U+FEFF: JavaScript's trim strips it, Python's strip does not
-        "\x1chello\x1f",
-        "\x85hi\u3000",
-        "\u0130STANBUL",
-        "\u039f\u0394\u039f\u03a3 \u039f\u0394\u039f\u03a3",
-        "Stra\u00dfe",
-        "\U0001f469\u200d\U0001f4bb",
-        "\ud800x",  # a lone surrogate
-    )
-    for lower in (False, True)
-] + [
-    (text, {"max_bytes": limit, "mode": "text", "lowercase": False, "strip": True})
-    for text in (
-        "a\u0301\u0302\u0303bc",
-        "\U0001f44d\U0001f3fd\U0001f44d",
-        "\U0001f1eb\U0001f1f7\U0001f1e9\U0001f1ea\U0001f1ee",
-        "\U0001f468\u200d\U0001f469\u200d\U0001f467",
-        "e\u0301\u0301\u0301\u0301",
-        "ab \u00a0cd",
-    )
-    for limit in (1, 3, 5, 9, 13)
-] + [
-    (url, {"max_bytes": 40, "mode": "url", "lowercase": False, "strip": True})
-    for url in (
-        "https://User:pw@Example.COM:443/a/b?session=42#x",
-        "HTTPS://example.com:8443",
-        "http://[2001:DB8::1]:80/x/y",
-        "http://example.com:99999/",
-        "http://example.com:8a/",
-        "http://exa mple.com/",
-        "//example.com/a",
-        "  https://example.com/\u00e9t\u00e9/long/path/segment/x",
-        "https://example.com/abc/defghijklmnopqrstuvwxyz0123",
-        "ftp://files.example.org/pub/",
-        "http://[::1/",
-        "https://a.very.long.host.name.example.com/x",
-        "http://[1.2.3.4]/",
-        "http://[::FFFF:1.2.3.4]:8080/a",
-        "http://[::ffff:01.2.3.4]/",
-        "http://[1:2:3:4:5:6:7:8]/",
-        "http://[1:2:3:4:5:6:7::]/",
-        "http://[1::2::3]/",
-        "http://[FE80::1%Zone]/x",
-        "http://[fe80::1%]/",
-        "http://[v1.Future]/",
-        "http://[vx.y]/",
-        "http://[nothex]/",
-        "http://ex\uff03ample.com/",
-        "http://\u00c9xample.com/",
-        "https://example.com:0/",
-        "https://example.com:/a",
-        "\x00 http://example.com/a?b",
-        "http://exa\tmple.com/",
-        "http://exa\u0085mple.com/",
-        "http://a@b@example.com/",
-        "HTTP+Custom.v1://Example.com/",
-    )
-]
+NORMALIZE: list[tuple[str, dict[str, Any]]] = (
+    [
+        (text, {"max_bytes": 64, "mode": "text", "lowercase": lower, "strip": True})
+        for text in (
+            "\ufeffhello",  # U+FEFF: JavaScript's trim strips it, Python's strip does not
+            "\x1chello\x1f",
+            "\x85hi\u3000",
+            "\u0130STANBUL",
+            "\u039f\u0394\u039f\u03a3 \u039f\u0394\u039f\u03a3",
+            "Stra\u00dfe",
+            "\U0001f469\u200d\U0001f4bb",
+            "\ud800x",  # a lone surrogate
+        )
+        for lower in (False, True)
+    ]
+    + [
+        (text, {"max_bytes": limit, "mode": "text", "lowercase": False, "strip": True})
+        for text in (
+            "a\u0301\u0302\u0303bc",
+            "\U0001f44d\U0001f3fd\U0001f44d",
+            "\U0001f1eb\U0001f1f7\U0001f1e9\U0001f1ea\U0001f1ee",
+            "\U0001f468\u200d\U0001f469\u200d\U0001f467",
+            "e\u0301\u0301\u0301\u0301",
+            "ab \u00a0cd",
+        )
+        for limit in (1, 3, 5, 9, 13)
+    ]
+    + [
+        (url, {"max_bytes": 40, "mode": "url", "lowercase": False, "strip": True})
+        for url in (
+            "https://User:pw@Example.COM:443/a/b?session=42#x",
+            "HTTPS://example.com:8443",
+            "http://[2001:DB8::1]:80/x/y",
+            "http://example.com:99999/",
+            "http://example.com:8a/",
+            "http://exa mple.com/",
+            "//example.com/a",
+            "  https://example.com/\u00e9t\u00e9/long/path/segment/x",
+            "https://example.com/abc/defghijklmnopqrstuvwxyz0123",
+            "ftp://files.example.org/pub/",
+            "http://[::1/",
+            "https://a.very.long.host.name.example.com/x",
+            "http://[1.2.3.4]/",
+            "http://[::FFFF:1.2.3.4]:8080/a",
+            "http://[::ffff:01.2.3.4]/",
+            "http://[1:2:3:4:5:6:7:8]/",
+            "http://[1:2:3:4:5:6:7::]/",
+            "http://[1::2::3]/",
+            "http://[FE80::1%Zone]/x",
+            "http://[fe80::1%]/",
+            "http://[v1.Future]/",
+            "http://[vx.y]/",
+            "http://[nothex]/",
+            "http://ex\uff03ample.com/",
+            "http://\u00c9xample.com/",
+            "https://example.com:0/",
+            "https://example.com:/a",
+            "\x00 http://example.com/a?b",
+            "http://exa\tmple.com/",
+            "http://exa\u0085mple.com/",
+            "http://a@b@example.com/",
+            "HTTP+Custom.v1://Example.com/",
+        )
+    ]
+)
 
 
 def test_items_normalize_as_the_python_reference(node: str) -> None:

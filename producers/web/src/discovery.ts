@@ -8,7 +8,7 @@
  */
 import { ascii, concat, u32le } from "./bytes.js";
 import { type PublicKey, type SealOptions, roundTime, sealInner, sealOuter } from "./envelope.js";
-import { isWellFormed, pyStrip } from "./sfp.js";
+import { hasLoneSurrogate, pyStrip } from "./pytext.js";
 
 export type ItemMode = "text" | "url";
 
@@ -56,7 +56,7 @@ function asText(item: unknown): string {
     }
   }
   if (typeof item !== "string") throw new DiscoveryError("not_text", `an item must be a string or bytes, got ${typeof item}`);
-  if (!isWellFormed(item)) throw new DiscoveryError("invalid_utf8", "item has a lone surrogate, which UTF-8 cannot encode");
+  if (hasLoneSurrogate(item)) throw new DiscoveryError("invalid_utf8", "item has a lone surrogate, which UTF-8 cannot encode");
   return item;
 }
 
@@ -264,8 +264,8 @@ function urlCutFrom(chars: readonly string[], limit: number, slash: number): num
   return slash;
 }
 
-export const TAG_LENGTH = 16;
-export const TAG_KEY_LENGTH = 32;
+export const DISCOVERY_TAG_LENGTH = 16;
+export const DISCOVERY_TAG_KEY_LENGTH = 32;
 const TAG_DOMAIN = concat(ascii("ldpipe/discovery-tag/v1"), new Uint8Array([0]));
 
 /** A tag key: its u32 id and 32 secret bytes (schemas/discovery.md "Tag"). */
@@ -282,10 +282,10 @@ export function tagMessage(useCase: string, item: string): Uint8Array {
 
 /** H(d) of a normalized item: HMAC-SHA256(K, tagMessage)[0..16). */
 export async function discoveryTag(key: TagKey, useCase: string, item: string): Promise<Uint8Array> {
-  if (key.secret.length !== TAG_KEY_LENGTH) throw new RangeError(`a tag key is ${TAG_KEY_LENGTH} bytes`);
+  if (key.secret.length !== DISCOVERY_TAG_KEY_LENGTH) throw new RangeError(`a tag key is ${DISCOVERY_TAG_KEY_LENGTH} bytes`);
   const hmacKey = await crypto.subtle.importKey("raw", key.secret, { name: "HMAC", hash: "SHA-256" }, false, ["sign"]);
   const mac = new Uint8Array(await crypto.subtle.sign("HMAC", hmacKey, tagMessage(useCase, item)));
-  return mac.slice(0, TAG_LENGTH);
+  return mac.slice(0, DISCOVERY_TAG_LENGTH);
 }
 
 /** The inner plaintext: version 1 ‖ u16 item length ‖ item ‖ zeros up to 3 + maxBytes bytes. */
@@ -303,7 +303,7 @@ export function encodeItemPayload(item: string, maxBytes: number): Uint8Array {
 
 /** The outer plaintext: version 1 ‖ u32 tag key id ‖ tag[16] ‖ inner envelope. */
 export function encodeOuterPayload(tagKeyId: number, tag: Uint8Array, inner: Uint8Array): Uint8Array {
-  if (tag.length !== TAG_LENGTH) throw new RangeError(`a tag is ${TAG_LENGTH} bytes, got ${tag.length}`);
+  if (tag.length !== DISCOVERY_TAG_LENGTH) throw new RangeError(`a tag is ${DISCOVERY_TAG_LENGTH} bytes, got ${tag.length}`);
   return concat(new Uint8Array([1]), u32le(tagKeyId), tag, inner);
 }
 

@@ -7,8 +7,8 @@
  */
 import { ascii, concat, sha256 } from "./bytes.js";
 import { type PublicKey, type SealOptions, roundTime, sealInner, sealOuter } from "./envelope.js";
-import { type Item } from "./hashing.js";
 import { encodePayload, type Report } from "./payloads.js";
+import { pyStrip, hasLoneSurrogate } from "./pytext.js";
 import { type RandomSource, Randomizer, cryptoRandom, uniformInt } from "./randomize.js";
 
 /** Every SFP setting a device needs; defaults are Apple's §6.1 deployment (ldpipe's SfpParams). */
@@ -51,29 +51,15 @@ export const SFP_DEFAULTS: SfpSettings = {
 const PIECE_DOMAIN = concat(ascii("ldpipe/sfp-piece/v1"), new Uint8Array([0]));
 const SEPARATOR = ascii("|");
 
-/** Python's str.isspace characters (str.strip strips exactly these; JS trim differs: U+FEFF, U+001C-1F, U+0085). */
-const PY_SPACE = "\\t\\n\\v\\f\\r\\x1c-\\x20\\x85\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000";
-const PY_STRIP = new RegExp(`^[${PY_SPACE}]+|[${PY_SPACE}]+$`, "gu");
-
-/** Python's `str.strip()`: leading and trailing Unicode whitespace as Python defines it. */
-export function pyStrip(text: string): string {
-  return text.replace(PY_STRIP, "");
-}
-
-/** Whether a string is well-formed UTF-16 (no lone surrogate: it has a UTF-8 encoding). */
-export function isWellFormed(text: string): boolean {
-  return !/\p{Surrogate}/u.test(text);
-}
-
 /** Unicode code points of a string (what Python indexes and slices by). */
-export function codePoints(text: string): string[] {
+function codePoints(text: string): string[] {
   return Array.from(text);
 }
 
 /** NFC, surrounding whitespace stripped, then (lowercase) lower-cased and NFC again. */
 export function cleanWord(word: string, settings: SfpSettings = SFP_DEFAULTS): string {
   if (typeof word !== "string") throw new TypeError(`a word must be a string, got ${typeof word}`);
-  if (!isWellFormed(word)) throw new RangeError("a word must not hold a lone surrogate (it has no UTF-8)");
+  if (hasLoneSurrogate(word)) throw new RangeError("a word must not hold a lone surrogate (it has no UTF-8)");
   let text = pyStrip(word.normalize("NFC"));
   if (settings.lowercase) text = text.toLowerCase().normalize("NFC");
   return text;
@@ -136,6 +122,9 @@ export interface SfpPayloads {
   readonly fragment: Uint8Array;
 }
 
+/** The two envelopes of one device's SFP reports: what it sends to each use case. */
+export type SfpEnvelopes = SfpPayloads;
+
 /** Where the two reports go: the SFP use case (word) and `<name>.fragments`, and their keys. */
 export interface SfpTarget {
   readonly useCase: string;
@@ -185,7 +174,7 @@ export class SfpClient {
   async randomize(word: string, rng: RandomSource = cryptoRandom): Promise<SfpReportPair> {
     const code = await encodeSfpWord(word, this.settings);
     const position = uniformInt(rng, this.positions);
-    const local = await this.fragment.randomize(code.fragmentItems[position]! as Item, rng);
+    const local = await this.fragment.randomize(code.fragmentItems[position]!, rng);
     const fragment = { ...local, row: position * this.settings.fragmentK + local.row } as Report;
     return { word: await this.word.randomize(code.wordItem, rng), position, fragment };
   }
@@ -208,7 +197,7 @@ export class SfpClient {
     word: string,
     target: SfpTarget,
     opts: { rng?: RandomSource; clock?: () => number; seal?: SealOptions } = {},
-  ): Promise<SfpPayloads> {
+  ): Promise<SfpEnvelopes> {
     const payloads = await this.payloads(word, opts.rng ?? cryptoRandom);
     const nested = target.shufflerKey !== undefined;
     const fragments = `${target.useCase}.fragments`;

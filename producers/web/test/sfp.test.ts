@@ -9,9 +9,9 @@ import {
   encodeSfpWord,
   fromHex,
   itemKey,
-  pyStrip,
   toHex,
 } from "../src/index.js";
+import { pyStrip } from "../src/pytext.js";
 import { vectors } from "./vectors.js";
 
 /** A seeded splitmix64 stream (tests only). */

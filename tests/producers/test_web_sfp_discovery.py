@@ -15,6 +15,11 @@ xoshiro128** seed (so every figure is the same on every run):
   opens, the aux server (``discovery/aux.py``) accepts every report and releases the heavy items'
   buckets, and the server (``discovery/server.py``) accepts every release (its item is in normal
   form and its tag is the item's).
+* the gateway's configuration documents of an SFP use case's two halves, read by the SDK's
+  ``parseConfiguration``: the word half's randomizer is ``SfpClient``'s word oracle (so a
+  ``WebDevice`` of the word use case sends word reports of ``encodeWord`` items), the fragments
+  half's is not ``SfpClient``'s fragment oracle (its k is the stacked ``positions × k′``), which
+  is why fragment reports are made by ``SfpClient`` only (``docs/device-web.md``).
 * the normalization of items the Python reference treats specially (Python's whitespace, not
   JavaScript's; lone surrogates; URL ports, user info, IPv6): the same output or refusal.
 
@@ -39,6 +44,9 @@ from ldpipe.discovery.noise import SeededRandomSource
 from ldpipe.discovery.server import DiscoveryServer
 from ldpipe.discovery.sfp import discover
 from ldpipe.discovery.sfp_wire import fragment_wire_mechanism, wire_sketches
+from ldpipe.infra.gateway.device_config import device_config
+from ldpipe.infra.gateway.rules import UseCaseRules
+from ldpipe.schemas.config import config_from_mapping
 from ldpipe.schemas.discovery.exceptions import DiscoveryError
 from ldpipe.schemas.discovery.item import ItemRules, normalize_item
 from ldpipe.schemas.discovery.layers import DiscoveryConfig
@@ -46,7 +54,7 @@ from ldpipe.schemas.discovery.privacy import ReleaseParameters
 from ldpipe.schemas.discovery.sfp_words import SfpParams, encode_word
 from ldpipe.schemas.discovery.tags import TagKey
 from ldpipe.schemas.envelope import open_envelope
-from ldpipe.schemas.keys import KeyPair, KeyRing
+from ldpipe.schemas.keys import KeyPair, KeyRing, write_public_key
 from ldpipe.schemas.outer import open_outer
 from ldpipe.schemas.payloads import PayloadCodec
 
@@ -297,3 +305,47 @@ def test_items_normalize_as_the_python_reference(node: str) -> None:
             mismatches.append((text, rules, got, expected))
     assert not mismatches, mismatches
     assert Counter("reason" in a for a in answer)[True] >= 4
+
+
+def test_gateway_documents_of_an_sfp_use_case_as_the_sdk_reads_them(
+    node: str, tmp_path: Path
+) -> None:
+    write_public_key(KeyPair.generate(key_id=31), tmp_path / "analyzer.public.json")
+    write_public_key(
+        KeyPair.generate(key_id=32, role="shuffler"), tmp_path / "shuffler.public.json"
+    )
+    sfp = {k: v for k, v in SFP_SETTINGS.items() if k.startswith(("epsilon_f", "fragment"))}
+    config = config_from_mapping(
+        {
+            "gateway": {
+                "origin_name": "gateway.test",
+                "issuer_name": "issuer.test",
+                "issuer_directory_url": "http://127.0.0.1:9/directory",
+            },
+            "use_case": [
+                {
+                    "name": "newwords",  # the word half: the use case's own mechanism
+                    "mechanism": "cms",
+                    "epsilon": SFP_SETTINGS["epsilon_word"],
+                    "k": SFP_SETTINGS["word_k"],
+                    "m": SFP_SETTINGS["word_m"],
+                    "public_key": "analyzer.public.json",
+                    "shuffle": {"layers": "nested", "public_key": "shuffler.public.json"},
+                    "sfp": sfp,
+                }
+            ],
+        },
+        base=tmp_path,
+    )
+    assert config.gateway is not None
+    bodies = {}
+    for name in ("newwords", "newwords.fragments"):
+        uc = config.use_case(name)
+        bodies[name] = device_config(uc, UseCaseRules.of(uc), config.gateway).body.decode()
+    settings = {_camel(k): str(v) if k.endswith("seed") else v for k, v in SFP_SETTINGS.items()}
+    answer = run_node(node, {"gateway_documents": {"settings": settings, "bodies": bodies}})
+    seen = answer["gateway_documents"]
+    assert seen["documents"]["newwords"] == seen["word"]
+    fragments = seen["documents"]["newwords.fragments"]
+    assert fragments["k"] == seen["fragment_rows"] == 5 * sfp["fragment_k"]
+    assert {**fragments, "k": sfp["fragment_k"]} == seen["fragment"]

@@ -92,4 +92,17 @@ if (request.normalize) {
   });
 }
 
+if (request.gateway_documents) {
+  // the gateway's documents of an SFP use case's halves, read as a WebDevice reads them, beside
+  // the SfpClient of the same settings: which randomizer each builds
+  const r = request.gateway_documents;
+  const client = await sdk.SfpClient.create(r.settings);
+  const described = (m) => ({ mechanism: m.mechanism, epsilon: m.epsilon, seed: String(m.family.seed), k: m.family.k, m: m.family.m });
+  const documents = {};
+  for (const [name, body] of Object.entries(r.bodies)) {
+    documents[name] = described((await sdk.parseConfiguration(body, null)).randomizer);
+  }
+  answer.gateway_documents = { documents, word: described(client.word), fragment: described(client.fragment), fragment_rows: client.fragmentRows };
+}
+
 process.stdout.write(JSON.stringify(answer));

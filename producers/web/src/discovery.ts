@@ -213,18 +213,6 @@ function textCut(chars: readonly string[], limit: number): number {
   return cut;
 }
 
-/** The first index of `seq` in code points at or after `from`, or -1 (Python's str.find). */
-function indexOfSeq(chars: readonly string[], seq: readonly string[], from: number): number {
-  for (let i = Math.max(0, from); i + seq.length <= chars.length; i++) {
-    if (seq.every((c, j) => chars[i + j] === c)) return i;
-  }
-  return -1;
-}
-
-function findSchemeSep(chars: readonly string[]): number {
-  return indexOfSeq(chars, [":", "/", "/"], 0);
-}
-
 /** Step 1-5 of schemas/discovery.md "Items": the normalized, bounded item; DiscoveryError if refused. */
 export function normalizeItem(item: unknown, rules: ItemRules = DEFAULT_ITEM_RULES): string {
   checkRules(rules);
@@ -237,7 +225,7 @@ export function normalizeItem(item: unknown, rules: ItemRules = DEFAULT_ITEM_RUL
   }
   while (byteLength(text) > rules.maxBytes) {
     const chars = Array.from(text);
-    const cut = rules.mode === "url" ? urlCutAt(chars, rules.maxBytes) : textCut(chars, rules.maxBytes);
+    const cut = rules.mode === "url" ? urlCut(chars, rules.maxBytes) : textCut(chars, rules.maxBytes);
     text = chars.slice(0, cut).join("").normalize("NFC");
     if (rules.strip) text = pyStrip(text);
   }
@@ -245,13 +233,16 @@ export function normalizeItem(item: unknown, rules: ItemRules = DEFAULT_ITEM_RUL
   return text;
 }
 
-function urlCutAt(chars: readonly string[], limit: number): number {
-  const start = findSchemeSep(chars);
+/**
+ * Where to cut a normalized URL (code points): after the last path "/" that fits, else after the
+ * origin scheme://host[:port]; url_too_long if the origin does not fit.
+ */
+function urlCut(chars: readonly string[], limit: number): number {
+  let start = -1;
+  for (let i = 0; i + 3 <= chars.length && start < 0; i++) {
+    if (chars[i] === ":" && chars[i + 1] === "/" && chars[i + 2] === "/") start = i;
+  }
   const slash = start >= 0 ? chars.indexOf("/", start + 3) : -1;
-  return urlCutFrom(chars, limit, slash);
-}
-
-function urlCutFrom(chars: readonly string[], limit: number, slash: number): number {
   const origin = slash < 0 ? chars.join("") : chars.slice(0, slash).join("");
   if (slash < 0 || byteLength(origin) > limit) {
     throw new DiscoveryError(

@@ -11,3 +11,5 @@ export * from "./retry.js";
 export * from "./config.js";
 export * from "./wallet.js";
 export * from "./device.js";
+export * from "./sfp.js";
+export * from "./discovery.js";

@@ -13,7 +13,17 @@ export type Item = string | Uint8Array;
 
 /** hashing.md Step 1: text is NFC-normalized and UTF-8 encoded; bytes are used as they are. */
 export function canonicalBytes(item: Item): Uint8Array {
-  return typeof item === "string" ? new TextEncoder().encode(item.normalize("NFC")) : item;
+  if (typeof item !== "string") return item;
+  // hashing.md Step 1: a lone surrogate has no UTF-8; TextEncoder would silently write U+FFFD
+  // (another item's key), so it is refused, as the Python reference refuses it
+  const lone = /\p{Surrogate}/u.exec(item);
+  if (lone !== null) {
+    const unit = item.charCodeAt(lone.index).toString(16).toUpperCase();
+    throw new RangeError(
+      `item has a lone surrogate U+${unit} at UTF-16 index ${lone.index}: it is not Unicode text and has no UTF-8 form; fix the text or send its bytes`,
+    );
+  }
+  return new TextEncoder().encode(item.normalize("NFC"));
 }
 
 /** word61(d, i): bytes 8i..8i+7 as little-endian u64, masked to 61 bits, reduced mod P. */

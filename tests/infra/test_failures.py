@@ -142,9 +142,15 @@ def test_ctrl_c_exits_130_quietly() -> None:
         stderr=subprocess.PIPE,
         text=True,
     ) as process:  # fmt: skip
-        time.sleep(3)  # well into its trials (which take minutes): imports are done
+        # its start line says the interpreter is up and the command runs (a fixed sleep was
+        # not enough on a loaded machine: a SIGINT before Python's own handler kills it as -2)
+        assert process.stderr is not None
+        first = process.stderr.readline()
+        assert first.startswith("ldpipe simulate: "), first
+        time.sleep(0.5)  # into its trials (which take minutes)
         process.send_signal(signal.SIGINT)
-        _, err = process.communicate(timeout=30)
+        _, rest = process.communicate(timeout=30)
+    err = first + rest
     assert process.returncode == 130, err
     assert [line for line in err.splitlines() if not line.startswith("ldpipe simulate: ")] == []
     assert "error" not in err

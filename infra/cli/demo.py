@@ -46,7 +46,6 @@ from ldpipe.infra.cli.demo_env import demo_broker, progress
 from ldpipe.infra.cli.demo_front_door import (
     IDENTITIES,
     PROBE_REPORTS,
-    Probe,
     front_door_counts,
     identity_quota,
     probe_front_door,
@@ -135,10 +134,12 @@ def run(args: argparse.Namespace) -> int:
     options: dict[str, Any] = {"k": 1024, "m": 1024} if args.mechanism != "rrcms" else {"k": 16384}
     # count-only windows (demo_windows.py): each releases at exactly plan.max_reports, and
     # more devices fill the last one, so no report is held back below n_min at any speed
-    plan = WindowPlan.split(args.n, WINDOWS)
+    # (the probes' two reports the shuffler admits count too: without them, two reports past
+    # the last window would wait for a whole window of top-up devices)
+    plan = WindowPlan.split(args.n + PROBE_REPORTS, WINDOWS)
     # N tokens per identity and period: the population, the devices that top up the last
     # window (fewer than a window) and the probes
-    quota = identity_quota(args.n + plan.max_reports)
+    quota = identity_quota(args.n, plan.max_reports)
     with demo_broker(args, say) as (workdir, broker):
         settings = PipelineSettings(
             mechanism=args.mechanism,
@@ -316,7 +317,7 @@ def _drive_devices(
         "epsilon": uc.mechanism.effective_epsilon,
         "params": uc.mechanism.params(),
         "reports_produced": produced,
-        "top_up_devices": topped.devices,
+        "top_up_devices": topped.by_topic.get(uc.topics.reports, 0),
         "malformed_produced": len(bad),
         "reports_aggregated": pipe.aggregated(),
         "reports_rejected": dead.count(),

@@ -56,10 +56,12 @@ PROBE_TOKENS = 3
 PROBE_REPORTS = 2
 
 
-def identity_quota(reports: int, identities: int = IDENTITIES) -> int:
-    """N, the tokens each of ``identities`` identities needs per period so they cover
-    ``reports`` reports plus the probes' tokens (the use case's ``contribution_limit``)."""
-    return math.ceil((reports + PROBE_TOKENS) / identities)
+def identity_quota(population: int, top_up: int, identities: int = IDENTITIES) -> int:
+    """N, the tokens each of ``identities`` identities needs per period (the use case's
+    ``contribution_limit``) to send its share of ``population`` devices and of at most
+    ``top_up`` more (device d uses identity d mod K in each), and the probes' tokens (all of
+    the first identity's)."""
+    return math.ceil(population / identities) + math.ceil(top_up / identities) + PROBE_TOKENS
 
 
 @dataclass(frozen=True)
@@ -112,14 +114,13 @@ def probe_front_door(
 ) -> tuple[Probe, ...]:
     """The four hostile uploads of the module's docstring, with real tokens of the identity
     ``credential`` and real reports of ``item``; the gateway's answers, in order."""
-    with httpx.Client(timeout=30.0) as http, GatewayDevice(
-        gateway_url, use_case, credential, http=http
-    ) as device:
+    with (
+        httpx.Client(timeout=30.0) as http,
+        GatewayDevice(gateway_url, use_case, credential, http=http) as device,
+    ):
         config = device.configuration()
         period = config.period(time.time())
-        tokens = device.wallet().take(
-            PROBE_TOKENS, period, config.issuer_name, config.origin_name
-        )
+        tokens = device.wallet().take(PROBE_TOKENS, period, config.issuer_name, config.origin_name)
         if len(tokens) < PROBE_TOKENS:
             raise RuntimeError(f"the issuer gave {len(tokens)} of {PROBE_TOKENS} tokens")
         client = config.client
@@ -140,8 +141,12 @@ def probe_front_door(
             _post(http, url, upload[:-7], "a batch cut short"),
             _post(http, url, encode_batch([twice, twice]), "one report twice in a batch"),
             _post(http, url, upload, "an upload"),
-            _post(http, url, upload, "the same upload again (the gateway keeps no state: the "
-                  "shuffler refuses the copy)"),  # fmt: skip
+            _post(
+                http,
+                url,
+                upload,
+                "the same upload again (the gateway keeps no state: the shuffler refuses the copy)",
+            ),
         )
 
 
@@ -174,7 +179,8 @@ def _samples(url: str) -> list[tuple[str, dict[str, str], float]]:
 
 def front_door_counts(gateway_metrics_url: str, issuer_url: str, use_case: str) -> FrontDoorCounts:
     """Scrape the gateway's ``/metrics`` (its ``--metrics-port``) and the issuer's."""
-    accepted, bad, refused = 0, 0, {}
+    accepted, bad = 0, 0
+    refused: dict[str, int] = {}
     for name, labels, value in _samples(gateway_metrics_url):
         if name == "ldpipe_gateway_reports_accepted_total" and labels.get("use_case") == use_case:
             accepted += int(value)

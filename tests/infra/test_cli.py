@@ -111,8 +111,10 @@ def test_simulate_errors_are_one_clear_line(
 def test_demo_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo", "--n", "20000", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    # the 20,000 devices and the two probe reports the shuffler admits
-    assert out["reports_produced"] == out["reports_aggregated"] == 20002
+    # the 20,000 devices, the two probe reports the shuffler admits, and the top-up: windows
+    # of 4,001 (20,002 / 5, rounded up)
+    assert out["top_up_devices"] == 3
+    assert out["reports_produced"] == out["reports_aggregated"] == 20005
     assert len(out["items"]) == 10
     # every device's report went through the gateway, a token each (the gateway's and the
     # issuer's own counters), and the gateway refused what the demo's hostile device sent

@@ -368,8 +368,8 @@ def _drive_devices(
     refusals = ", ".join(f"{r} {n}" for r, n in sorted(front.refused.items())) or "none"
     print(
         f"front door {front.accepted:,} reports accepted by the gateway, "
-        f"{front.tokens_issued:,} tokens issued to {len(credentials)} identities; refused: "
-        f"{refusals}, and {front.bad_requests} whole request(s)"
+        f"{front.tokens_issued:,} tokens issued to {len(credentials)} identities; reports "
+        f"refused: {refusals}; batches refused whole: {front.bad_requests}"
         + (" (discovery reports went straight to Kafka)" if discovering else "")
     )
     print(

@@ -1,4 +1,4 @@
-"""``ldpipe demo``: the whole pipeline on this machine, end to end, in about a minute.
+"""``ldpipe demo``: the whole pipeline on this machine, end to end, in a minute or two.
 
 It starts the embedded broker, generates a key pair in a temporary directory, creates the
 topics, starts a shuffler, two aggregators and the front door (``ldpipe issuer`` and ``ldpipe

@@ -69,6 +69,11 @@ from ldpipe.schemas.privacy.ledger import WindowRecord
 
 __all__ = ["add_parser", "run"]
 
+#: the demo's devices by default: each report costs a token (~1 ms of the issuer's CPU, as
+#: much again on the device), so 20,000 keep the demo to a minute or two on 2 cores; the SFP
+#: demo, whose devices publish straight to Kafka, keeps 50,000 (its puzzle needs them)
+DEVICES = 20_000
+SFP_DEVICES = 50_000
 WINDOWS = 5  # the demo's devices fill this many shuffle windows (the last topped up)
 #: how long a wait may see nothing move before the demo gives up (a slow machine that keeps
 #: moving is waited for however long it takes)
@@ -76,8 +81,8 @@ STALL_SECONDS = 300.0
 #: identities upload at once (threads): the issuer signs for one while another seals
 SENDERS = 3
 # words outside the emoji dictionary and the share of devices holding each. A discovery window
-# holds ~n/5 reports, so a word is in it ~share*n/5 times: with the default n = 50,000 that is
-# 300, 200 and 150 (20,000 devices: 120, 80, 60, binomial sd <= 11) against the threshold
+# holds ~n/5 reports, so a word is in it ~share*n/5 times: with the default n = 20,000 that is
+# 120, 80 and 60 (binomial sd <= 11; 50,000 devices: 300, 200, 150) against the threshold
 # T = 21 of (epsilon, delta) = (2, 1e-9) with Laplace noise b = 1, so each word passes in
 # every window with near certainty (the smallest misses with probability < 1e-6 at n = 20,000)
 PLANTED = {"bubble tea": 0.03, "pickleball": 0.02, "rizz": 0.015}
@@ -90,7 +95,11 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--mechanism", default="cms", help="cms, hcms, gcms, ocms or rrcms")
     p.add_argument("--epsilon", type=float, default=4.0)
-    p.add_argument("--n", type=int, default=50_000, help="simulated devices")
+    p.add_argument(
+        "--n",
+        type=int,
+        help=f"simulated devices (default {DEVICES:,}; {SFP_DEVICES:,} with --protocol sfp)",
+    )
     p.add_argument("--top", type=int, default=10)
     p.add_argument("--seed", type=int, default=2026)
     p.add_argument("--keep", help="keep the work directory here instead of a temporary one")
@@ -123,6 +132,8 @@ def _bad_reports(client: DeviceClient) -> list[tuple[str, bytes]]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.n is None:
+        args.n = SFP_DEVICES if args.protocol == "sfp" else DEVICES
     if args.n < 1000:
         raise ValueError(f"--n must be at least 1000 devices, got {args.n}")
     if args.protocol == "sfp":

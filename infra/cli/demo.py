@@ -1,16 +1,23 @@
-"""``ldpipe demo``: the whole pipeline on this machine, end to end, in about a minute.
+"""``ldpipe demo``: the whole pipeline on this machine, end to end, in a minute or two.
 
 It starts the embedded broker, generates a key pair in a temporary directory, creates the
-topics, starts a shuffler and two aggregators as real processes, has simulated devices report
-their favourite emoji (Zipf over the emoji names in Unicode's main blocks) plus a few malformed
-reports, waits until the sketch store holds every published report, queries the top items and prints
-each estimate with its 95% interval beside the true count. It stops everything it started.
+topics, starts a shuffler, two aggregators and the front door (``ldpipe issuer`` and ``ldpipe
+gateway``) as real processes, has simulated devices report their favourite emoji (Zipf over the
+emoji names in Unicode's main blocks) through the front door over HTTP with the Python device
+library — a Privacy Pass token per report, the population sharing a few attested identities
+(``demo_front_door.py``) — shows what the gateway refuses (a forged token, a batch cut short, a
+replay) and, as an attacker who can write the reports topic, publishes a few malformed reports
+straight to Kafka, which the shuffler dead-letters. It waits until the sketch store holds every
+accepted report, queries the top items and prints each estimate with its 95% interval beside
+the true count, and a line of the front door's counters. It stops everything it started.
 
 Discovery (GCMS §6.2) runs beside it: a few devices hold planted words that are not emoji names
 (``PLANTED``), every device also sends a discovery report for its item under the same client
 token, and the discovery shuffler, aux server and server record the words that pass the
 threshold. The demo prints the discovered words outside the dictionary with their noisy counts
-from the aux releases, their estimates from the frequency sketch and their true counts.
+from the aux releases, their estimates from the frequency sketch and their true counts. The
+discovery reports still go straight to Kafka: the gateway serves use cases whose reports the
+device library makes (``produce_gateway.py``), and discovery reports are not among them yet.
 """
 
 from __future__ import annotations
@@ -36,12 +43,20 @@ from ldpipe.discovery.runtime import (
 )
 from ldpipe.discovery.store import DiscoveryStore
 from ldpipe.infra.cli.demo_env import demo_broker, progress
+from ldpipe.infra.cli.demo_front_door import (
+    IDENTITIES,
+    PROBE_REPORTS,
+    front_door_counts,
+    identity_quota,
+    probe_front_door,
+)
 from ldpipe.infra.cli.demo_windows import (
     COUNT_ONLY_DEADLINE_SECONDS,
     WindowPlan,
     fill_last_windows,
 )
 from ldpipe.infra.cli.pipeline import LocalPipeline, PipelineError, PipelineSettings
+from ldpipe.infra.cli.produce_gateway import GatewayRun, provisioned_identities, send_devices
 from ldpipe.infra.runtime.dead_letters import count_dead_letters, read_dead_letters
 from ldpipe.infra.runtime.kafka import produce
 from ldpipe.infra.runtime.ledger_io import read_ledger
@@ -54,16 +69,24 @@ from ldpipe.schemas.privacy.ledger import WindowRecord
 
 __all__ = ["add_parser", "run"]
 
+#: the demo's devices by default: each report costs a token (~1 ms of the issuer's CPU, as
+#: much again on the device), so 20,000 keep the demo to a minute or two on 2 cores; the SFP
+#: demo, whose devices publish straight to Kafka, keeps 50,000 (its puzzle needs them)
+DEVICES = 20_000
+SFP_DEVICES = 50_000
 WINDOWS = 5  # the demo's devices fill this many shuffle windows (the last topped up)
 #: how long a wait may see nothing move before the demo gives up (a slow machine that keeps
 #: moving is waited for however long it takes)
 STALL_SECONDS = 300.0
+#: identities upload at once (threads): the issuer signs for one while another seals
+SENDERS = 3
 # words outside the emoji dictionary and the share of devices holding each. A discovery window
-# holds ~n/5 reports, so a word is in it ~share*n/5 times: with the default n = 50,000 that is
-# 300, 200 and 150 (20,000 devices: 120, 80, 60, binomial sd <= 11) against the threshold
+# holds ~n/5 reports, so a word is in it ~share*n/5 times: with the default n = 20,000 that is
+# 120, 80 and 60 (binomial sd <= 11; 50,000 devices: 300, 200, 150) against the threshold
 # T = 21 of (epsilon, delta) = (2, 1e-9) with Laplace noise b = 1, so each word passes in
 # every window with near certainty (the smallest misses with probability < 1e-6 at n = 20,000)
 PLANTED = {"bubble tea": 0.03, "pickleball": 0.02, "rizz": 0.015}
+_PROBE_ITEM = "GRINNING FACE"  # the probes' reports (two of them are counted)
 
 
 def add_parser(sub: Any) -> None:
@@ -72,7 +95,11 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--mechanism", default="cms", help="cms, hcms, gcms, ocms or rrcms")
     p.add_argument("--epsilon", type=float, default=4.0)
-    p.add_argument("--n", type=int, default=50_000, help="simulated devices")
+    p.add_argument(
+        "--n",
+        type=int,
+        help=f"simulated devices (default {DEVICES:,}; {SFP_DEVICES:,} with --protocol sfp)",
+    )
     p.add_argument("--top", type=int, default=10)
     p.add_argument("--seed", type=int, default=2026)
     p.add_argument("--keep", help="keep the work directory here instead of a temporary one")
@@ -105,6 +132,8 @@ def _bad_reports(client: DeviceClient) -> list[tuple[str, bytes]]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.n is None:
+        args.n = SFP_DEVICES if args.protocol == "sfp" else DEVICES
     if args.n < 1000:
         raise ValueError(f"--n must be at least 1000 devices, got {args.n}")
     if args.protocol == "sfp":
@@ -116,7 +145,12 @@ def run(args: argparse.Namespace) -> int:
     options: dict[str, Any] = {"k": 1024, "m": 1024} if args.mechanism != "rrcms" else {"k": 16384}
     # count-only windows (demo_windows.py): each releases at exactly plan.max_reports, and
     # more devices fill the last one, so no report is held back below n_min at any speed
-    plan = WindowPlan.split(args.n, WINDOWS)
+    # (the probes' two reports the shuffler admits count too: without them, two reports past
+    # the last window would wait for a whole window of top-up devices)
+    plan = WindowPlan.split(args.n + PROBE_REPORTS, WINDOWS)
+    # N tokens per identity and period: the population, the devices that top up the last
+    # window (fewer than a window) and the probes
+    quota = identity_quota(args.n, plan.max_reports)
     with demo_broker(args, say) as (workdir, broker):
         settings = PipelineSettings(
             mechanism=args.mechanism,
@@ -127,6 +161,8 @@ def run(args: argparse.Namespace) -> int:
             max_wait_seconds=COUNT_ONLY_DEADLINE_SECONDS,
             # oue answers only for its dictionary: nothing to discover
             discovery=args.mechanism != "oue",
+            front_door=True,
+            contribution_limit=quota,
         )
         pipe = LocalPipeline(workdir, broker.bootstrap_servers, settings)
         pipe.create_topics()
@@ -147,6 +183,13 @@ def run(args: argparse.Namespace) -> int:
                 f"services  discovery shuffler + aux server + server started "
                 f"(threshold T={params.threshold:.1f}, Laplace b={params.laplace_scale:g})"
             )
+        pipe.start_issuer()
+        pipe.start_gateway()
+        say(
+            f"front door issuer {pipe.issuer_url} + gateway {pipe.gateway_url} started: "
+            f"{IDENTITIES} attested identities, {quota:,} tokens each per period "
+            f"(contribution_limit)"
+        )
         say(f"windows   {plan.describe()}")
         try:
             return _drive(args, pipe, plan, started, say)
@@ -161,6 +204,18 @@ def _drive(
     started: float,
     say: Callable[[str], None],
 ) -> int:
+    with provisioned_identities(pipe.config.issuer.database, IDENTITIES, "demo") as credentials:
+        return _drive_devices(args, pipe, plan, started, say, credentials)
+
+
+def _drive_devices(
+    args: argparse.Namespace,
+    pipe: LocalPipeline,
+    plan: WindowPlan,
+    started: float,
+    say: Callable[[str], None],
+    credentials: list[str],
+) -> int:
     uc = pipe.use_case
     assert uc.dictionary_items is not None
     discovering = uc.discovery is not None
@@ -170,44 +225,84 @@ def _drive(
     discovery: DiscoveryClient | None = pipe.discovery_client() if discovering else None
     say(
         f"devices   {args.n:,} report their favourite of {len(uc.dictionary_items):,} emoji "
-        f"({uc.mechanism.name}, epsilon={uc.mechanism.effective_epsilon:.3g} per report)"
+        f"({uc.mechanism.name}, epsilon={uc.mechanism.effective_epsilon:.3g} per report) "
+        f"through the gateway over HTTP, a token each, sharing {len(credentials)} identities"
     )
     if planted:
         say(
             "discovery "
             + ", ".join(f"{n:,} hold {word!r}" for word, n in planted.items())
-            + "; every device also sends a discovery report"
+            + "; every device also sends a discovery report (straight to Kafka: the gateway "
+            "does not take discovery reports yet)"
         )
-    streams = _streams(client, discovery, uc)
+    # what a hostile or broken device gets from the gateway, and an attacker who can write
+    # the reports topic: sent first, so each is read in a window the devices' reports fill;
+    # the records they leave on the reports topic lie between these offsets
+    before = pipe.end_offsets()
+    probed = probe_front_door(pipe.gateway_url, uc.name, credentials[0], _PROBE_ITEM)
+    for probe in probed:
+        say(f"gateway   {probe.line()}")
     bad = _send_bad(pipe, _bad_reports(client))
+    after = pipe.end_offsets()
+    topic = uc.topics.reports
+    hostile = [f"{topic}:{p}:{o}" for p, end in after.items() for o in range(before.get(p, 0), end)]
+    say(
+        f"attacker  {len(bad)} malformed reports published straight to {uc.topics.reports} "
+        f"(whoever can write the topic; the shuffler dead-letters them)"
+    )
+    produce_started = time.perf_counter()
+    devices = population.device_items()
+    np.random.default_rng(np.random.SeedSequence([args.seed, 0x6A7E])).shuffle(devices)
+    sent = _send(pipe, credentials, [population.items[i] for i in devices], say)
+    streams = _streams(discovery, uc)
+    discovery_topic = uc.discovery.topics.reports if uc.discovery is not None else ""
     result = produce_population(streams, pipe.kafka, population, seed=args.seed, progress=False)
     if result.failed:
         raise PipelineError(f"the broker refused {result.failed} reports; is it still running?")
     reports_topic = uc.topics.reports
-    discovery_topic = uc.discovery.topics.reports if uc.discovery is not None else ""
     say(
-        f"produced  {result.by_topic[reports_topic]:,} reports + {len(bad)} malformed"
-        + (f" and {result.by_topic[discovery_topic]:,} discovery reports" if discovering else "")
-        + f" in {result.seconds:.1f} s"
+        f"produced  {sent.accepted:,} reports through the gateway"
+        + (
+            f" and {result.by_topic[discovery_topic]:,} discovery reports to Kafka"
+            if discovering
+            else ""
+        )
+        + f" in {time.perf_counter() - produce_started:.1f} s"
     )
-    # what the shuffler admits into windows: the devices' reports and any malformed one it
-    # cannot tell from a good one (the aggregators refuse those later)
-    admitted = result.by_topic[reports_topic] + len(bad) - _refused_by_shuffler(pipe, bad)
+    # what the shuffler admits into windows: the devices' reports, the probes' new reports
+    # and any malformed one it cannot tell from a good one (the aggregators refuse those later)
+    admitted = sent.accepted + len(hostile) - _refused_by_shuffler(pipe, hostile)
     missing = {reports_topic: plan.missing(admitted)}
     if discovering:
         missing[discovery_topic] = plan.missing(result.by_topic[discovery_topic])
-    topped = fill_last_windows(pipe.kafka, streams, population, missing, seed=args.seed)
+
+    def through_gateway(extra: Population) -> int:
+        items = [extra.items[i] for i in extra.device_items()]
+        return _send(pipe, credentials, items, say).accepted
+
+    topped = fill_last_windows(
+        pipe.kafka,
+        [(reports_topic, client.reports), *streams],
+        population,
+        missing,
+        seed=args.seed,
+        senders={reports_topic: through_gateway},
+    )
     if topped.devices:
         say(f"top-up    {topped.describe(plan)}")
-    produced = result.by_topic[reports_topic] + topped.by_topic.get(reports_topic, 0)
-    truth = dict(result.true_counts)
+    produced = sent.accepted + PROBE_REPORTS + topped.by_topic.get(reports_topic, 0)
+    truth = {population.items[i]: int(c) for i, c in enumerate(population.counts) if c}
+    truth[_PROBE_ITEM] = truth.get(_PROBE_ITEM, 0) + PROBE_REPORTS
     for item, count in topped.true_counts.get(reports_topic, {}).items():
         truth[item] = truth.get(item, 0) + count
     pipe.wait_for_count(
         lambda: pipe.aggregated() + count_dead_letters(pipe.kafka, uc.topics.dlq).count(),
-        produced + len(bad),
+        produced - PROBE_REPORTS + len(hostile),
         "the aggregators to seal every report",
         stall=STALL_SECONDS,
+    )
+    front = front_door_counts(
+        f"http://127.0.0.1:{pipe.gateway_metrics_port}/metrics", pipe.issuer_url, uc.name
     )
     dead = count_dead_letters(pipe.kafka, uc.topics.dlq)
     # the top emoji: the dictionary only (the discovered words have their own section)
@@ -233,10 +328,18 @@ def _drive(
         "epsilon": uc.mechanism.effective_epsilon,
         "params": uc.mechanism.params(),
         "reports_produced": produced,
-        "top_up_devices": topped.devices,
+        "top_up_devices": topped.by_topic.get(uc.topics.reports, 0),
         "malformed_produced": len(bad),
         "reports_aggregated": pipe.aggregated(),
         "reports_rejected": dead.count(),
+        "front_door": {
+            "gateway": pipe.gateway_url,
+            "identities": len(credentials),
+            "tokens_per_identity": uc.shuffle.contribution_limit,
+            **front.as_json(),
+            "probes": [probe.as_json() for probe in probed],
+            "discovery_reports": "kafka" if discovering else None,
+        },
         "rejections": {f"{s}:{r}": n for (s, r), n in sorted(dead.by_reason.items())},
         "windows": query.windows,
         "writers": query.writers,
@@ -273,6 +376,13 @@ def _drive(
             )
         if not discovered:
             print("  (none passed the threshold; more devices per word would)")
+    refusals = ", ".join(f"{r} {n}" for r, n in sorted(front.refused.items())) or "none"
+    print(
+        f"front door {front.accepted:,} reports accepted by the gateway, "
+        f"{front.tokens_issued:,} tokens issued to {len(credentials)} identities; reports "
+        f"refused: {refusals}; batches refused whole: {front.bad_requests}"
+        + (" (discovery reports went straight to Kafka)" if discovering else "")
+    )
     print(
         f"pipeline  {produced:,} produced, {summary['reports_aggregated']:,} aggregated, "
         f"{dead.count()} rejected to {uc.topics.dlq}: "
@@ -310,20 +420,39 @@ def _population(
     return Population(rest.items + tuple(planted), counts)
 
 
-def _streams(
-    client: DeviceClient, discovery: DiscoveryClient | None, use_case: UseCase
-) -> list[Stream]:
-    """What every device sends: its frequency report and, with discovery, a discovery report
-    for the same item under the same client token (none for an item the rules refuse)."""
-    streams: list[Stream] = [(use_case.topics.reports, client.reports)]
-    if discovery is not None and use_case.discovery is not None:
-        encode = discovery.encode_many
+def _streams(discovery: DiscoveryClient | None, use_case: UseCase) -> list[Stream]:
+    """What every device sends to Kafka: with discovery, a discovery report for its item under
+    one client token (none for an item the rules refuse); its frequency report goes through the
+    gateway (:func:`_send`)."""
+    if discovery is None or use_case.discovery is None:
+        return []
+    encode = discovery.encode_many
 
-        def discovery_reports(items: Sequence[str], _rng: object) -> list[bytes | None]:
-            return [r if isinstance(r, bytes) else None for r in encode(items)]
+    def discovery_reports(items: Sequence[str], _rng: object) -> list[bytes | None]:
+        return [r if isinstance(r, bytes) else None for r in encode(items)]
 
-        streams.append((use_case.discovery.topics.reports, discovery_reports))
-    return streams
+    return [(use_case.discovery.topics.reports, discovery_reports)]
+
+
+def _send(
+    pipe: LocalPipeline, credentials: list[str], items: list[str], say: Callable[[str], None]
+) -> GatewayRun:
+    """One report per item through issuer and gateway (``ldpipe produce --gateway``'s
+    ``send_devices``); every one must be accepted (the quota covers the demo)."""
+    run = send_devices(
+        pipe.gateway_url,
+        pipe.use_case.name,
+        items,
+        credentials,
+        workers=SENDERS,
+        on_progress=lambda run: say(f"sending   {run.devices:,} of {len(items):,}: {run.line()}"),
+    )
+    if run.accepted != len(items):
+        raise PipelineError(
+            f"the front door did not take every report: {run.line()}; the logs of the issuer "
+            f"and the gateway are in {pipe.workdir}"
+        )
+    return run
 
 
 def _send_bad(pipe: LocalPipeline, bad: list[tuple[str, bytes]]) -> list[str]:

@@ -18,7 +18,7 @@ the privacy rule is never relaxed.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,7 +28,11 @@ from ldpipe.infra.runtime.kafka import KafkaSettings
 from ldpipe.producers.datasets import Population
 from ldpipe.producers.loadgen import Stream, produce_population
 
-__all__ = ["COUNT_ONLY_DEADLINE_SECONDS", "TopUp", "WindowPlan", "fill_last_windows"]
+__all__ = ["COUNT_ONLY_DEADLINE_SECONDS", "Sender", "TopUp", "WindowPlan", "fill_last_windows"]
+
+#: sends one report per device of a population some other way than Kafka (the front door);
+#: returns the reports accepted
+Sender = Callable[[Population], int]
 
 #: the demos' window deadline: longer than any demo, so only the count releases a window
 COUNT_ONLY_DEADLINE_SECONDS = 86_400.0
@@ -89,10 +93,13 @@ def fill_last_windows(
     *,
     seed: int,
     rounds: int = 20,
+    senders: Mapping[str, Sender] | None = None,
 ) -> TopUp:
     """Have more devices of ``population`` send ``missing[topic]`` reports to each stream's
     topic (a stream may send no report for some items, as discovery does for an item its
-    rules refuse: more devices are drawn until the count is reached)."""
+    rules refuse: more devices are drawn until the count is reached). A topic in ``senders``
+    is reached through its sender instead of Kafka (the demo's front door): it sends one
+    report per device of the population it is given and returns how many were accepted."""
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0x70B0]))
     shares = population.counts / population.counts.sum()
     by_topic: dict[str, int] = {}
@@ -105,6 +112,10 @@ def fill_last_windows(
             if sent >= need:
                 break
             extra = Population(population.items, rng.multinomial(need - sent, shares))
+            if senders is not None and topic in senders:
+                sent += senders[topic](extra)
+                counts += extra.counts
+                continue
             result = produce_population(
                 [stream], kafka, extra, seed=int(rng.integers(2**31)), progress=False
             )

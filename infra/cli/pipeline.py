@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -19,11 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 from confluent_kafka import Consumer, TopicPartition
 
 from ldpipe.aggregator.store import SketchStore
 from ldpipe.discovery.client import DiscoveryClient
 from ldpipe.discovery.runtime import discovery_config, save_tag_key
+from ldpipe.infra.cli.init import ISSUER_KEYS
 from ldpipe.infra.runtime.epochs_io import load_epochs
 from ldpipe.infra.runtime.kafka import KafkaSettings, ensure_topics
 from ldpipe.infra.runtime.topics import config_topics
@@ -33,9 +36,36 @@ from ldpipe.schemas.discovery.tags import TagKey
 from ldpipe.schemas.errors import LdpipeError
 from ldpipe.schemas.keys import KeyPair, PublicKey, save_key_pair
 
-__all__ = ["LocalPipeline", "PipelineError", "PipelineSettings", "PipelineStalledError"]
+__all__ = [
+    "DEMO_ISSUER_NAME",
+    "DEMO_ORIGIN_NAME",
+    "LocalPipeline",
+    "PipelineError",
+    "PipelineSettings",
+    "PipelineStalledError",
+    "free_ports",
+]
 
 log = logging.getLogger(__name__)
+
+#: the token challenge's issuer_name and origin_info of a local pipeline's front door
+DEMO_ISSUER_NAME = "ldpipe-local-issuer"
+DEMO_ORIGIN_NAME = "ldpipe-local-gateway"
+#: how long a service may take to become ready (a loaded 2-core machine starts one in ~10 s)
+STARTUP_SECONDS = 300.0
+
+
+def free_ports(count: int) -> tuple[int, ...]:
+    """``count`` distinct ports free on 127.0.0.1 now (the kernel's picks, all held until
+    every one is chosen so none repeats)."""
+    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return tuple(sock.getsockname()[1] for sock in sockets)
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 class PipelineError(LdpipeError):
@@ -71,6 +101,9 @@ class PipelineSettings:
     discovery_delta: float = 1e-9
     sfp: Mapping[str, Any] | None = None  # the [use_case.sfp] table (None: not SFP)
     nested: bool = True  # devices seal each report to the shuffler too (schemas/outer.py)
+    # the front door: [issuer] and [gateway] tables on free ports, for start_issuer() and
+    # start_gateway() (devices then upload over HTTP: docs/gateway.md, docs/issuer.md)
+    front_door: bool = False
 
 
 def _toml_value(value: Any) -> str:
@@ -103,6 +136,10 @@ class LocalPipeline:
             save_key_pair(self.shuffler_key_pair, self.workdir / "shuffler-keys")
         self.aux_key_pair: KeyPair | None = None
         self.tag_key: TagKey | None = None
+        # the front door's ports: free now, taken by the services when they start
+        self.issuer_port = self.gateway_port = self.gateway_metrics_port = 0
+        if self.settings.front_door:
+            self.issuer_port, self.gateway_port, self.gateway_metrics_port = free_ports(3)
         self.config_path = self.workdir / "ldpipe.toml"
         self.config_path.write_text(self._config_text(private, public), encoding="utf-8")
         self.config: PipelineConfig = load_config(self.config_path)
@@ -157,7 +194,36 @@ class LocalPipeline:
         if s.sfp is not None:
             lines.append("[use_case.sfp]")
             lines += (f"{key} = {_toml_value(value)}" for key, value in s.sfp.items())
+        if s.front_door:
+            lines += self._front_door_lines()
         return "\n".join(lines) + "\n"
+
+    def _front_door_lines(self) -> list[str]:
+        """``[issuer]`` and ``[gateway]`` as ``ldpipe init`` writes them (its key directory
+        name, created private), on this pipeline's free ports; the gateway takes the issuer's
+        name and directory from ``[issuer]``."""
+        keys = self.workdir / ISSUER_KEYS
+        keys.mkdir(mode=0o700, exist_ok=True)
+        return [
+            "[issuer]",
+            f"name = {_toml_value(DEMO_ISSUER_NAME)}",
+            'addr = "127.0.0.1"',
+            f"port = {self.issuer_port}",
+            f"key_directory = {_toml_value(keys)}",
+            f"database = {_toml_value(self.workdir / 'issuer.sqlite3')}",
+            "[gateway]",
+            f"origin_name = {_toml_value(DEMO_ORIGIN_NAME)}",
+            'addr = "127.0.0.1"',
+            f"port = {self.gateway_port}",
+        ]
+
+    @property
+    def issuer_url(self) -> str:
+        return f"http://127.0.0.1:{self.issuer_port}"
+
+    @property
+    def gateway_url(self) -> str:
+        return f"http://127.0.0.1:{self.gateway_port}"
 
     @property
     def _shuffler_public_path(self) -> Path:
@@ -287,6 +353,36 @@ class LocalPipeline:
     ) -> subprocess.Popen[bytes]:
         return self.start("discovery-aux", ["discovery-aux"], env=env)
 
+    def start_issuer(self, *, env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
+        """``ldpipe issuer`` on the ``[issuer]`` table (``front_door``), once it is ready:
+        it makes its keys for the current and the next period first."""
+        process = self.start("issuer", ["issuer", "--progress", "0"], env=env)
+        self.wait_until_ready("issuer", self.issuer_url + "/readyz")
+        return process
+
+    def start_gateway(
+        self, use_case: str | None = None, *, env: Mapping[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        """``ldpipe gateway`` for the first use case, or ``use_case``, once it is ready (it
+        has read the issuer's directory and reached Kafka): start the issuer first. Its
+        metrics are on ``gateway_metrics_port``."""
+        name, args = self._of("gateway", use_case)
+        metrics = ["--metrics-port", str(self.gateway_metrics_port), "--progress", "0"]
+        process = self.start(name, ["gateway", *args, *metrics], env=env)
+        self.wait_until_ready(name, self.gateway_url + "/readyz")
+        return process
+
+    def wait_until_ready(self, name: str, url: str, timeout: float = STARTUP_SECONDS) -> None:
+        """Until ``url`` answers 200 (a ``/readyz``); one line if the service exits first."""
+
+        def ready() -> bool:
+            try:
+                return httpx.get(url, timeout=5.0).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        self.wait_until(ready, timeout, f"{name} to be ready at {url}", poll=0.25)
+
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         process = self.processes.get(name)
         if process is not None and process.poll() is None:
@@ -321,6 +417,10 @@ class LocalPipeline:
         """Reports not yet covered by a committed shuffler transaction (0: all published)."""
         committed, ends = self._shuffler_offsets(self.use_case, ends=True)
         return sum(max(0, high - committed.get(p, 0)) for p, high in ends.items())
+
+    def end_offsets(self, use_case: UseCase | None = None) -> dict[int, int]:
+        """Each reports partition's end offset now (the offset its next record will get)."""
+        return self._shuffler_offsets(use_case or self.use_case, ends=True)[1]
 
     def _shuffler_offsets(
         self, uc: UseCase, *, ends: bool

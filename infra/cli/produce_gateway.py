@@ -17,9 +17,14 @@ from __future__ import annotations
 import json
 import secrets
 import sys
+import threading
 import time
 from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -30,7 +35,13 @@ from ldpipe.producers.datasets import Population
 from ldpipe.producers.device import GatewayDevice, SendResult
 from ldpipe.schemas.config import PipelineConfig, UseCase
 
-__all__ = ["GatewayRun", "check_gateway_options", "produce_through_gateway"]
+__all__ = [
+    "GatewayRun",
+    "check_gateway_options",
+    "produce_through_gateway",
+    "provisioned_identities",
+    "send_devices",
+]
 
 PROGRESS_SECONDS = 5.0
 
@@ -107,6 +118,61 @@ def check_gateway_options(args: Any, config: PipelineConfig, uc: UseCase) -> Non
         )
 
 
+@contextmanager
+def provisioned_identities(database: Path, count: int, prefix: str) -> Iterator[list[str]]:
+    """``count`` attested identities for one run: bearer credentials named ``prefix-<run>-<i>``
+    added to the issuer's credential store (what ``ldpipe issuer credentials add`` does), their
+    secrets yielded, every one revoked when the block ends."""
+    run_id = secrets.token_hex(4)
+    names = [f"{prefix}-{run_id}-{i}" for i in range(count)]
+    store = SQLiteStore(database)
+    try:
+        yield [store.add_credential(name) for name in names]
+    finally:
+        for name in names:
+            store.revoke_credential(name)
+        store.close()
+
+
+def send_devices(
+    gateway_url: str,
+    use_case: str,
+    items: Sequence[str],
+    credentials: Sequence[str],
+    issuer_url: str | None = None,
+    *,
+    workers: int = 1,
+    on_progress: Callable[[GatewayRun], None] | None = None,
+) -> GatewayRun:
+    """One report per device (``items[d]`` is device ``d``'s item) through issuer and gateway
+    with the Python device library: device ``d`` uses identity ``d mod K`` of the K
+    ``credentials``; each identity's devices send in batches (``GatewayDevice.send``), up to
+    ``workers`` identities at once (threads: while one seals, the issuer signs for another
+    and the gateway checks a third's batch). ``on_progress`` gets the tally every
+    ``PROGRESS_SECONDS``."""
+    run, last = GatewayRun(), [time.monotonic()]
+    identities = len(credentials)
+    lock = threading.Lock()
+
+    def one(identity: int, http: httpx.Client) -> None:
+        mine = list(items[identity::identities])
+        with GatewayDevice(gateway_url, use_case, credentials[identity], issuer_url, http) as dev:
+            result = dev.send(mine)
+        with lock:
+            run.add(result, len(mine))
+            if on_progress is not None and time.monotonic() - last[0] >= PROGRESS_SECONDS:
+                last[0] = time.monotonic()
+                on_progress(run)
+
+    with (
+        httpx.Client(timeout=30.0) as http,
+        ThreadPoolExecutor(max(1, workers), thread_name_prefix="device") as pool,
+    ):
+        for done in [pool.submit(one, identity, http) for identity in range(identities)]:
+            done.result()  # a device's error (one line) ends the run
+    return run
+
+
 def produce_through_gateway(
     args: Any, config: PipelineConfig, uc: UseCase, population: Population
 ) -> int:
@@ -115,13 +181,14 @@ def produce_through_gateway(
     rng = np.random.default_rng(np.random.SeedSequence([args.seed, 0x6A7E]))
     rng.shuffle(devices)
     identities = min(args.identities or len(devices), len(devices))
-    run_id = secrets.token_hex(4)
-    names = [f"produce-{run_id}-{i}" for i in range(identities)]
-    store = SQLiteStore(config.issuer.database)
-    run, started = GatewayRun(), time.monotonic()
+    started = time.monotonic()
     out = sys.stderr if args.json else sys.stdout
-    try:
-        secrets_of = [store.add_credential(name) for name in names]
+
+    def progress(run: GatewayRun) -> None:
+        print(f"ldpipe produce: {run.devices:,} of {len(devices):,} devices; "
+              f"{run.line()}", file=out, flush=True)  # fmt: skip
+
+    with provisioned_identities(config.issuer.database, identities, "produce") as credentials:
         print(
             f"ldpipe produce: {len(devices):,} devices of {uc.name!r} through {args.gateway} "
             f"sharing {identities:,} attested {'identity' if identities == 1 else 'identities'} "
@@ -130,21 +197,10 @@ def produce_through_gateway(
             file=out,
             flush=True,
         )
-        last = started
-        with httpx.Client(timeout=30.0) as http:
-            for identity, secret in enumerate(secrets_of):
-                mine = devices[identity::identities]
-                items = [population.items[i] for i in mine]
-                with GatewayDevice(args.gateway, uc.name, secret, args.issuer, http) as device:
-                    run.add(device.send(items), len(items))
-                if time.monotonic() - last >= PROGRESS_SECONDS:
-                    last = time.monotonic()
-                    print(f"ldpipe produce: {run.devices:,} of {len(devices):,} devices; "
-                          f"{run.line()}", file=out, flush=True)  # fmt: skip
-    finally:
-        for name in names:
-            store.revoke_credential(name)
-        store.close()
+        items = [population.items[i] for i in devices]
+        run = send_devices(
+            args.gateway, uc.name, items, credentials, args.issuer, on_progress=progress
+        )
     seconds = time.monotonic() - started
     if args.json:
         true_counts = {population.items[i]: int(c) for i, c in enumerate(population.counts) if c}

@@ -111,8 +111,24 @@ def test_simulate_errors_are_one_clear_line(
 def test_demo_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo", "--n", "20000", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["reports_produced"] == out["reports_aggregated"] == 20000
+    # the 20,000 devices, the two probe reports the shuffler admits, and the top-up: windows
+    # of 4,001 (20,002 / 5, rounded up)
+    assert out["top_up_devices"] == 3
+    assert out["reports_produced"] == out["reports_aggregated"] == 20005
     assert len(out["items"]) == 10
+    # every device's report went through the gateway, a token each (the gateway's and the
+    # issuer's own counters), and the gateway refused what the demo's hostile device sent
+    door = out["front_door"]
+    assert door["accepted"] == 20000 + out["top_up_devices"] + 3  # + the probes' 3 copies
+    # a token each, the probes' three included (the replayed upload spent one token twice)
+    assert door["tokens_issued"] == 20000 + out["top_up_devices"] + 3
+    assert door["refused"] == {"bad_token": 1, "replayed": 1}
+    assert door["bad_requests"] == 1
+    reasons = [probe["reason"] for probe in door["probes"]]
+    assert reasons[:3] == ["bad_token", "truncated", "replayed"], door["probes"]
+    assert [probe["accepted"] for probe in door["probes"][3:]] == [1, 1]
+    # the copy the stateless gateway took is refused by the shuffler as a replay
+    assert sum(n for key, n in out["rejections"].items() if "replayed" in key) == 1
     # the planted words (3%, 2%, 1.5% of the devices: 600, 400, 300) pass the discovery
     # threshold (T = 21, b = 1) in each of the 5 windows with near certainty; nothing else
     # outside the dictionary is held by any device

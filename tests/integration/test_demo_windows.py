@@ -114,10 +114,13 @@ def test_a_stream_that_skips_items_is_topped_up_to_its_count(
 def test_the_demo_tops_up_a_population_windows_do_not_divide(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """1,003 devices in windows of 201: 2 more devices fill the fifth; every report is
-    aggregated and the malformed ones are refused."""
-    assert main(["demo", "--n", "1003", "--json"]) == 0
+    """1,001 devices in windows of 201, and the two reports of the demo's front-door probes
+    (shuffle.md: a replayed copy is refused): 2 more devices fill the fifth; every report is
+    aggregated, and the malformed ones and the replayed copy are refused."""
+    assert main(["demo", "--n", "1001", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["top_up_devices"] == 2
     assert out["reports_produced"] == out["reports_aggregated"] == 1005
-    assert out["reports_rejected"] == out["malformed_produced"] == 6
+    assert out["malformed_produced"] == 6
+    assert out["reports_rejected"] == out["malformed_produced"] + 1  # + the replayed copy
+    assert out["front_door"]["accepted"] == 1001 + 2 + 3

@@ -10,4 +10,5 @@ export * from "./errors.js";
 export * from "./retry.js";
 export * from "./config.js";
 export * from "./wallet.js";
+export * from "./budget.js";
 export * from "./device.js";

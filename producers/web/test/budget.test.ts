@@ -3,10 +3,14 @@
 // ledger each time, reading the same file), against a fake gateway and issuer (privacypass-ts's
 // own Issuer with a fresh RSA key).
 import assert from "node:assert/strict";
+import { execFile } from "node:child_process";
 import { mkdtempSync, readFileSync, statSync, writeFileSync } from "node:fs";
+import { type IncomingMessage, type ServerResponse, createServer } from "node:http";
+import type { AddressInfo } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { test } from "node:test";
+import { promisify } from "node:util";
 import { publicVerif } from "@cloudflare/privacypass-ts";
 import { BUDGET_FORMAT, BudgetLedger, DeviceError, FileBudgetStorage, MemoryBudgetStorage, WebDevice, localStorageBudget } from "../src/node.js";
 import { vectors } from "./vectors.js";
@@ -69,9 +73,12 @@ test("localStorageBudget keeps the ledger under its key", async () => {
   assert.equal((await BudgetLedger.open(localStorageBudget("ldpipe-budget", fake))).allowance("emoji", period(T0)), 0);
 });
 
+let keyPair: ReturnType<typeof Issuer.generateKey> | undefined; // one RSA key for every test (slow to make)
+
 /** A fake gateway and issuer: the issuer signs up to `quota` tokens per period; the gateway accepts every report. */
 async function fakeServers(quota: number): Promise<{ fetch: typeof fetch; uploaded: () => number; issued: () => number }> {
-  const keys = await Issuer.generateKey(BlindRSAMode.PSS, { modulusLength: 2048, publicExponent: Uint8Array.from([1, 0, 1]) });
+  keyPair ??= Issuer.generateKey(BlindRSAMode.PSS, { modulusLength: 2048, publicExponent: Uint8Array.from([1, 0, 1]) });
+  const keys = await keyPair;
   const issuer = new Issuer(BlindRSAMode.PSS, "issuer.test", keys.privateKey, keys.publicKey);
   const spki = Buffer.from(await getPublicKeyBytes(keys.publicKey)).toString("base64url");
   const config = {
@@ -155,4 +162,55 @@ test("a budget is spent before sending and refunded when the issuer gives no tok
   const r = await device.send(["a"]);
   assert.deepEqual([r.accepted, r.held.length], [0, 1]);
   assert.equal(budget.allowance("emoji", period(T0)), 1); // refunded: nothing was randomized
+});
+
+/** Serve a fetch-style handler over real HTTP on 127.0.0.1 (an ephemeral port). */
+async function serve(handler: typeof fetch): Promise<{ url: string; close: () => Promise<void> }> {
+  const server = createServer(async (req: IncomingMessage, res: ServerResponse) => {
+    const chunks: Buffer[] = [];
+    for await (const chunk of req) chunks.push(chunk as Buffer);
+    const init: RequestInit = { method: req.method ?? "GET", headers: req.headers as Record<string, string> };
+    if (chunks.length > 0) init.body = new Uint8Array(Buffer.concat(chunks));
+    const answer = await handler(`http://${req.headers.host}${req.url}`, init);
+    const headers: Record<string, string> = {};
+    answer.headers.forEach((value, name) => void (headers[name] = value));
+    res.writeHead(answer.status, headers);
+    res.end(Buffer.from(await answer.arrayBuffer()));
+  });
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  const { port } = server.address() as AddressInfo;
+  return { url: `http://127.0.0.1:${port}`, close: () => new Promise((resolve) => server.close(() => resolve())) };
+}
+
+// One run of a device process: open the ledger file, send one item, print the result, exit.
+const DEVICE_PROCESS = `
+import { BudgetLedger, FileBudgetStorage, WebDevice } from ${JSON.stringify(new URL("../ldpipe-node.mjs", import.meta.url).href)};
+const [gatewayUrl, path, now, item] = process.argv.slice(2);
+const budget = await BudgetLedger.open(new FileBudgetStorage(path));
+const device = new WebDevice({ gatewayUrl, useCase: "emoji", credential: "c", clock: () => Number(now), budget,
+  issuerUrl: gatewayUrl });
+const r = await device.send([item]);
+console.log(JSON.stringify({ accepted: r.accepted, budgetHeld: r.budgetHeld, budgetDropped: r.budgetDropped }));
+`;
+
+test("acceptance, with real restarts: ten device processes in one period, one ledger file, one report over HTTP", async () => {
+  const servers = await fakeServers(10);
+  const http = await serve(servers.fetch);
+  const dir = mkdtempSync(join(tmpdir(), "ldpipe-budget-"));
+  const script = join(dir, "device.mjs");
+  writeFileSync(script, DEVICE_PROCESS);
+  const path = join(dir, "budget.json");
+  try {
+    const out = [];
+    for (let i = 0; i < 10; i++) {
+      const { stdout } = await promisify(execFile)(process.execPath, [script, http.url, path, String(T0 + 60 * i), `report ${i}`]);
+      out.push(JSON.parse(stdout) as { accepted: number; budgetHeld: number });
+    }
+    assert.deepEqual(out.map((r) => r.accepted), [1, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+    assert.deepEqual(out.map((r) => r.budgetHeld), [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]);
+    assert.deepEqual([servers.uploaded(), servers.issued()], [1, 1]);
+    assert.equal(JSON.parse(readFileSync(path, "utf8")).use_cases.emoji.reports, 1);
+  } finally {
+    await http.close();
+  }
 });

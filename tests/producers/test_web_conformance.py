@@ -52,7 +52,8 @@ def test_the_typescript_sdk_passes_the_conformance_harness(adapter: list[str]) -
 
 
 def _ask(adapter: list[str], *requests: object) -> list[dict[str, object]]:
-    lines = "".join(json.dumps(r) + "\n" for r in requests)  # ASCII: a lone surrogate travels as \ud800
+    # ASCII JSON: a lone surrogate travels as the escape \ud800, which JSON.parse keeps
+    lines = "".join(json.dumps(r) + "\n" for r in requests)
     done = subprocess.run(adapter, input=lines, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     return [json.loads(line) for line in done.stdout.splitlines()]

@@ -3,7 +3,8 @@ front door: an ``ldpipe issuer`` process, a gateway on uvicorn, the embedded bro
 shuffler and an aggregator (``LocalPipeline``). A Node script (``web_sdk_send.mjs``) with one
 provisioned credential sends 500 reports of ten known emoji: it fetches the configuration
 (the 64-bit hash seed as a decimal string), takes 500 tokens from the issuer, randomizes with
-CMS, HCMS or RRCMS (the width left to Pan's optimum), seals the inner (v2) and outer (v3)
+CMS, HCMS, RRCMS (the width left to Pan's optimum), GCMS, OCMS (p and s as the gateway
+serves them) or OUE (over the served dictionary), seals the inner (v2) and outer (v3)
 envelopes and uploads in batches. Every report is
 aggregated once, and the estimates match the truth as the Python device's reports do
 (``tests/integration/test_pipeline.py``): with ``z_i = (f̂_i − f_i) / σ_i`` over the ten items,
@@ -61,6 +62,9 @@ def run_script(request: dict[str, object]) -> dict[str, object]:
         ("cms", {"k": 1024, "m": 1024}),
         ("hcms", {"k": 256, "m": 1024}),
         ("rrcms", {"k": 256}),  # m left out: the SDK computes Pan's width as Python does
+        ("gcms", {"k": 256, "m": 1024}),  # p and s resolved by the server, read by the SDK
+        ("ocms", {"k": 256, "m": 1024}),  # the optimizer runs on the server only
+        ("oue", {}),  # over the use case's dictionary, which the configuration serves
     ],
 )
 def test_web_sdk_reports_are_all_aggregated_and_estimates_hold(
@@ -89,7 +93,8 @@ def test_web_sdk_reports_are_all_aggregated_and_estimates_hold(
             assert sent["accepted"] == N, sent
             assert (sent["refused"], sent["held"], sent["undelivered"]) == ({}, 0, 0), sent
             assert sent["etag_kept"] is True  # If-None-Match got a 304
-            assert sent["seed"] == str(uc.mechanism.seed)  # the 64-bit seed, exactly
+            seed = getattr(uc.mechanism, "seed", 0)  # oue has no hash: hash_seed null, read as 0
+            assert sent["seed"] == str(seed)  # the 64-bit seed, exactly
             pipe.wait_for_count(pipe.aggregated, N, "the sketch", stall=60)
             pipe.wait_until(lambda: pipe.shuffler_backlog() == 0, 60, "the shuffler")
             assert pipe.aggregated() == N  # every report exactly once

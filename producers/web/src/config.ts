@@ -56,18 +56,29 @@ function firstKey(entries: unknown, role: string): PublicKey {
   throw fail(`lists no ${role} key of ${KEM_NAME} that this device can read`);
 }
 
-/** Read the gateway's document; DeviceError (reason "config") if it is not one. */
-export async function parseConfiguration(body: string, etag: string | null): Promise<DeviceConfiguration> {
-  let doc: Record<string, any>;
-  try {
-    doc = JSON.parse(body);
-  } catch {
-    throw fail("is not JSON");
-  }
-  if (typeof doc !== "object" || doc === null || Array.isArray(doc)) throw fail("is not a JSON object");
+/** The randomizer's fields of a device configuration, read (schemas/randomizers.md "Inputs"). */
+export interface RandomizerConfiguration {
+  readonly mechanism: string;
+  readonly epsilon: number;
+  /** Rows and columns (oue: 1 row, one column per dictionary entry). */
+  readonly k: number;
+  readonly m: number;
+  readonly hashSeed: bigint;
+  readonly randomizer: Randomizer;
+}
+
+/**
+ * Build the randomizer from a configuration's `mechanism`, `epsilon`, `parameters` and
+ * `hash_seed` (what the gateway serves, and what the conformance harness sends); DeviceError
+ * (reason "config") if they do not make one.
+ */
+export async function parseRandomizer(doc: Record<string, any>): Promise<RandomizerConfiguration> {
   const parameters = (doc["parameters"] ?? {}) as Record<string, unknown>;
-  const issuer = (doc["token_issuer"] ?? {}) as Record<string, unknown>;
-  const upload = (doc["upload"] ?? {}) as Record<string, unknown>;
+  if (typeof parameters !== "object" || Array.isArray(parameters)) throw fail("has parameters that are not a JSON object");
+  if (typeof doc["hash_seed"] === "number") {
+    // a binary64 number cannot hold every 64-bit seed exactly: the gateway sends a decimal string
+    throw fail(`has hash_seed = ${JSON.stringify(doc["hash_seed"])}, a JSON number, not a decimal string`);
+  }
   let hashSeed: bigint;
   try {
     // a sketch mechanism's default seed is 0 (ldpipe.schemas.mechanisms.base), as in Python
@@ -77,30 +88,65 @@ export async function parseConfiguration(body: string, etag: string | null): Pro
   }
   const epsilon = Number(doc["epsilon"]);
   const mechanism = String(doc["mechanism"]);
-  // the defaults of ldpipe.schemas.mechanisms when the configuration leaves k or m out
-  const k = int(parameters["k"] ?? 1024, "parameters.k");
+  const options: { p?: number; s?: number; dictionary?: readonly string[] } = {};
+  if (parameters["p"] != null) {
+    const p = Number(parameters["p"]);
+    if (!Number.isFinite(p)) throw fail(`has parameters.p = ${JSON.stringify(parameters["p"])}, not a number`);
+    options.p = p;
+  }
+  if (parameters["s"] != null) options.s = int(parameters["s"], "parameters.s");
+  if (parameters["dictionary"] != null) {
+    const d = parameters["dictionary"];
+    if (!Array.isArray(d) || !d.every((e) => typeof e === "string")) throw fail("has a parameters.dictionary that is not a list of strings");
+    options.dictionary = d as string[];
+  }
+  let k: number;
   let m: number;
-  try {
-    m =
-      parameters["m"] != null
-        ? int(parameters["m"], "parameters.m")
-        : mechanism === "rrcms"
-          ? optimalWidth(
-              epsilon,
-              String(parameters["objective"] ?? "mse"),
-              Number(parameters["f_star"] ?? 1),
-              parameters["dictionary_size"] == null ? null : Number(parameters["dictionary_size"]),
-            )
-          : 1024;
-  } catch (err) {
-    throw err instanceof DeviceError ? err : fail(`has rrcms parameters that give no width (${(err as Error).message})`);
+  if (mechanism === "oue") {
+    // no hash: one row, one column per dictionary entry (schemas/randomizers.md, oue)
+    k = 1;
+    m = options.dictionary?.length ?? 0;
+  } else {
+    // the defaults of ldpipe.schemas.mechanisms when the configuration leaves k or m out
+    k = int(parameters["k"] ?? 1024, "parameters.k");
+    try {
+      m =
+        parameters["m"] != null
+          ? int(parameters["m"], "parameters.m")
+          : mechanism === "rrcms"
+            ? optimalWidth(
+                epsilon,
+                String(parameters["objective"] ?? "mse"),
+                Number(parameters["f_star"] ?? 1),
+                parameters["dictionary_size"] == null ? null : Number(parameters["dictionary_size"]),
+              )
+            : 1024;
+    } catch (err) {
+      throw err instanceof DeviceError ? err : fail(`has rrcms parameters that give no width (${(err as Error).message})`);
+    }
   }
   let randomizer: Randomizer;
   try {
-    randomizer = await Randomizer.create(mechanism, epsilon, hashSeed, k, m);
+    randomizer = await Randomizer.create(mechanism, epsilon, hashSeed, k, m, options);
   } catch (err) {
-    throw fail(`of ${JSON.stringify(doc["use_case"])} does not build a randomizer (${(err as Error).message})`);
+    const of = doc["use_case"] == null ? "" : `of ${JSON.stringify(doc["use_case"])} `;
+    throw fail(`${of}does not build a randomizer (${(err as Error).message})`);
   }
+  return { mechanism, epsilon, k, m, hashSeed, randomizer };
+}
+
+/** Read the gateway's document; DeviceError (reason "config") if it is not one. */
+export async function parseConfiguration(body: string, etag: string | null): Promise<DeviceConfiguration> {
+  let doc: Record<string, any>;
+  try {
+    doc = JSON.parse(body);
+  } catch {
+    throw fail("is not JSON");
+  }
+  if (typeof doc !== "object" || doc === null || Array.isArray(doc)) throw fail("is not a JSON object");
+  const { mechanism, epsilon, k, m, hashSeed, randomizer } = await parseRandomizer(doc);
+  const issuer = (doc["token_issuer"] ?? {}) as Record<string, unknown>;
+  const upload = (doc["upload"] ?? {}) as Record<string, unknown>;
   return {
     useCase: String(doc["use_case"]),
     epoch: int(doc["epoch"], "epoch"),

@@ -3,6 +3,7 @@
  * configuration with ETag / If-None-Match, one token per report, inner v2 + outer v3 sealing,
  * batched uploads with retries, and one reseal after `outdated_config`.
  */
+import type { BudgetLedger } from "./budget.js";
 import { type DeviceConfiguration, parseConfiguration } from "./config.js";
 import { roundTime, sealInner, sealOuter } from "./envelope.js";
 import { DeviceError } from "./errors.js";
@@ -28,6 +29,8 @@ export interface DeviceOptions {
   readonly clock?: () => number;
   /** Randomness for the randomizer (tests only: a device must use getRandomValues, the default). */
   readonly rng?: RandomSource;
+  /** The device's own budget ledger (docs/privacy.md "On the device"); default none: the issuer's quota is the only limit. */
+  readonly budget?: BudgetLedger;
 }
 
 export interface SendResult {
@@ -39,6 +42,10 @@ export interface SendResult {
   readonly held: readonly Item[];
   /** Reports whose fate is unknown: the gateway could not be reached or stayed busy. */
   readonly undelivered: number;
+  /** With a budget ledger: items over the period's budget now waiting in the ledger (with those held before). */
+  readonly budgetHeld: number;
+  /** With a budget ledger: items over the budget dropped ("drop", or beyond the ledger's maxHeld). */
+  readonly budgetDropped: number;
 }
 
 interface Pending {
@@ -119,14 +126,32 @@ export class WebDevice {
     return this.wallet_;
   }
 
-  /** Randomize, seal and upload one report per item (one token each). */
+  /**
+   * Randomize, seal and upload one report per item (one token each). With a budget ledger, the
+   * items held in it come first, then `items`, up to what the period's budget allows; the rest
+   * are held in the ledger or dropped, and the ledger is saved before anything is randomized.
+   */
   async send(items: readonly Item[]): Promise<SendResult> {
     const refused: Record<string, number> = {};
-    if (items.length === 0) return { accepted: 0, refused, held: [], undelivered: 0 };
+    const budget = this.options.budget;
+    if (items.length === 0 && budget === undefined) return { accepted: 0, refused, held: [], undelivered: 0, budgetHeld: 0, budgetDropped: 0 };
     const config = await this.configuration();
+    let budgetHeld = 0;
+    let budgetDropped = 0;
+    if (budget !== undefined) {
+      [items, budgetHeld, budgetDropped] = await this.withinBudget(budget, config, items);
+      if (items.length === 0) return { accepted: 0, refused, held: [], undelivered: 0, budgetHeld, budgetDropped };
+    }
     const wallet = await this.wallet();
     const period = Math.floor(this.clock() / config.periodSeconds);
-    const tokens = await wallet.take(items.length, period, config.issuerName, config.originName);
+    let tokens: Uint8Array[];
+    try {
+      tokens = await wallet.take(items.length, period, config.issuerName, config.originName);
+    } catch (err) {
+      if (budget !== undefined) await this.refund(budget, config, items.length, items); // nothing was randomized: hold them again
+      throw err;
+    }
+    if (budget !== undefined && tokens.length < items.length) await this.refund(budget, config, items.length - tokens.length, []);
     const sending = items.slice(0, tokens.length);
     const held = items.slice(tokens.length);
     const tally = { accepted: 0, refused, undelivered: 0, outdated: [] as Pending[], resealed: false };
@@ -146,7 +171,32 @@ export class WebDevice {
       );
       await this.upload(fresh, resealed, tally, period);
     }
-    return { accepted: tally.accepted, refused, held, undelivered: tally.undelivered };
+    return { accepted: tally.accepted, refused, held, undelivered: tally.undelivered, budgetHeld, budgetDropped };
+  }
+
+  /** ε₀ of one report: the configuration's epsilon, or the mechanism's effective ε if larger. */
+  private epsilon(config: DeviceConfiguration): number {
+    return Math.max(config.epsilon, config.randomizer.effectiveEpsilon);
+  }
+
+  /** [items to send now, held in the ledger, dropped]; the ledger is spent and saved. */
+  private async withinBudget(budget: BudgetLedger, config: DeviceConfiguration, items: readonly Item[]): Promise<[Item[], number, number]> {
+    const useCase = this.options.useCase;
+    const period = { now: this.clock(), epsilon: this.epsilon(config), periodSeconds: config.periodSeconds };
+    budget.entry(useCase, period.now, period.periodSeconds); // roll the period over first
+    const queue = [...budget.takeHeld(useCase), ...items];
+    const n = budget.allowance(useCase, period);
+    const sending = queue.slice(0, n);
+    const over = queue.slice(n);
+    const held = budget.overBudget === "hold" ? budget.hold(useCase, over) : 0;
+    await budget.spend(useCase, sending.length, period);
+    return [sending, held, over.length - held];
+  }
+
+  /** Give back the ε of `reports` never randomized; `items` go back to the front of the held ones ("hold"). */
+  private async refund(budget: BudgetLedger, config: DeviceConfiguration, reports: number, items: readonly Item[]): Promise<void> {
+    if (items.length > 0 && budget.overBudget === "hold") budget.hold(this.options.useCase, items, true);
+    await budget.refund(this.options.useCase, reports, this.epsilon(config));
   }
 
   private async seal(

@@ -1,5 +1,5 @@
 /** The one error the device raises: a stable `reason` and a one-line message naming the fix. */
-export type DeviceErrorReason = "config" | "gateway" | "issuer" | "unauthorized" | "unknown_use_case";
+export type DeviceErrorReason = "budget" | "config" | "gateway" | "issuer" | "unauthorized" | "unknown_use_case";
 
 export class DeviceError extends Error {
   constructor(

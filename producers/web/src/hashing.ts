@@ -11,19 +11,44 @@ const HASH_DOMAIN = concat(ascii("ldpipe/hash/v1"), new Uint8Array([0]));
 /** An item: text (normalized to NFC, like the Python side's unicodedata.normalize) or bytes. */
 export type Item = string | Uint8Array;
 
-/** hashing.md Step 1: text is NFC-normalized and UTF-8 encoded; bytes are used as they are. */
-export function canonicalBytes(item: Item): Uint8Array {
-  if (typeof item !== "string") return item;
-  // hashing.md Step 1: a lone surrogate has no UTF-8; TextEncoder would silently write U+FFFD
-  // (another item's key), so it is refused, as the Python reference refuses it
-  const lone = /\p{Surrogate}/u.exec(item);
-  if (lone !== null) {
-    const unit = item.charCodeAt(lone.index).toString(16).toUpperCase();
+/**
+ * The index of the first lone surrogate of `text` (a UTF-16 code unit in U+D800-U+DFFF not
+ * paired), or -1: such text is not Unicode and has no UTF-8 form (schemas/randomizers.md "Items").
+ */
+export function loneSurrogate(text: string): number {
+  for (let i = 0; i < text.length; i++) {
+    const u = text.charCodeAt(i);
+    if (u >= 0xd800 && u <= 0xdbff) {
+      const next = text.charCodeAt(i + 1);
+      if (next >= 0xdc00 && next <= 0xdfff) {
+        i++;
+        continue;
+      }
+      return i;
+    }
+    if (u >= 0xdc00 && u <= 0xdfff) return i;
+  }
+  return -1;
+}
+
+/**
+ * hashing.md Step 1 for text: NFC. Text with a lone surrogate is refused (RangeError naming
+ * its index), never replaced by U+FFFD as TextEncoder would, which would merge distinct inputs.
+ */
+export function itemText(text: string): string {
+  const at = loneSurrogate(text);
+  if (at >= 0) {
+    const unit = text.charCodeAt(at).toString(16).toUpperCase();
     throw new RangeError(
-      `item has a lone surrogate U+${unit} at UTF-16 index ${lone.index}: it is not Unicode text and has no UTF-8 form; fix the text or send its bytes`,
+      `item has a lone surrogate U+${unit} at index ${at}: it is not Unicode text and has no UTF-8 form; fix the text or send its bytes`,
     );
   }
-  return new TextEncoder().encode(item.normalize("NFC"));
+  return text.normalize("NFC");
+}
+
+/** hashing.md Step 1: text is NFC-normalized and UTF-8 encoded; bytes are used as they are. */
+export function canonicalBytes(item: Item): Uint8Array {
+  return typeof item === "string" ? new TextEncoder().encode(itemText(item)) : item;
 }
 
 /** word61(d, i): bytes 8i..8i+7 as little-endian u64, masked to 61 bits, reduced mod P. */

@@ -10,6 +10,7 @@ export * from "./errors.js";
 export * from "./retry.js";
 export * from "./config.js";
 export * from "./wallet.js";
+export * from "./budget.js";
 export * from "./device.js";
 export * from "./sfp.js";
 export * from "./discovery.js";

@@ -92,7 +92,7 @@ test("a device refetches the configuration on outdated_config and reseals with t
   };
   const device = new WebDevice({ gatewayUrl: "http://gw.test/", useCase: "emoji", credential: "secret-1", fetch: fake, clock: () => NOW, retry: policy([]) });
   const result = await device.send(["😀", "😂", "👍"]);
-  assert.deepEqual({ ...result, held: result.held.length }, { accepted: 2, refused: {}, held: 1, undelivered: 0 });
+  assert.deepEqual({ ...result, held: result.held.length }, { accepted: 2, refused: {}, held: 1, undelivered: 0, budgetHeld: 0, budgetDropped: 0 });
   assert.deepEqual(log, ["config -", 'config "e1"']); // refetched once, with If-None-Match
   assert.equal(bodies.length, 2);
   const tokensOf = (b: Uint8Array): string[] => {

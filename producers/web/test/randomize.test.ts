@@ -1,25 +1,9 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
-import { HashFamily, type RandomSource, Randomizer, encodePayload, itemKey, optimalWidth, uniformInt } from "../src/index.js";
+import { HashFamily, Randomizer, encodePayload, itemKey, optimalWidth, uniformInt } from "../src/index.js";
+import { seededRandom } from "../src/testing.js";
 
-/** A seeded splitmix64 stream (tests only). */
-function seeded(seed: bigint): RandomSource {
-  let s = seed;
-  return {
-    fill(bytes: Uint8Array): void {
-      for (let i = 0; i < bytes.length; i++) {
-        if (i % 8 === 0) {
-          s = (s + 0x9e3779b97f4a7c15n) & 0xffffffffffffffffn;
-        }
-        let z = s;
-        z = ((z ^ (z >> 30n)) * 0xbf58476d1ce4e5b9n) & 0xffffffffffffffffn;
-        z = ((z ^ (z >> 27n)) * 0x94d049bb133111ebn) & 0xffffffffffffffffn;
-        z ^= z >> 31n;
-        bytes[i] = Number((z >> BigInt(8 * (i % 8))) & 0xffn);
-      }
-    },
-  };
-}
+const seeded = seededRandom;
 
 test("uniformInt stays in range and covers it", () => {
   const rng = seeded(1n);
@@ -38,7 +22,7 @@ test("cms: the true bit is 1 w.p. p = e^(eps/2)/(1+e^(eps/2)), others w.p. 1-p",
     const rep = await r.randomize("😀", rng);
     assert.equal(rep.mechanism, "cms");
     if (rep.mechanism !== "cms") return;
-    const cell = r.family.hashKey(rep.row, x);
+    const cell = r.family!.hashKey(rep.row, x);
     for (let b = 0; b < 64; b++) {
       const bit = (rep.bits[b >> 3]! >> (b & 7)) & 1;
       if (b === cell) own += bit;
@@ -79,7 +63,7 @@ test("rrcms: the true cell w.p. e^eps/(e^eps+m-1), the others uniformly; Pan's w
   for (let i = 0; i < n; i++) {
     const rep = await r.randomize("hello", rng);
     if (rep.mechanism !== "rrcms") throw new Error("not rrcms");
-    if (rep.value === r.family.hashKey(rep.row, x)) own++;
+    if (rep.value === r.family!.hashKey(rep.row, x)) own++;
     seen.add(rep.value);
   }
   const p = Math.exp(2) / (Math.exp(2) + 7);
@@ -93,6 +77,6 @@ test("rrcms: the true cell w.p. e^eps/(e^eps+m-1), the others uniformly; Pan's w
 });
 
 test("mechanisms this SDK does not do are refused by name", async () => {
-  await assert.rejects(Randomizer.create("oue", 4, "1", 1, 8), /not supported by this SDK/);
+  await assert.rejects(Randomizer.create("sfp", 4, "1", 1, 8), /not supported by this SDK/);
   await assert.rejects(Randomizer.create("hcms", 4, "1", 1, 12), /power of two/);
 });

@@ -118,7 +118,7 @@ test("sfp reports: the position is uniform and its row block is the fragment's h
     assert.equal(position, pair.position);
     counts[position]!++;
     const j = pair.fragment.row % 4;
-    const cell = client.fragment.family.hashKey(j, await itemKey(code.fragmentItems[position]!));
+    const cell = client.fragment.family!.hashKey(j, await itemKey(code.fragmentItems[position]!));
     own += (pair.fragment.bits[cell >> 3]! >> (cell & 7)) & 1;
     assert.ok(pair.word.row >= 0 && pair.word.row < 4);
   }

@@ -14,7 +14,7 @@ const FLAGS = [
 ];
 
 function fail(message) {
-    process.stderr.write(message.split("\n")[0] + "\n");
+    process.stderr.write(message.split(/\s*\n\s*/).join(" ") + "\n");
     process.exit(1);
 }
 
@@ -26,7 +26,10 @@ if (!existsSync(CHROMIUM)) fail(`${CHROMIUM} is missing: apt-get install chromiu
 const started = performance.now();
 let browser;
 try {
-    browser = await puppeteer.launch({ executablePath: CHROMIUM, headless: true, args: FLAGS, timeout: 60_000 });
+    // protocolTimeout: a page busy with 2,000 blind signatures answers the driver's polls late
+    browser = await puppeteer.launch({
+        executablePath: CHROMIUM, headless: true, args: FLAGS, timeout: 60_000, protocolTimeout: timeout + 60_000,
+    });
 } catch (err) {
     fail(`${CHROMIUM} did not start: ${err.message}`);
 }

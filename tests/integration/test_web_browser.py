@@ -14,10 +14,10 @@ to the sketch store.
 Every report is aggregated once, by the two aggregators together, and the estimates hold as the
 Python device's do (``tests/integration/test_pipeline.py``): over the 40 most frequent items,
 ``Σ z_i²`` is χ²₄₀ (mean 40, sd √80) and stays below ``40 + 4·√80`` except with probability
-< 0.1 %, and the number of items outside their 95 % intervals is Binomial(40, 0.05), so at least
-32 are inside except with probability ``P[Binomial(40, 0.95) < 32] < 1e-4``. The randomizer's
-noise is seeded (splitmix64, ``tests/browser/page/seeded.mjs``), so the figures are the same on
-every run.
+5.4·10⁻⁴, and the number of items outside their 95 % intervals is Binomial(40, 0.05), so at
+least 32 are inside except with probability ``P[Binomial(40, 0.95) < 32] = 1.3·10⁻⁴``. The
+randomizer's noise is seeded (splitmix64, ``tests/browser/page/seeded.mjs``), so the figures are
+the same on every run.
 
 The browser is a test dependency: without ``/usr/bin/chromium``, Node or the driver's
 ``node_modules`` this test fails (it never skips), naming the fix.
@@ -76,7 +76,7 @@ def serve_page(params: dict[str, object]) -> Iterator[str]:
     files = page_files()
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        def do_GET(self) -> None:
             path = self.path.split("?")[0]
             if path == "/params.json":
                 body, kind = json.dumps(params).encode(), TYPES[".json"]
@@ -92,7 +92,7 @@ def serve_page(params: dict[str, object]) -> Iterator[str]:
             self.end_headers()
             self.wfile.write(body)
 
-        def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        def log_message(self, format: str, *args: object) -> None:
             pass  # the test reports what matters
 
     server = None
@@ -123,8 +123,9 @@ def run_browser(url: str) -> dict[str, object]:
         pytest.fail("tests/browser/node_modules is missing: run ./dev.sh setup (npm ci there)")
     if not BUNDLE.is_file():
         pytest.fail(f"{BUNDLE} is missing: run ./dev.sh setup (npm ci and build in producers/web)")
+    # the page took 330 s for 2,000 reports on 2 cores under a load of 12: 900 s is the bound
     result = subprocess.run(
-        [node, str(DRIVER), url, "400"], capture_output=True, text=True, timeout=480, cwd=BROWSER
+        [node, str(DRIVER), url, "900"], capture_output=True, text=True, timeout=960, cwd=BROWSER
     )
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)  # type: ignore[no-any-return]
@@ -181,7 +182,7 @@ def test_chromium_reports_are_all_aggregated_and_estimates_hold(
     z = np.array([(r.estimate - t) / r.std_error for r, t in zip(result.items, truth, strict=True)])
     assert float(np.sum(z**2)) <= 40 + 4 * math.sqrt(2 * 40), z
     inside = sum(r.low <= t <= r.high for r, t in zip(result.items, truth, strict=True))
-    assert inside >= 32, z  # P[Binomial(40, 0.95) < 32] < 1e-4
+    assert inside >= 32, z  # P[Binomial(40, 0.95) < 32] = 1.3e-4
     print(
         f"\nbrowser: {N} reports in {browser_seconds:.1f} s of {time.monotonic() - started:.1f} s"
         f" (Chromium start {ran['launch_seconds']:.1f} s, page {ran['page_seconds']:.1f} s, of"

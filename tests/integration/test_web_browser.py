@@ -5,7 +5,8 @@ Chromium, driven by ``puppeteer-core`` (``tests/browser/drive.mjs``, installed b
 page is served by a real HTTP server on its own loopback origin; the gateway and the issuer are
 on two others, so every fetch the SDK makes is cross-origin and goes through CORS
 (``[gateway] cors_origins`` and ``[issuer] cors_origins`` name the page's origin, and a token
-request's preflight is answered). In the page, one provisioned device fetches the configuration,
+request's preflight is answered; the same page served from an origin not listed gets no answer
+from the gateway). In the page, one provisioned device fetches the configuration,
 takes 2,000 tokens from the ``ldpipe issuer`` process, seals nested HPKE with WebCrypto and
 uploads 2,000 reports of a Zipf(1.1) population over the emoji dictionary (fixed seed) to the
 gateway, which produces them to the embedded broker; a shuffler and two aggregators take them
@@ -170,6 +171,12 @@ def test_chromium_reports_are_all_aggregated_and_estimates_hold(
                 assert sent["origin"] == origin != door.gateway.url  # cross-origin: CORS
                 assert sent["secure"] is True and sent["subtle"] is True  # WebCrypto
                 assert "HeadlessChrome" in str(sent["user_agent"]), sent
+                # the same page on an origin the gateway does not list: the browser hides the
+                # gateway's answer from it, so CORS, not luck, let the first page through
+                with serve_page({**params, "items": ["😀"]}) as stranger:
+                    refused = run_browser(f"{stranger}/index.html")["result"]
+                assert isinstance(refused, dict), refused
+                assert str(refused.get("error")).startswith("gateway: cannot reach"), refused
                 pipe.wait_for_count(pipe.aggregated, N, "the sketch", stall=120)
                 pipe.wait_until(lambda: pipe.shuffler_backlog() == 0, 60, "the shuffler")
                 assert pipe.aggregated() == N  # every report exactly once

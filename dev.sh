@@ -28,15 +28,18 @@ setup() {
 }
 
 # the Node projects, installed from their package-lock.json: the interop tests' independent
-# implementations (tests/interop/*/package.json) and the TypeScript device SDK (producers/web,
-# which is then built into producers/web/dist); without Node.js their tests are skipped and say so
+# implementations (tests/interop/*/package.json), the TypeScript device SDK (producers/web,
+# which is then built into producers/web/dist) and the browser test's driver (tests/browser:
+# puppeteer-core, which downloads no browser; it drives Debian's /usr/bin/chromium, installed
+# with `apt-get install chromium`); without Node.js their tests are skipped and say so
 interop_setup() {
     if ! command -v npm >/dev/null 2>&1; then
         echo "== npm not found: the Node interop tests (tests/interop/) and the TypeScript SDK's tests (producers/web) will fail, naming Node" >&2
         return 0
     fi
     local project
-    for project in tests/interop/*/package-lock.json producers/web/package-lock.json; do
+    for project in tests/interop/*/package-lock.json producers/web/package-lock.json \
+        tests/browser/package-lock.json; do
         [ -f "$project" ] || continue
         local dir
         dir="$(dirname "$project")"
@@ -49,6 +52,9 @@ interop_setup() {
             (cd "$dir" && node build.mjs >&2)
         fi
     done
+    if [ ! -x "${LDPIPE_CHROMIUM:-/usr/bin/chromium}" ]; then
+        echo "== chromium not found: the slow browser test (tests/integration/test_web_browser.py) will fail; apt-get install chromium" >&2
+    fi
 }
 
 # mypy cannot follow the editable install's import hook (the folders producers/ ... infra/ are

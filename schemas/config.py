@@ -114,6 +114,8 @@ class IssuerSettings:
     port: int = 8790
     key_directory: Path = Path("issuer-keys")
     database: Path = Path("issuer.sqlite3")
+    # browser origins allowed to ask for tokens (CORS, as [gateway] cors_origins; "*": any)
+    cors_origins: tuple[str, ...] = ()
 
 
 _ISSUER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.:-]{0,254}$")
@@ -935,7 +937,14 @@ def _issuer(raw: Mapping[str, Any], base: Path) -> IssuerSettings:
         if not value:
             raise ConfigError(f"issuer.{key}: empty; give a path")
         paths[key] = _paths(base, f"issuer.{key}", value)[0]
-    return IssuerSettings(name, addr, port, paths["key_directory"], paths["database"])
+    origins = _get("issuer", table, "cors_origins", list, [])
+    if not all(isinstance(o, str) and o for o in origins):
+        raise ConfigError(
+            'issuer.cors_origins: a list of origins such as "https://app.example" (or "*")'
+        )
+    return IssuerSettings(
+        name, addr, port, paths["key_directory"], paths["database"], tuple(origins)
+    )
 
 
 def _check_cells(where: str, k: int, m: int) -> None:

@@ -109,25 +109,35 @@ def write_front_door_config(
     return path
 
 
-def with_gateway_table(config: Path, issuer_url: str, *, name: str | None = None) -> Path:
+def with_gateway_table(
+    config: Path,
+    issuer_url: str,
+    *,
+    name: str | None = None,
+    gateway: Mapping[str, Value] | None = None,
+) -> Path:
     """``config`` plus a ``[gateway]`` table for origin ``gateway.test`` whose issuer directory
-    is the running issuer's (it picked a free port); written to ``name`` beside it (default:
-    in place)."""
+    is the running issuer's (it picked a free port), and the keys of ``gateway``; written to
+    ``name`` beside it (default: in place)."""
     target = config.with_name(name) if name else config
     target.write_text(
         config.read_text("utf-8") + f'\n[gateway]\norigin_name = "{ORIGIN}"\n'
-        f'issuer_directory_url = "{directory_url(issuer_url)}"\n',
+        f'issuer_directory_url = "{directory_url(issuer_url)}"\n' + _pairs(gateway or {}),
         "utf-8",
     )
     return target
 
 
-def with_issuer_table(config: Path, *, name: str = "issuer.toml") -> Path:
+def with_issuer_table(
+    config: Path, *, name: str = "issuer.toml", issuer: Mapping[str, Value] | None = None
+) -> Path:
     """``config`` (a pipeline's, without one) plus an ``[issuer]`` table (name ``issuer.test``,
-    a free port), written to ``name`` beside it."""
+    a free port, and the keys of ``issuer``), written to ``name`` beside it."""
     target = config.with_name(name)
     target.write_text(
-        config.read_text("utf-8") + f'\n[issuer]\nname = "{ISSUER_NAME}"\nport = 0\n', "utf-8"
+        config.read_text("utf-8") + f'\n[issuer]\nname = "{ISSUER_NAME}"\nport = 0\n'
+        + _pairs(issuer or {}),
+        "utf-8",
     )
     return target
 
@@ -143,15 +153,22 @@ class FrontDoor:
 
 @contextmanager
 def serve_front_door(
-    config: Path, broker: KafkaSettings, *, gateway_name: str | None = None
+    config: Path,
+    broker: KafkaSettings,
+    *,
+    gateway_name: str | None = None,
+    gateway: Mapping[str, Value] | None = None,
 ) -> Iterator[FrontDoor]:
     """Start ``ldpipe issuer`` on ``config`` (it has an ``[issuer]`` table), add the
-    ``[gateway]`` table for it (in place, or to ``gateway_name`` beside it), and serve a gateway
-    producing to ``broker``; yields once the gateway is ready, stops both after."""
+    ``[gateway]`` table for it (in place, or to ``gateway_name`` beside it; with the keys of
+    ``gateway``), and serve a gateway producing to ``broker``; yields once the gateway is
+    ready, stops both after."""
     issuer = start_issuer(config)
     producer = AsyncProducer(broker)
     try:
-        gateway_config = with_gateway_table(config, issuer.url, name=gateway_name)
+        gateway_config = with_gateway_table(
+            config, issuer.url, name=gateway_name, gateway=gateway
+        )
         with run_gateway(
             load_config(gateway_config), producer=producer, kafka_reachable=producer.reachable
         ) as gw:

@@ -168,7 +168,7 @@ def _serve(args: argparse.Namespace) -> int:
         IssuerMetrics.create(registry),
     )
     service.warm_up()
-    app = build_app(service, registry, readiness)
+    app = build_app(service, registry, readiness, cors_origins=settings.cors_origins)
     # no access log, proxy headers ignored, idle connections closed after 5 s, exit 0 on
     # SIGINT/SIGTERM after a graceful stop: as the gateway (infra/runtime/asgi_server.py)
     server = uvicorn_server(app, idle_seconds=5.0, limit_concurrency=1024)

@@ -25,7 +25,7 @@ import base64
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Final
@@ -34,6 +34,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
@@ -330,8 +332,17 @@ def build_app(
     service: IssuerService,
     registry: CollectorRegistry,
     readiness: Readiness | None = None,
+    *,
+    cors_origins: Sequence[str] = (),
 ) -> Starlette:
-    """The Starlette application of ``service``; ``registry`` is served on /metrics."""
+    """The Starlette application of ``service``; ``registry`` is served on /metrics.
+
+    ``cors_origins`` (``[issuer] cors_origins``) are the browser origins whose pages may fetch
+    the directory and ask for tokens (Fetch standard §3.2, CORS): a token request carries
+    ``Authorization`` and a non-safelisted ``Content-Type``, so the browser sends a preflight
+    ``OPTIONS`` first; ``Retry-After`` (quota spent) and ``WWW-Authenticate`` are exposed to
+    the page. No origin is allowed unless listed; credentials mode (cookies) is never needed.
+    """
 
     async def directory(_: Request) -> Response:
         document, max_age = await run_in_threadpool(service.directory)
@@ -427,6 +438,16 @@ def build_app(
             Route("/metrics", metrics, methods=["GET"]),
             Route("/healthz", health, methods=["GET"]),
             Route("/readyz", health, methods=["GET"]),
+        ],
+        middleware=[
+            Middleware(
+                CORSMiddleware,
+                allow_origins=list(cors_origins),
+                allow_methods=["GET", "POST"],
+                allow_headers=["Authorization", "Content-Type"],
+                expose_headers=["Retry-After", "WWW-Authenticate"],
+                max_age=600,
+            )
         ],
         exception_handlers={404: not_found, 405: method_not_allowed},
     )

@@ -150,6 +150,53 @@ def test_a_device_gets_its_quota_and_no_more(deployment: tuple[Path, str]) -> No
         issuer.kill()
 
 
+def test_a_page_on_an_allowed_origin_may_ask_for_tokens(tmp_path: Path) -> None:
+    """CORS (Fetch standard §3.2) as a browser exercises it: the preflight of a token request
+    (``Authorization`` and a non-safelisted ``Content-Type``) is allowed for a listed origin
+    only; answers carry ``Access-Control-Allow-Origin`` and expose ``Retry-After``."""
+    page, stranger = "http://127.0.0.1:20250", "http://evil.test"
+    config = tmp_path / "pipeline.toml"
+    config.write_text(CONFIG + f'cors_origins = ["{page}"]\n', encoding="utf-8")
+    secret = add_credential(config, "browser-1")
+    issuer = start_issuer(config)
+    try:
+        url = issuer.url + "/v1/token-batch-request?use_case=emoji"
+
+        def preflight(origin: str) -> httpx.Response:
+            return httpx.options(url, headers={
+                "origin": origin, "access-control-request-method": "POST",
+                "access-control-request-headers": "authorization,content-type"})  # fmt: skip
+
+        allowed = preflight(page)
+        assert allowed.status_code == 200
+        assert allowed.headers["access-control-allow-origin"] == page
+        assert {"POST"} <= set(allowed.headers["access-control-allow-methods"].split(", "))
+        granted = allowed.headers["access-control-allow-headers"].lower()
+        assert "authorization" in granted and "content-type" in granted
+        assert preflight(stranger).status_code == 400  # Starlette: "Disallowed CORS origin"
+        assert "access-control-allow-origin" not in preflight(stranger).headers
+        directory = httpx.get(issuer.url + DIRECTORY, headers={"origin": page})
+        assert directory.headers["access-control-allow-origin"] == page
+        other = httpx.get(issuer.url + DIRECTORY, headers={"origin": stranger})
+        assert "access-control-allow-origin" not in other.headers
+        device = Device(secret)
+        for _ in range(LIMIT):
+            assert device.ask(issuer.url).status_code == 200
+        key, challenge = device.key(issuer.url)
+        request, _ = begin_token_request(challenge, key)
+        refused = httpx.post(
+            issuer.url + "/v1/token-request?use_case=emoji", content=request,
+            headers={"content-type": REQUEST_TYPE, "authorization": f"Bearer {secret}",
+                     "origin": page},
+        )  # fmt: skip
+        _problem(refused, 429, "quota")
+        assert refused.headers["access-control-allow-origin"] == page
+        exposed = refused.headers["access-control-expose-headers"].lower()
+        assert "retry-after" in exposed and "www-authenticate" in exposed
+    finally:
+        issuer.kill()
+
+
 def test_bad_requests_get_problem_details_and_the_issuer_stays_up(
     deployment: tuple[Path, str],
 ) -> None:
@@ -311,6 +358,7 @@ def test_key_directory_creates_each_key_once_across_processes(tmp_path: Path) ->
         ('port = "80"', "issuer.port: expected int"),
         ("colour = 1", "unknown key"),
         ('database = ""', "issuer.database: empty"),
+        ("cors_origins = [1]", "issuer.cors_origins: a list of origins"),
     ],
 )
 def test_issuer_table_errors_are_one_line(table: str, message: str) -> None:

@@ -968,11 +968,17 @@ class Aggregator:
             return False
         if consumer is None:
             return True
-        _low, high = consumer.get_watermark_offsets(
+        low, high = consumer.get_watermark_offsets(
             TopicPartition(self.topic, partition), cached=True
         ) or (0, -1)
         position = self.offsets.get(partition)
-        return high < 0 or (position is not None and position >= high)
+        if position is None:
+            # never read a record and no stored offset: it reads from its log start, and
+            # librdkafka reports no position (OFFSET_INVALID) until a record arrives, so an
+            # empty partition (cached watermarks 0, 0) would never count as idle and hold
+            # back every window of the other partitions
+            position = low
+        return high < 0 or (position >= 0 and position >= high)
 
     def seal(self, *, force: bool = False, consumer: Consumer | None = None) -> int:
         """Commit the due windows (``force``: all) and the offsets they let advance; returns

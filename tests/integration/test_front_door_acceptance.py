@@ -39,7 +39,6 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from ldpipe.infra.cli.pipeline import LocalPipeline
@@ -188,12 +187,6 @@ def test_flood_one_identity_moves_the_estimate_by_its_quota_at_most(
     assert abs(c - round(c)) < 1e-6 and 0 <= round(c) <= flood
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="open: a window of only 3 shuffled reports was sometimes never sealed by the "
-    "aggregator (windows_sealed 0 after 180 s, 2026-11-27 03:50-04:25); the replay refusal "
-    "itself is asserted by tests/integration/test_replay.py",
-)
 def test_replay_the_same_upload_twice_is_refused_by_the_shuffler(
     broker: KafkaSettings, tmp_path: Path
 ) -> None:

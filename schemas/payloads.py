@@ -192,6 +192,19 @@ class PayloadCodec:
         require(len(report) == 1, f"encode_one takes one report, got {len(report)}; use encode")
         return self._records(report).tobytes()
 
+    def encode_single(self, row: int, body: bytes) -> bytes:
+        """The payload of one report given as ``(row, body)`` (``Mechanism.perturb_one``): the
+        6-byte header (version 1, mechanism code, ``u32`` row) before the body, no numpy.
+        Checks the row and the body's length; the body's fields are the mechanism's to get right
+        (``tests/schemas/test_single_report.py`` decodes them with ``decode``)."""
+        require(0 <= row < self.k, f"row {row} is not below k = {self.k}")
+        require(
+            len(body) == self.record_length - HEADER_LENGTH,
+            f"a {self._label} payload body is {self.record_length - HEADER_LENGTH} bytes, "
+            f"got {len(body)}; make it with the mechanism's perturb_one",
+        )
+        return bytes((FORMAT_VERSION, self.code)) + row.to_bytes(4, "little") + body
+
     def _records(self, reports: Reports) -> npt.NDArray[np.void]:
         rows, values = np.asarray(reports.rows), np.asarray(reports.values)
         require(

@@ -35,9 +35,23 @@ function checkUseCase(useCase: string, max: number): Uint8Array {
   return ascii(useCase);
 }
 
+// imported recipient keys, by the raw bytes of the configuration's key: imported once, not per
+// report (a key object is immutable; a new configuration brings new raw arrays)
+const imported = new WeakMap<Uint8Array, Promise<CryptoKey>>();
+
+function recipientKey(key: PublicKey): Promise<CryptoKey> {
+  let found = imported.get(key.raw);
+  if (found === undefined) {
+    found = suite.kem.importKey("raw", key.raw.slice().buffer, true);
+    imported.set(key.raw, found);
+    found.catch(() => imported.delete(key.raw));
+  }
+  return found;
+}
+
 async function sealTo(key: PublicKey, info: Uint8Array, pt: Uint8Array, opts: SealOptions): Promise<Uint8Array> {
   if (key.raw.length !== 32) throw new RangeError(`key ${key.keyId} is not a 32-byte X25519 public key`);
-  const recipientPublicKey = await suite.kem.importKey("raw", key.raw.slice().buffer, true);
+  const recipientPublicKey = await recipientKey(key);
   const { ct, enc } = await suite.seal(
     opts.ikmE === undefined ? { recipientPublicKey, info } : { recipientPublicKey, info, ekm: opts.ikmE },
     pt,

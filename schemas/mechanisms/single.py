@@ -30,9 +30,9 @@ from functools import lru_cache
 import numpy as np
 
 __all__ = [
+    "Prefetched",
     "RandomBytes",
     "bernoulli",
-    "Prefetched",
     "bernoulli_bits",
     "numpy_bytes",
     "os_bytes",
@@ -146,7 +146,7 @@ class Prefetched:
     """A ``RandomBytes`` that serves the first ``size`` bytes from one call of ``random_bytes``
     (one system call for a report's usual draws), then calls it again for anything beyond."""
 
-    __slots__ = ("_block", "_at", "_random_bytes")
+    __slots__ = ("_at", "_block", "_random_bytes")
 
     def __init__(self, random_bytes: RandomBytes, size: int) -> None:
         self._random_bytes = random_bytes

@@ -103,14 +103,7 @@ def python_cases(n: int, rng: np.random.Generator) -> dict[str, Callable[[int], 
         return step
 
     def randomize(start: int) -> None:
-        if hasattr(single, "payload"):
-            make = single.payload
-        else:  # before the single-report path: a batch of one, as report() did
-            codec = single.codec
-
-            def make(item: str | bytes) -> bytes:
-                return codec.encode_one(mechanism.randomize_one(item))
-
+        make = single.payload
         for item in items[start : start + SLICE]:
             make(item)
 
@@ -208,8 +201,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result))
         return 0
     print(table("Python (cryptography's HPKE)", python_us))
-    node = result.get("node")
-    if node is not None:
+    if "node" in result:
+        node = result["node"]
         if "us_per_report" in node:
             print(table(f"TypeScript SDK under Node {node.get('node', '')}", node["us_per_report"]))
         else:

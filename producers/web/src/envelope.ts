@@ -35,18 +35,25 @@ function checkUseCase(useCase: string, max: number): Uint8Array {
   return ascii(useCase);
 }
 
-// imported recipient keys, by the raw bytes of the configuration's key: imported once, not per
-// report (a key object is immutable; a new configuration brings new raw arrays)
-const imported = new WeakMap<Uint8Array, Promise<CryptoKey>>();
+// recipient keys imported once per key array, not once per report (RFC 9180 §7.1.1
+// DeserializePublicKey, then reused across seals); a copy of the bytes is kept with each, so an
+// array changed in place is imported again
+const imported = new WeakMap<Uint8Array, { readonly bytes: Uint8Array; readonly key: Promise<CryptoKey> }>();
+
+function sameBytes(a: Uint8Array, b: Uint8Array): boolean {
+  if (a.length !== b.length) return false;
+  for (let i = 0; i < a.length; i++) if (a[i] !== b[i]) return false;
+  return true;
+}
 
 function recipientKey(key: PublicKey): Promise<CryptoKey> {
-  let found = imported.get(key.raw);
-  if (found === undefined) {
-    found = suite.kem.importKey("raw", key.raw.slice().buffer, true);
-    imported.set(key.raw, found);
-    found.catch(() => imported.delete(key.raw));
-  }
-  return found;
+  const found = imported.get(key.raw);
+  if (found !== undefined && sameBytes(found.bytes, key.raw)) return found.key;
+  const bytes = key.raw.slice();
+  const promise = suite.kem.importKey("raw", bytes.slice().buffer, true);
+  imported.set(key.raw, { bytes, key: promise });
+  promise.catch(() => imported.delete(key.raw));
+  return promise;
 }
 
 async function sealTo(key: PublicKey, info: Uint8Array, pt: Uint8Array, opts: SealOptions): Promise<Uint8Array> {

@@ -37,9 +37,9 @@ from ldpipe.schemas.payloads import PayloadCodec
 __all__ = ["SINGLE_PATH_BELOW", "DeviceClient", "shuffler_public_key"]
 
 #: ``inner_reports`` randomizes batches smaller than this one item at a time (no numpy: about
-#: 10 µs a CMS report, m = 1,024), larger ones with the batch randomizer (about 90 µs per call,
-#: then a few µs a report)
-SINGLE_PATH_BELOW = 32
+#: 12 µs a CMS report, m = 1,024), larger ones with the batch randomizer (about 90 µs per call,
+#: then about 4 µs a report: the two cross near 11 items)
+SINGLE_PATH_BELOW = 16
 
 
 @dataclass(frozen=True)

@@ -286,6 +286,7 @@ class HashFamily:
     def row_coefficients(self, row: int) -> tuple[int, int, int]:
         """``(c0, c1, c2)`` of function ``row`` as Python ints (one SHA-256 the first time; the
         rows a device used are kept, up to ``_ROW_CACHE``; no table of all k)."""
+        row = operator.index(row)
         found = self._rows.get(row)
         if found is not None:
             return found
@@ -307,7 +308,7 @@ class HashFamily:
             raise ValueError(f"key must be a field element in [0, 2^61 - 1), got {key}")
         c0, c1, c2 = self.row_coefficients(row)
         prime = self.prime
-        x = key % prime
+        x = int(key) % prime  # a Python int: numpy's uint64 would wrap in the products
         return ((c2 * x + c1) % prime * x + c0) % prime % self.m
 
     def hash_row(self, row: int, keys: npt.ArrayLike) -> npt.NDArray[np.int64]:

@@ -131,6 +131,7 @@ class OptimizedUnaryEncoding(Mechanism):
         return self._lookup(item)
 
     def perturb_one(self, code: int, random_bytes: RandomBytes) -> tuple[int, bytes]:
+        code = int(code)  # a numpy integer would overflow in 1 << code
         random_bytes = Prefetched(random_bytes, self.m + 24)  # lanes, a few ties, the own bit
         bits = bernoulli_bits(self.q, self.m, random_bytes) & ~(1 << code)
         if bernoulli(self.p, random_bytes):

@@ -175,6 +175,8 @@ def test_hash_one_matches_the_vectors_and_hash_rows() -> None:
         rows = rng.integers(0, k, size=len(items))
         batch = family.hash_rows(rows, keys).tolist()
         assert [family.hash_one(int(r), int(x)) for r, x in zip(rows, keys, strict=True)] == batch
+        # numpy scalars give the same values (the products are done in Python integers)
+        assert [family.hash_one(r, x) for r, x in zip(rows, keys, strict=True)] == batch
         checked += len(items)
     small = HashFamily(3, 4, 10, prime=2_147_483_647)
     keys = item_keys(["a", "b"])

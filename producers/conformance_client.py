@@ -3,11 +3,13 @@
 ``python -m ldpipe.producers.conformance_client`` reads one JSON request per line on stdin
 (``config``: the device configuration's mechanism, epsilon, parameters and hash seed; ``item``;
 ``count``) and answers each with one line ``{"payloads": [hex, ...]}``: ``count`` independent
-randomized reports of the item, made exactly as a device makes them (``DeviceClient``'s mechanism
-with the OS CSPRNG, ``PayloadCodec``), unsealed. A request it cannot serve gets
-``{"error": "one line"}``. ``--epsilon-scale`` and ``--biased-row`` make it deliberately wrong,
-for testing that the harness catches a wrong client; ``--seed`` fixes its generator for
-reproducible tests.
+randomized reports of the item, made exactly as a device makes them, one at a time
+(``DeviceClient.payload``: the mechanism's ``perturb_one`` with the OS CSPRNG, then
+``PayloadCodec.encode_single``), unsealed; ``--batch`` makes them with the batch randomizer
+instead (``Mechanism.randomize``, what ``ldpipe simulate`` and ``ldpipe produce`` use). A
+request it cannot serve gets ``{"error": "one line"}``. ``--epsilon-scale`` and ``--biased-row``
+make it deliberately wrong, for testing that the harness catches a wrong client; ``--seed``
+fixes its generator for reproducible tests.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import IO, Any
 import numpy as np
 
 from ldpipe.schemas.mechanisms import Reports, build_mechanism, secure_rng
+from ldpipe.schemas.mechanisms.single import numpy_bytes, os_bytes
 from ldpipe.schemas.payloads import PayloadCodec
 
 __all__ = ["answer", "main", "serve"]
@@ -53,8 +56,12 @@ def answer(
     *,
     epsilon_scale: float = 1.0,
     biased_row: bool = False,
+    batch: bool = False,
 ) -> dict[str, Any]:
-    """The reply to one request: ``{"payloads": [...]}`` or ``{"error": ...}``."""
+    """The reply to one request: ``{"payloads": [...]}`` or ``{"error": ...}``; the reports are
+    made one at a time as a device makes them, or with the batch randomizer (``batch``, and
+    always for the wrong-on-purpose ``biased_row``). ``rng``: a seeded generator for tests
+    (default: the OS CSPRNG)."""
     try:
         config = request["config"]
         item = request["item"]
@@ -68,11 +75,20 @@ def answer(
             epsilon=float(config["epsilon"]) * epsilon_scale,
             **_parameters(config),
         )
-        rng = rng if rng is not None else secure_rng()
-        reports = mechanism.randomize([item] * count, rng)
-        if biased_row and mechanism.k > 1:
-            reports = _bias_rows(mechanism.randomize([item] * count, rng), reports, rng)
-        payloads = PayloadCodec.for_mechanism(mechanism).encode(reports)
+        codec = PayloadCodec.for_mechanism(mechanism)
+        if batch or biased_row:
+            rng = rng if rng is not None else secure_rng()
+            reports = mechanism.randomize([item] * count, rng)
+            if biased_row and mechanism.k > 1:
+                reports = _bias_rows(mechanism.randomize([item] * count, rng), reports, rng)
+            payloads = codec.encode(reports)
+        else:
+            random_bytes = os_bytes if rng is None else numpy_bytes(rng)
+            code = mechanism.encode_one(item)
+            payloads = [
+                codec.encode_single(*mechanism.perturb_one(code, random_bytes))
+                for _ in range(count)
+            ]
     except KeyError as exc:
         return {"error": f"the request lacks {exc}; it needs config, item and count"}
     except (ValueError, TypeError) as exc:
@@ -97,10 +113,11 @@ def serve(
     epsilon_scale: float = 1.0,
     biased_row: bool = False,
     seed: int | None = None,
+    batch: bool = False,
 ) -> None:
     """Answer every request line of ``stdin`` on ``stdout`` until end of input, drawing from the
     OS CSPRNG (as a device does) unless ``seed`` fixes a generator (reproducible tests)."""
-    rng = secure_rng() if seed is None else np.random.default_rng(seed)
+    rng = None if seed is None else np.random.default_rng(seed)
     for line in stdin:
         if not line.strip():
             continue
@@ -110,7 +127,9 @@ def serve(
             reply: dict[str, Any] = {"error": "the request is not one JSON line"}
         else:
             if isinstance(request, Mapping):
-                reply = answer(request, rng, epsilon_scale=epsilon_scale, biased_row=biased_row)
+                reply = answer(
+                    request, rng, epsilon_scale=epsilon_scale, biased_row=biased_row, batch=batch
+                )
             else:
                 reply = {"error": "the request is not a JSON object"}
         stdout.write(json.dumps(reply) + "\n")
@@ -139,6 +158,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help="a fixed generator seed, for reproducible tests (default: the OS CSPRNG)",
     )
+    parser.add_argument(
+        "--batch",
+        action="store_true",
+        help="make the reports with the batch randomizer (ldpipe simulate's), not one at a time",
+    )
     args = parser.parse_args(argv)
     serve(
         sys.stdin,
@@ -146,6 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         epsilon_scale=args.epsilon_scale,
         biased_row=args.biased_row,
         seed=args.seed,
+        batch=args.batch,
     )
     return 0
 

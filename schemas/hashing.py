@@ -26,7 +26,7 @@ import hashlib
 import operator
 import unicodedata
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from functools import cached_property
 from typing import Any
@@ -53,6 +53,7 @@ _ITEM_DOMAIN = b"ldpipe/item/v1\x00"
 _HASH_DOMAIN = b"ldpipe/hash/v1\x00"
 _MAX_SEED = (1 << 64) - 1
 _MAX_ROWS = 1 << 32
+_ROW_CACHE = 4096  # row coefficients hash_one keeps (96 bytes of ints each)
 _HASH_ALL_CHUNK = 1 << 17  # values per hash_all block (1 MiB per uint64 temporary)
 
 Keys = npt.NDArray[np.uint64]
@@ -217,6 +218,9 @@ class HashFamily:
     k: int
     m: int
     prime: int = MERSENNE_61  # the wire format fixes 2^61 - 1; small primes are for analysis
+    _rows: dict[int, tuple[int, int, int]] = field(
+        default_factory=dict, init=False, repr=False, compare=False, hash=False
+    )
 
     def __post_init__(self) -> None:
         # numpy integers are accepted and stored as Python ints; floats and bools are refused
@@ -278,6 +282,34 @@ class HashFamily:
             )
         keys_arr = field_elements(keys)
         return self._evaluate(self.coefficients[rows_arr.astype(np.int64, copy=False)], keys_arr)
+
+    def row_coefficients(self, row: int) -> tuple[int, int, int]:
+        """``(c0, c1, c2)`` of function ``row`` as Python ints (one SHA-256 the first time; the
+        rows a device used are kept, up to ``_ROW_CACHE``; no table of all k)."""
+        row = operator.index(row)
+        found = self._rows.get(row)
+        if found is not None:
+            return found
+        if not 0 <= row < self.k:
+            raise ValueError(f"hash row must be in [0, {self.k}), got {row}")
+        prefix = _HASH_DOMAIN + self.seed.to_bytes(8, "little")
+        digest = hashlib.sha256(prefix + row.to_bytes(4, "little")).digest()
+        c0, c1, c2 = _word61(digest, 0), _word61(digest, 8), _word61(digest, 16)
+        if self.prime != MERSENNE_61:
+            c0, c1, c2 = c0 % self.prime, c1 % self.prime, c2 % self.prime
+        if len(self._rows) < _ROW_CACHE:
+            self._rows[row] = (c0, c1, c2)
+        return c0, c1, c2
+
+    def hash_one(self, row: int, key: int) -> int:
+        """``h_row(key)`` for one key, in Python integers (what one device computes: no numpy,
+        no table of k functions; the same value as ``hash_rows``, ``schemas/hashing.md``)."""
+        if not 0 <= key < MERSENNE_61:
+            raise ValueError(f"key must be a field element in [0, 2^61 - 1), got {key}")
+        c0, c1, c2 = self.row_coefficients(row)
+        prime = self.prime
+        x = int(key) % prime  # a Python int: numpy's uint64 would wrap in the products
+        return ((c2 * x + c1) % prime * x + c0) % prime % self.m
 
     def hash_row(self, row: int, keys: npt.ArrayLike) -> npt.NDArray[np.int64]:
         """``h_row(keys[i])`` for each i: one function at many keys (a row-by-row sweep)."""

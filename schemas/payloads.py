@@ -105,6 +105,7 @@ class PayloadCodec:
     m: int
     s: int = 1
     _dtype: np.dtype[np.void] = field(init=False, repr=False, compare=False)
+    _prefix: bytes = field(init=False, repr=False, compare=False)  # version, mechanism code
 
     def __post_init__(self) -> None:
         require(
@@ -125,6 +126,7 @@ class PayloadCodec:
         else:
             require(self.s == 1, f"{self.mechanism} reports carry no s; leave s=1, got s={self.s}")
         object.__setattr__(self, "_dtype", self._record_dtype())
+        object.__setattr__(self, "_prefix", bytes((FORMAT_VERSION, self.code)))
 
     @classmethod
     def for_mechanism(cls, mechanism: Mechanism) -> PayloadCodec:
@@ -191,6 +193,20 @@ class PayloadCodec:
         """The payload of a batch of exactly one report (what ``Mechanism.randomize_one`` gives)."""
         require(len(report) == 1, f"encode_one takes one report, got {len(report)}; use encode")
         return self._records(report).tobytes()
+
+    def encode_single(self, row: int, body: bytes) -> bytes:
+        """The payload of one report given as ``(row, body)`` (``Mechanism.perturb_one``): the
+        6-byte header (version 1, mechanism code, ``u32`` row) before the body, no numpy.
+        Checks the row and the body's length; the body's fields are the mechanism's to get right
+        (``tests/schemas/mechanisms/test_single.py`` decodes them with ``decode``)."""
+        body_length = self.record_length - HEADER_LENGTH
+        if not 0 <= row < self.k or len(body) != body_length:
+            raise ValueError(
+                f"a {self._label} payload needs a row below k = {self.k} and a body of "
+                f"{body_length} bytes, got row {row} and {len(body)} bytes; make them with "
+                f"the mechanism's perturb_one"
+            )
+        return self._prefix + row.to_bytes(4, "little") + body
 
     def _records(self, reports: Reports) -> npt.NDArray[np.void]:
         rows, values = np.asarray(reports.rows), np.asarray(reports.values)

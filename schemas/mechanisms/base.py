@@ -19,8 +19,9 @@ from typing import Any, ClassVar
 import numpy as np
 import numpy.typing as npt
 
-from ldpipe.schemas.hashing import HashFamily, field_elements, item_keys
+from ldpipe.schemas.hashing import HashFamily, field_elements, item_key, item_keys
 from ldpipe.schemas.mechanisms.columns import CellCache, column_sums
+from ldpipe.schemas.mechanisms.single import RandomBytes, uniform_below
 from ldpipe.schemas.mechanisms.variance import ContributionModel
 
 __all__ = [
@@ -361,6 +362,16 @@ class Mechanism(ABC):
     def perturb(self, codes: npt.ArrayLike, rng: np.random.Generator) -> Reports:
         """Randomize a batch of encoded items (one report each)."""
 
+    def encode_one(self, item: str | bytes) -> int:
+        """The code of one item (what ``encode`` gives for a batch of one)."""
+        return int(self.encode([item])[0])
+
+    @abstractmethod
+    def perturb_one(self, code: int, random_bytes: RandomBytes) -> tuple[int, bytes]:
+        """Randomize one encoded item in plain Python (``single.py``; what a device does for
+        one report): ``(row, body)``, ``body`` the payload body of ``schemas/payloads.md``.
+        Same distribution as ``perturb`` (``schemas/randomizers.md``), other draws."""
+
     @abstractmethod
     def accumulate(self, sketch: Sketch, reports: Reports) -> None:
         """Add a batch of reports into ``sketch`` in place, with no per-report Python loop."""
@@ -510,6 +521,14 @@ class SketchMechanism(Mechanism, ABC):
 
     def encode(self, items: Sequence[str | bytes]) -> npt.NDArray[np.uint64]:
         return item_keys(items)
+
+    def encode_one(self, item: str | bytes) -> int:
+        return item_key(item)
+
+    def choose_row_one(self, key: int, random_bytes: RandomBytes) -> tuple[int, int]:
+        """One device's ``(j, h_j(key))``, ``j`` uniform over ``[0, k)`` (Apple Alg. 2 line 1)."""
+        row = uniform_below(self.k, random_bytes)
+        return row, self.family.hash_one(row, key)
 
     def choose_rows(
         self, codes: npt.ArrayLike, rng: np.random.Generator

@@ -13,6 +13,7 @@ Report values: ``uint8[n, ceil(m/8)]``, the m bits packed little-endian within e
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, ClassVar
 
 import numpy as np
@@ -21,6 +22,7 @@ import numpy.typing as npt
 from ldpipe.schemas.mechanisms.base import FloatArray, Reports, Sketch, SketchMechanism
 from ldpipe.schemas.mechanisms.bernoulli import bernoulli_packed
 from ldpipe.schemas.mechanisms.columns import kernel
+from ldpipe.schemas.mechanisms.single import Prefetched, RandomBytes, bernoulli_bits
 from ldpipe.schemas.mechanisms.variance import ContributionModel
 
 __all__ = ["CountMeanSketch", "pack_bits", "scatter_bits", "scatter_bits_reference", "unpack_bits"]
@@ -81,13 +83,13 @@ class CountMeanSketch(SketchMechanism):
     def __post_init__(self) -> None:
         super().__post_init__()
 
-    @property
+    @cached_property
     def p(self) -> float:
         """Probability the true bit is 1 (its flip probability is ``1 - p``)."""
         e = np.exp(self.epsilon / 2.0)
         return float(e / (1.0 + e))
 
-    @property
+    @cached_property
     def q(self) -> float:
         """Probability any other bit is 1 (Apple Alg. 2 flip probability)."""
         return 1.0 - self.p
@@ -111,6 +113,12 @@ class CountMeanSketch(SketchMechanism):
         # the one-hot bit is 1 before flipping, so after flipping it is 1 w.p. p = 1 - q
         packed[np.arange(rows.size), cells >> 3] ^= np.left_shift(1, cells & 7).astype(np.uint8)
         return Reports(rows, packed)
+
+    def perturb_one(self, code: int, random_bytes: RandomBytes) -> tuple[int, bytes]:
+        random_bytes = Prefetched(random_bytes, 4 + self.m + 16)  # row, lanes, a few ties
+        row, cell = self.choose_row_one(code, random_bytes)
+        bits = bernoulli_bits(self.q, self.m, random_bytes) ^ (1 << cell)  # as perturb does
+        return row, bits.to_bytes((self.m + 7) // 8, "little")
 
     def accumulate(self, sketch: Sketch, reports: Reports) -> None:
         self._check_batch(sketch, reports, (self.m + 7) // 8)

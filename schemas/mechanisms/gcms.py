@@ -33,6 +33,12 @@ from ldpipe.schemas.mechanisms.base import (
     check_range,
     require,
 )
+from ldpipe.schemas.mechanisms.single import (
+    Prefetched,
+    RandomBytes,
+    bernoulli,
+    random_subset,
+)
 from ldpipe.schemas.mechanisms.variance import ContributionModel
 
 __all__ = [
@@ -197,6 +203,16 @@ class GeneralizedCountMeanSketch(SketchMechanism):
         others[at, drop] = np.where(include, cells, others[at, drop])
         others.sort(axis=1)
         return Reports(rows, others)
+
+    def perturb_one(self, code: int, random_bytes: RandomBytes) -> tuple[int, bytes]:
+        random_bytes = Prefetched(random_bytes, 12 + 4 * self.size)  # row, include, subset
+        row, cell = self.choose_row_one(code, random_bytes)
+        include = bernoulli(self.inclusion, random_bytes)
+        size = self.size - 1 if include else self.size  # Alg. 1: {c} and s - 1 others, or s
+        chosen = [v + (v >= cell) for v in random_subset(self.m - 1, size, random_bytes)]
+        if include:
+            chosen = sorted([*chosen, cell])
+        return row, b"".join(v.to_bytes(4, "little") for v in chosen)
 
     @property
     def row_weight(self) -> int:

@@ -28,6 +28,12 @@ from ldpipe.schemas.mechanisms.base import (
     require,
 )
 from ldpipe.schemas.mechanisms.hadamard import hadamard_entries, walsh_hadamard_rows
+from ldpipe.schemas.mechanisms.single import (
+    Prefetched,
+    RandomBytes,
+    bernoulli,
+    uniform_below,
+)
 from ldpipe.schemas.mechanisms.variance import ContributionModel
 
 __all__ = ["HadamardCountMeanSketch", "hadamard_entries", "walsh_hadamard_rows"]
@@ -72,6 +78,15 @@ class HadamardCountMeanSketch(SketchMechanism):
         keep = rng.random(rows.size) < self.p
         signs = hadamard_entries(cols, cells) * np.where(keep, 1, -1)
         return Reports(rows, np.stack([cols, signs], axis=1))
+
+    def perturb_one(self, code: int, random_bytes: RandomBytes) -> tuple[int, bytes]:
+        random_bytes = Prefetched(random_bytes, 16)  # row, column, keep
+        row, cell = self.choose_row_one(code, random_bytes)
+        column = uniform_below(self.m, random_bytes)
+        plus = (column & cell).bit_count() % 2 == 0  # H_m[l, c] = (-1)^popcount(l AND c)
+        if not bernoulli(self.p, random_bytes):
+            plus = not plus
+        return row, column.to_bytes(4, "little") + (b"\x01" if plus else b"\x00")
 
     def accumulate(self, sketch: Sketch, reports: Reports) -> None:
         self._check_batch(sketch, reports, 2)

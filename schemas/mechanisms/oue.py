@@ -30,6 +30,12 @@ from ldpipe.schemas.mechanisms.base import (
     require,
 )
 from ldpipe.schemas.mechanisms.cms import pack_bits, unpack_bits
+from ldpipe.schemas.mechanisms.single import (
+    Prefetched,
+    RandomBytes,
+    bernoulli,
+    bernoulli_bits,
+)
 from ldpipe.schemas.mechanisms.variance import ContributionModel
 
 __all__ = ["OptimizedUnaryEncoding", "canonical_text"]
@@ -120,6 +126,17 @@ class OptimizedUnaryEncoding(Mechanism):
                 f"items: add it to the dictionary or use a sketch mechanism (cms, gcms, ...)"
             )
         return found
+
+    def encode_one(self, item: str | bytes) -> int:
+        return self._lookup(item)
+
+    def perturb_one(self, code: int, random_bytes: RandomBytes) -> tuple[int, bytes]:
+        code = int(code)  # a numpy integer would overflow in 1 << code
+        random_bytes = Prefetched(random_bytes, self.m + 24)  # lanes, a few ties, the own bit
+        bits = bernoulli_bits(self.q, self.m, random_bytes) & ~(1 << code)
+        if bernoulli(self.p, random_bytes):
+            bits |= 1 << code
+        return 0, bits.to_bytes((self.m + 7) // 8, "little")
 
     def perturb(self, codes: npt.ArrayLike, rng: np.random.Generator) -> Reports:
         idx = np.asarray(codes, dtype=np.int64).reshape(-1)

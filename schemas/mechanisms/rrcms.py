@@ -38,6 +38,12 @@ from ldpipe.schemas.mechanisms.base import (
     check_range,
     require,
 )
+from ldpipe.schemas.mechanisms.single import (
+    Prefetched,
+    RandomBytes,
+    bernoulli,
+    uniform_below,
+)
 from ldpipe.schemas.mechanisms.variance import ContributionModel
 
 __all__ = ["Objective", "RandomizedResponseCountMeanSketch", "optimal_width"]
@@ -126,6 +132,16 @@ class RandomizedResponseCountMeanSketch(SketchMechanism):
         other = rng.integers(0, self.m - 1, size=rows.size, dtype=np.int64)
         other += other >= cells
         return Reports(rows, np.where(keep, cells, other)[:, None])
+
+    def perturb_one(self, code: int, random_bytes: RandomBytes) -> tuple[int, bytes]:
+        random_bytes = Prefetched(random_bytes, 16)  # row, keep, other
+        row, cell = self.choose_row_one(code, random_bytes)
+        if bernoulli(self.p, random_bytes):
+            value = cell
+        else:
+            value = uniform_below(self.m - 1, random_bytes)
+            value += value >= cell
+        return row, value.to_bytes(4, "little")
 
     @property
     def row_weight(self) -> int:

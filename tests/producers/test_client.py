@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ldpipe.producers.client import DeviceClient
+from ldpipe.producers.client import SINGLE_PATH_BELOW, DeviceClient
 from ldpipe.schemas.envelope import EnvelopeHeader, OpenedEnvelope, open_envelope, open_many
 from ldpipe.schemas.keys import KeyPair, KeyRing
 from ldpipe.schemas.mechanisms import Mechanism, build_mechanism
@@ -57,10 +57,11 @@ def test_report_round_trip(name: str) -> None:
     envelope = device.report("item-3", np.random.default_rng(5))
     header, payload = open_envelope(envelope, KeyRing([pair()]), use_case="emoji", epochs={4})
     assert header == EnvelopeHeader("emoji", 4, 77)
-    expected = mechanism(name).randomize(["item-3"], np.random.default_rng(5))
-    assert payload == codec.encode_one(expected)
-    decoded = codec.decode(payload)
-    np.testing.assert_array_equal(decoded.rows, expected.rows)
+    # one report takes the single-report path (no numpy), drawing from the generator's bytes
+    mech = mechanism(name)
+    row, body = mech.perturb_one(mech.encode_one("item-3"), np.random.default_rng(5).bytes)
+    assert payload == codec.encode_single(row, body)
+    assert codec.decode(payload).rows.tolist() == [row]
 
 
 @pytest.mark.parametrize("name", sorted(MECHANISMS))
@@ -97,3 +98,21 @@ def test_configuration_is_immutable_and_validated() -> None:
     with pytest.raises(ValueError, match="carries the key id"):
         DeviceClient("emoji", 4, pair().public.key, mechanism("cms"))  # type: ignore[arg-type]
     assert "public_key" in repr(device) and "private" not in repr(device)
+
+
+@pytest.mark.parametrize("name", ["cms", "oue"])
+def test_inner_reports_take_the_single_path_below_the_threshold(name: str) -> None:
+    device = client(name)
+    ring = KeyRing([pair()])
+    few = items(SINGLE_PATH_BELOW - 1)
+    opened = [
+        open_envelope(e, ring).payload for e in device.inner_reports(few, np.random.default_rng(8))
+    ]
+    again = np.random.default_rng(8)
+    assert opened == [device.payload(item, again) for item in few]  # one report at a time
+    many = items(SINGLE_PATH_BELOW)
+    opened = [
+        open_envelope(e, ring).payload for e in device.inner_reports(many, np.random.default_rng(8))
+    ]
+    batch = mechanism(name).randomize(many, np.random.default_rng(8))
+    assert opened == device.codec.encode(batch)  # the batch randomizer

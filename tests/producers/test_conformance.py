@@ -43,6 +43,13 @@ def test_the_python_device_passes() -> None:
     assert all(c.level == pytest.approx(1e-6 / 26) for c in result.checks)
 
 
+def test_the_batch_randomizer_passes_too() -> None:
+    # the device path (one report at a time, no numpy) is the default above; --batch tests the
+    # batch randomizer that ldpipe simulate and ldpipe produce use
+    result = run_conformance([*CLIENT, "--seed", "14", "--batch"])
+    assert result.passed, [c for c in result.failures]
+
+
 @pytest.mark.parametrize(
     ("flags", "failing"),
     [

@@ -35,9 +35,30 @@ function checkUseCase(useCase: string, max: number): Uint8Array {
   return ascii(useCase);
 }
 
+// recipient keys imported once per key array, not once per report (RFC 9180 §7.1.1
+// DeserializePublicKey, then reused across seals); a copy of the bytes is kept with each, so an
+// array changed in place is imported again
+const imported = new WeakMap<Uint8Array, { readonly bytes: Uint8Array; readonly key: Promise<CryptoKey> }>();
+
+function sameBytes(a: Uint8Array, b: Uint8Array): boolean {
+  if (a.length !== b.length) return false;
+  for (let i = 0; i < a.length; i++) if (a[i] !== b[i]) return false;
+  return true;
+}
+
+function recipientKey(key: PublicKey): Promise<CryptoKey> {
+  const found = imported.get(key.raw);
+  if (found !== undefined && sameBytes(found.bytes, key.raw)) return found.key;
+  const bytes = key.raw.slice();
+  const promise = suite.kem.importKey("raw", bytes.slice().buffer, true);
+  imported.set(key.raw, { bytes, key: promise });
+  promise.catch(() => imported.delete(key.raw));
+  return promise;
+}
+
 async function sealTo(key: PublicKey, info: Uint8Array, pt: Uint8Array, opts: SealOptions): Promise<Uint8Array> {
   if (key.raw.length !== 32) throw new RangeError(`key ${key.keyId} is not a 32-byte X25519 public key`);
-  const recipientPublicKey = await suite.kem.importKey("raw", key.raw.slice().buffer, true);
+  const recipientPublicKey = await recipientKey(key);
   const { ct, enc } = await suite.seal(
     opts.ikmE === undefined ? { recipientPublicKey, info } : { recipientPublicKey, info, ekm: opts.ikmE },
     pt,

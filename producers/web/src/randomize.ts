@@ -180,7 +180,11 @@ export class Randomizer {
         throw new RangeError(`${mechanism} with p=${p}, s=${s}, m=${m} gives epsilon=${eff} (GCMS eq. 5) above the configured ${epsilon}`);
       }
     }
+    this.cmsQ = 1 - Math.exp(epsilon / 2) / (1 + Math.exp(epsilon / 2));
   }
+
+  /** cms: q = 1 - p, p = e/(1+e), e = exp(eps/2), in binary64 as the reference computes it. */
+  private readonly cmsQ: number;
 
   static async create(
     mechanism: string,
@@ -237,9 +241,10 @@ export class Randomizer {
       return { mechanism: "rrcms", row, value: keep ? cell : other + (other >= cell ? 1 : 0) };
     }
     if (this.mechanism === "cms") {
-      // Apple Alg. 2: the one-hot bit is 1 w.p. p = 1 - q, every other w.p. q = 1/(1+e^(eps/2))
-      const q = 1 / (1 + Math.exp(this.epsilon / 2));
-      return { mechanism: "cms", row, bits: bitVector(rng, m, cell, 1 - q, q) };
+      // every bit is 1 w.p. q = 1/(1+e^(eps/2)); the one-hot bit is then flipped, so it is 1 w.p. 1-q
+      const bits = bernoulliBits(this.cmsQ, m, rng);
+      bits[cell >> 3]! ^= 1 << (cell & 7);
+      return { mechanism: "cms", row, bits };
     }
     if (this.mechanism === "gcms" || this.mechanism === "ocms") {
       // GCMS Alg. 1: c w.p. p, the message filled to s with a uniform subset of [m] \ {c}
@@ -276,6 +281,76 @@ function bitVector(rng: RandomSource, m: number, at: number, own: number, other:
     if (u < (i === at ? own : other)) bits[i >> 3]! |= 1 << (i & 7);
   }
   return bits;
+}
+
+/**
+ * The bits b1, b2, ... of q's binary expansion (q in (0, 1) is a binary64 value, a dyadic
+ * rational N / 2^L, so the expansion ends): doubling and subtracting 1 are exact in binary64.
+ */
+export function binaryExpansion(q: number): number[] {
+  if (!(q > 0 && q < 1)) throw new RangeError(`q = ${q} must be in (0, 1)`);
+  const bits: number[] = [];
+  for (let x = q; x !== 0; ) {
+    x *= 2;
+    const bit = x >= 1 ? 1 : 0;
+    bits.push(bit);
+    x -= bit;
+  }
+  return bits;
+}
+
+const FIRST_STEPS = 8; // steps whose random words are drawn in one call
+
+/**
+ * m independent bits, each 1 with probability exactly q, packed little-endian within each byte
+ * (payloads.md), padding zero (randomizers.md: "any exact Bernoulli sampler conforms"). Each
+ * bit compares a uniform real u = 0.r1 r2 ... with q's expansion and is decided at the first
+ * differing bit (u < q iff that bit of q is 1); bit-sliced, 32 lanes per random word, one
+ * random bit per still-undecided lane per step (about log2(m) + 9 steps in all for m = 1,024),
+ * as ldpipe.schemas.mechanisms.single.bernoulli_bits does.
+ */
+export function bernoulliBits(q: number, m: number, rng: RandomSource = cryptoRandom): Uint8Array {
+  const out = new Uint8Array(Math.ceil(m / 8));
+  if (q <= 0) return out;
+  const words = Math.ceil(m / 32);
+  const result = new Uint32Array(words);
+  const undecided = new Uint32Array(words).fill(0xffffffff);
+  if (m % 32 !== 0) undecided[words - 1] = (1 << m % 32) - 1;
+  if (q >= 1) {
+    result.set(undecided);
+  } else {
+    const bits = binaryExpansion(q);
+    const first = Math.min(FIRST_STEPS, bits.length);
+    let random = new Uint32Array(words * first);
+    rng.fill(new Uint8Array(random.buffer));
+    let left = words;
+    for (let step = 0; step < bits.length && left > 0; step++) {
+      let at = step * words;
+      if (step >= first) {
+        random = new Uint32Array(words);
+        rng.fill(new Uint8Array(random.buffer));
+        at = 0;
+      }
+      left = 0;
+      for (let w = 0; w < words; w++) {
+        const open = undecided[w]!;
+        if (open === 0) continue;
+        const r = random[at + w]!;
+        if (bits[step] === 1) {
+          // a 1 in r: u's bit is 0 < 1, so u < q and the lane is decided 1
+          const hit = r & open;
+          result[w] = result[w]! | hit;
+          undecided[w] = open ^ hit;
+        } else {
+          // a 1 in r: u's bit agrees (0), the lane stays undecided; the others are decided 0
+          undecided[w] = open & r;
+        }
+        if (undecided[w] !== 0) left++;
+      }
+    }
+  }
+  for (let j = 0; j < out.length; j++) out[j] = (result[j >> 2]! >>> (8 * (j & 3))) & 0xff;
+  return out;
 }
 
 function popcount(v: number): number {

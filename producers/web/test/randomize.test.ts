@@ -1,6 +1,16 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
-import { HashFamily, Randomizer, encodePayload, itemKey, optimalWidth, uniformInt } from "../src/index.js";
+import {
+  HashFamily,
+  type RandomSource,
+  Randomizer,
+  bernoulliBits,
+  binaryExpansion,
+  encodePayload,
+  itemKey,
+  optimalWidth,
+  uniformInt,
+} from "../src/index.js";
 import { seededRandom } from "../src/testing.js";
 
 const seeded = seededRandom;
@@ -79,4 +89,55 @@ test("rrcms: the true cell w.p. e^eps/(e^eps+m-1), the others uniformly; Pan's w
 test("mechanisms this SDK does not do are refused by name", async () => {
   await assert.rejects(Randomizer.create("sfp", 4, "1", 1, 8), /not supported by this SDK/);
   await assert.rejects(Randomizer.create("hcms", 4, "1", 1, 12), /power of two/);
+});
+
+/** A RandomSource serving the given bytes in order (tests of exactness by enumeration). */
+function scripted(data: Uint8Array): RandomSource {
+  let at = 0;
+  return {
+    fill(bytes: Uint8Array): void {
+      assert.ok(at + bytes.length <= data.length, "drew more bytes than scripted");
+      bytes.set(data.subarray(at, at + bytes.length));
+      at += bytes.length;
+    },
+  };
+}
+
+test("binaryExpansion is q's exact binary expansion", () => {
+  assert.deepEqual(binaryExpansion(3 / 8), [0, 1, 1]);
+  assert.deepEqual(binaryExpansion(0.5), [1]);
+  const q = 1 / (1 + Math.exp(2));
+  const bits = binaryExpansion(q);
+  assert.equal(bits.reduce((sum, b, i) => sum + b * 2 ** -(i + 1), 0), q);
+});
+
+test("bernoulliBits is exact: q = 3/8 gives 1 for exactly 3 of the 8 first-three-bit patterns", () => {
+  // lane 0 reads bit 0 of the first word of each step; 3 steps for 3/8 = 0.011b
+  let ones = 0;
+  for (let pattern = 0; pattern < 8; pattern++) {
+    const data = new Uint8Array(12); // 3 steps x one 32-bit word (m = 5 lanes)
+    for (let step = 0; step < 3; step++) data[4 * step] = (pattern >> step) & 1 ? 0x1f : 0;
+    const bits = bernoulliBits(3 / 8, 5, scripted(data));
+    assert.equal(bits.length, 1);
+    assert.equal(bits[0]! >> 5, 0, "padding bits stay zero");
+    assert.ok(bits[0] === 0 || bits[0] === 0x1f, "the same coins give the same lanes");
+    ones += bits[0]! & 1;
+  }
+  assert.equal(ones, 3);
+});
+
+test("bernoulliBits: rate q in every lane over m = 1,024 (CMS at eps = 4)", () => {
+  const q = 1 / (1 + Math.exp(2));
+  const rng = seeded(9n);
+  const n = 400;
+  const m = 1024;
+  const perLane = new Array<number>(m).fill(0);
+  for (let i = 0; i < n; i++) {
+    const bits = bernoulliBits(q, m, rng);
+    for (let b = 0; b < m; b++) perLane[b]! += (bits[b >> 3]! >> (b & 7)) & 1;
+  }
+  const total = perLane.reduce((a, b) => a + b, 0);
+  assert.ok(Math.abs(total - n * m * q) < 5 * Math.sqrt(n * m * q * (1 - q)), `total ${total}`);
+  assert.ok(bernoulliBits(1, 12, rng).every((b, i) => b === (i === 0 ? 0xff : 0x0f)));
+  assert.ok(bernoulliBits(0, 12, rng).every((b) => b === 0));
 });

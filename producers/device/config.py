@@ -158,10 +158,10 @@ class DeviceConfiguration:
         return self._client
 
     def _sfp_maker(self, sfp: Mapping[str, Any]) -> ReportMaker:
-        raw = dict(sfp["params"])
-        params = SfpParams(
-            **{k: _integer(v, k) if k.endswith("_seed") else v for k, v in raw.items()}
-        )
+        settings: dict[str, Any] = {
+            k: _integer(v, k) if k.endswith("_seed") else v for k, v in dict(sfp["params"]).items()
+        }
+        params = SfpParams(**settings)
         maker = SfpFragmentReports if sfp.get("role") == "fragments" else SfpWordReports
         return maker.create(
             params,

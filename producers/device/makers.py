@@ -129,12 +129,15 @@ class SfpWordReports:
     def screen(self, items: Sequence[Item]) -> tuple[list[Item], Counter[str]]:
         return _screen_words(self.params, items)
 
+    def randomize(self, items: Sequence[Item], rng: np.random.Generator) -> Reports:
+        """Each word's report (Alg. 9 ``beta``): the word item randomized at ε."""
+        keys = item_keys(encode_word(word, self.params) for word in _words(items))
+        return self.mechanism.perturb(keys, rng)
+
     def inner_reports(
         self, items: Sequence[Item], rng: np.random.Generator | None = None
     ) -> list[bytes]:
-        keys = item_keys(encode_word(word, self.params) for word in _words(items))
-        randomized = self.mechanism.perturb(keys, rng if rng is not None else secure_rng())
-        return _inner(self.sealer, randomized)
+        return _inner(self.sealer, self.randomize(items, rng if rng is not None else secure_rng()))
 
     def wrap(self, inner: bytes) -> bytes:
         return self.sealer.wrap(inner)
@@ -179,22 +182,26 @@ class SfpFragmentReports:
     def screen(self, items: Sequence[Item]) -> tuple[list[Item], Counter[str]]:
         return _screen_words(self.params, items)
 
-    def inner_reports(
-        self, items: Sequence[Item], rng: np.random.Generator | None = None
-    ) -> list[bytes]:
-        p, rng = self.params, rng if rng is not None else secure_rng()
+    def randomize(self, items: Sequence[Item], rng: np.random.Generator) -> Reports:
+        """Each word's fragment report at ε′ in its row ``l k' + j`` of the stacked sketch."""
+        p = self.params
         words = [normalize_word(word, p) for word in _words(items)]
         pieces = piece_of([word.encode("utf-8") for word in words], p.piece_bits)
         # Alg. 9 line 3: a uniform position l, independent of the word, sent in the clear
         positions = rng.integers(0, p.positions, size=len(words), dtype=np.int64)
         size = p.fragment_length
         keys = item_keys(
-            fragment_item(int(piece), word[int(l) * size : (int(l) + 1) * size])
-            for word, piece, l in zip(words, pieces, positions, strict=True)
+            fragment_item(int(piece), word[int(at) * size : (int(at) + 1) * size])
+            for word, piece, at in zip(words, pieces, positions, strict=True)
         )
         fragments = p.fragment_oracle().perturb(keys, rng)
         # row l k' + j of the stacked sketch (docs/sfp.md, "On the pipeline")
-        return _inner(self.sealer, Reports(positions * p.fragment_k + fragments.rows, fragments.values))
+        return Reports(positions * p.fragment_k + fragments.rows, fragments.values)
+
+    def inner_reports(
+        self, items: Sequence[Item], rng: np.random.Generator | None = None
+    ) -> list[bytes]:
+        return _inner(self.sealer, self.randomize(items, rng if rng is not None else secure_rng()))
 
     def wrap(self, inner: bytes) -> bytes:
         return self.sealer.wrap(inner)

@@ -189,9 +189,11 @@ def test_a_discovery_report_reaches_its_topic_and_opens_downstream(
 ) -> None:
     secret = add_credential(door.config, "phone-disc")
     gw = door.gateway
-    with GatewayDevice(gw.url, "words.discovery", secret) as device:
-        with pytest.raises(DeviceError, match="tag key"):
-            device.send(["hello"])  # a device without its provisioned tag key
+    with (
+        GatewayDevice(gw.url, "words.discovery", secret) as device,
+        pytest.raises(DeviceError, match="tag key"),
+    ):
+        device.send(["hello"])  # a device without its provisioned tag key
     with GatewayDevice(gw.url, "words.discovery", secret, tag_key=TAG_KEY) as device:
         result = device.send(["Hello", "", "hello"])
     assert (result.accepted, dict(result.refused), result.held) == (LIMIT, {"empty_item": 1}, 0)

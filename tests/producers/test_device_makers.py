@@ -75,7 +75,9 @@ issuer_directory_url = "http://issuer.test/d"
     )
 
 
-def _device(config: PipelineConfig, name: str, tag_key: TagKey | None = None) -> DeviceConfiguration:
+def _device(
+    config: PipelineConfig, name: str, tag_key: TagKey | None = None
+) -> DeviceConfiguration:
     assert config.gateway is not None
     if name.endswith(".discovery"):
         uc = config.use_case(name.removesuffix(".discovery"))

@@ -18,11 +18,12 @@ from ldpipe.infra.gateway.wiring import (
     gateway_config,
     gateway_state,
     latest_epochs,
+    served_topics,
     served_use_cases,
     update_documents,
 )
 from ldpipe.infra.runtime.crash import crash_point_from_env
-from ldpipe.infra.runtime.kafka import TopicSpec, ensure_topics
+from ldpipe.infra.runtime.kafka import ensure_topics
 from ldpipe.infra.runtime.observability import Readiness, service_registry
 from ldpipe.infra.runtime.ohttp_asgi import (
     DEFAULT_KEYS_PATH,
@@ -64,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
     addr = args.addr or gateway.addr
     sock = bind(addr, gateway.port if args.port is None else args.port)
     kafka = kafka_settings(config, args)
-    ensure_topics(kafka, [TopicSpec(uc.topics.reports, uc.topics.partitions) for uc in use_cases])
+    topics = served_topics(config, use_cases)  # SFP fragments and discovery topics too
+    ensure_topics(kafka, topics)
     registry = service_registry("gateway")
     readiness = Readiness(reason="starting: issuer directory and Kafka not checked yet")
     start_metrics(args, registry, readiness)
@@ -94,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     host = f"[{addr}]" if ":" in addr else addr
     scheme = "https" if tls else "http"
     bound = sock.getsockname()[1]
-    served = ", ".join(uc.name for uc in use_cases)
+    served = ", ".join(state.use_cases)
     oblivious = ""
     if ohttp_keys:
         ids = ", ".join(str(key.key_id) for key in ohttp_keys)
@@ -104,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     announce(
         args,
         f"{served} on {scheme}://{host}:{bound}/v1/use-cases/NAME/(config|reports)"
-        f"{oblivious}, reports to {', '.join(uc.topics.reports for uc in use_cases)}; tokens of "
+        f"{oblivious}, reports to {', '.join(spec.name for spec in topics)}; tokens of "
         f"{gateway.issuer_name!r} from {gateway.issuer_directory_url}; health on /healthz and "
         f"/readyz",
     )

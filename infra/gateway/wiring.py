@@ -19,7 +19,7 @@ from ldpipe.infra.gateway.metrics import GatewayMetrics
 from ldpipe.infra.gateway.rules import DISCOVERY_SUFFIX, UseCaseRules
 from ldpipe.infra.gateway.verifier import TokenVerifier
 from ldpipe.infra.runtime.epochs_io import load_epochs
-from ldpipe.infra.runtime.kafka import KafkaSettings
+from ldpipe.infra.runtime.kafka import KafkaSettings, TopicSpec
 from ldpipe.infra.runtime.observability import Readiness
 from ldpipe.schemas.config import ConfigError, GatewayConfig, PipelineConfig, UseCase
 from ldpipe.schemas.epochs import ParameterEpoch
@@ -28,6 +28,7 @@ __all__ = [
     "gateway_config",
     "gateway_state",
     "latest_epochs",
+    "served_topics",
     "served_use_cases",
     "update_documents",
 ]
@@ -62,6 +63,18 @@ def served_use_cases(config: PipelineConfig, names: Sequence[str] = ()) -> list[
             "\"nested\"); the gateway accepts only reports sealed to the shuffler"
         )
     return cases
+
+
+def served_topics(config: PipelineConfig, use_cases: Sequence[UseCase]) -> list[TopicSpec]:
+    """The reports topics a gateway serving ``use_cases`` produces to (``gateway_state``'s:
+    SFP fragments and discovery ones included), with their configured partitions."""
+    specs: dict[str, TopicSpec] = {}
+    for uc in _with_fragments(config, use_cases):
+        specs.setdefault(uc.topics.reports, TopicSpec(uc.topics.reports, uc.topics.partitions))
+        if uc.discovery is not None:
+            topic = uc.discovery.topics.reports
+            specs.setdefault(topic, TopicSpec(topic, uc.topics.partitions))
+    return list(specs.values())
 
 
 def _with_fragments(config: PipelineConfig, cases: Sequence[UseCase]) -> list[UseCase]:

@@ -109,8 +109,9 @@ def check_gateway_options(args: Any, config: PipelineConfig, uc: UseCase) -> Non
             raise ValueError(f"{flag} does not go with --gateway: {why}; drop it")
     if uc.sfp is not None or uc.discovery is not None:
         raise ValueError(
-            f"use case {uc.name!r} has {'SFP' if uc.sfp else 'discovery'} reports, which the "
-            f"device library does not send yet; produce to it without --gateway"
+            f"use case {uc.name!r} has {'SFP' if uc.sfp else 'discovery'} reports, which "
+            f"`ldpipe produce --gateway` does not send (the device library does: "
+            f"docs/device-python.md); produce to it without --gateway"
         )
     if not uc.shuffle.nested:
         raise ValueError(

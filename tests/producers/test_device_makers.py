@@ -9,6 +9,7 @@ server's and the server's own code.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -147,3 +148,22 @@ def test_discovery_reports_open_downstream(tmp_path: Path) -> None:
     assert [d.item for d in found.discoveries] == ["hi"]
     with pytest.raises(DeviceError, match="no randomizer"):
         device.client  # noqa: B018
+
+
+def test_the_documents_are_the_openapi_documents(tmp_path: Path) -> None:
+    """Each document validates against ``schemas/gateway-api.yaml``'s ``DeviceConfig``."""
+    from tests.infra.test_front_door_openapi import GATEWAY
+
+    config = _config(tmp_path)
+    assert config.gateway is not None
+    schema = {"$ref": "#/components/schemas/DeviceConfig"}
+    for name in ("newwords", "newwords.fragments"):
+        uc = config.use_case(name)
+        document = device_config(uc, UseCaseRules.of(uc), config.gateway)
+        GATEWAY.validate(schema, json.loads(document.body))
+    uc = config.use_case("words")
+    for document in (
+        device_config(uc, UseCaseRules.of(uc), config.gateway),
+        discovery_device_config(uc, UseCaseRules.discovery_of(uc), config.gateway),
+    ):
+        GATEWAY.validate(schema, json.loads(document.body))

@@ -65,6 +65,19 @@ export async function parseConfiguration(body: string, etag: string | null): Pro
     throw fail("is not JSON");
   }
   if (typeof doc !== "object" || doc === null || Array.isArray(doc)) throw fail("is not a JSON object");
+  // an SFP fragments use case or a discovery use case (docs/gateway.md, "Served use cases"):
+  // the generic randomizer would hash the fragment with the stacked sketch's function (row
+  // l k' + j is SfpClient's to make), and discovery has nothing to randomize; refuse rather
+  // than send reports the server reads as other items. (An SFP word use case's reports are
+  // ordinary ones of the encoded word: send encodeWord(word, settings).)
+  const fragments = doc["sfp"] != null && doc["sfp"]["role"] === "fragments";
+  if (fragments || doc["discovery"] != null) {
+    const kind = fragments ? "an SFP fragments use case" : "a discovery use case";
+    throw new DeviceError(
+      "config",
+      `${JSON.stringify(doc["use_case"])} is ${kind}, which WebDevice does not send yet; make its reports with SfpClient or DiscoveryClient (docs/device-web.md)`,
+    );
+  }
   const parameters = (doc["parameters"] ?? {}) as Record<string, unknown>;
   const issuer = (doc["token_issuer"] ?? {}) as Record<string, unknown>;
   const upload = (doc["upload"] ?? {}) as Record<string, unknown>;

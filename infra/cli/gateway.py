@@ -42,7 +42,9 @@ def add_parser(sub: Any) -> None:
         help="the HTTP front door: device configuration, token-checked report uploads to Kafka",
     )
     add_service_args(
-        p, use_case_help="serve only this use case (default: every one with nested envelopes)"
+        p,
+        use_case_help="serve only this use case, with its SFP fragments or discovery reports "
+        "(default: every one with nested envelopes)",
     )
     p.add_argument("--addr", help="listen address (default: [gateway] addr, else 127.0.0.1)")
     p.add_argument("--port", type=port, help="listen port (default: [gateway] port, else 8480)")

@@ -14,6 +14,8 @@ server and the server open the discovery report to its item.
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +41,9 @@ from tests.gateway_helpers import SHUFFLER, RunningGateway
 from tests.issuer_helpers import add_credential
 
 LIMIT = 2
+ROOT = Path(__file__).resolve().parents[2]
+BUNDLE = ROOT / "producers" / "web" / "dist" / "ldpipe.js"
+SCRIPT = Path(__file__).with_name("web_sdk_send_kinds.mjs")
 ANALYZER = KeyPair.generate(key_id=1)
 AUX = KeyPair.generate(key_id=7, name="aux")
 TAG_KEY = TagKey(5, bytes(range(32)))
@@ -213,6 +218,70 @@ def test_a_discovery_report_reaches_its_topic_and_opens_downstream(
         randomness=SeededRandomSource(1),
     )
     release = aux.process_window(outers)
+    assert (release.accepted, release.rejected_total) == (LIMIT, 0)
+    found = DiscoveryServer(config, KeyRing([ANALYZER]), [TAG_KEY]).open_release(release.released)
+    assert [d.item for d in found.discoveries] == ["hello"]
+
+
+def _node(request: dict[str, object]) -> dict[str, object]:
+    """Run ``web_sdk_send_kinds.mjs`` (the TypeScript SDK's WebDevice) on ``request``."""
+    node = shutil.which("node")
+    if node is None:
+        pytest.fail("node is not installed: install Node 20 (this test runs the TypeScript SDK)")
+    if not BUNDLE.is_file():
+        pytest.fail(f"{BUNDLE} is missing: run ./dev.sh setup (npm ci and build in producers/web)")
+    result = subprocess.run(
+        [node, str(SCRIPT)], input=json.dumps(request), capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)  # type: ignore[no-any-return]
+
+
+def test_the_typescript_device_sends_fragments_and_discovery_reports(
+    door: Door, broker: KafkaSettings, group_id: str
+) -> None:
+    """WebDevice reads the same documents and its reports are accepted as Python's are."""
+    secret = add_credential(door.config, "browser-1")
+    gw = door.gateway
+    fragments = _node(
+        {"gateway": gw.url, "use_case": "newwords.fragments", "credential": secret,
+         "items": ["moana", "bruh", "yeet"]}
+    )  # fmt: skip
+    assert fragments == {
+        "kind": "sfp_fragments", "accepted": LIMIT, "refused": {}, "held": 1, "undelivered": 0,
+    }  # fmt: skip
+    discovery = _node(
+        {"gateway": gw.url, "use_case": "words.discovery", "credential": secret,
+         "items": ["Hello", "", "hello"],
+         "tag_key": {"key_id": TAG_KEY.key_id, "secret_hex": TAG_KEY.secret.hex()}}
+    )  # fmt: skip
+    assert discovery == {
+        "kind": "discovery", "accepted": LIMIT, "refused": {"empty_item": 1}, "held": 0,
+        "undelivered": 0,
+    }  # fmt: skip
+    cfg = load_config(door.config)
+    params = cfg.use_case("newwords").sfp_params
+    codec = PayloadCodec.for_mechanism(cfg.use_case("newwords.fragments").mechanism)
+    records = read_to_end(broker, f"sfp-fragments-{door.run}", group_id)
+    assert len(records) == LIMIT
+    for record in records:
+        opened = open_outer(record.value(), KeyRing([SHUFFLER]), use_case="newwords.fragments")
+        header, payload = open_envelope(opened.inner, KeyRing([ANALYZER]))
+        assert header.use_case == "newwords.fragments"
+        assert 0 <= int(codec.decode(payload).rows[0]) < params.positions * params.fragment_k
+    records = read_to_end(broker, f"discovery-{door.run}", group_id)
+    outers = [
+        open_outer(r.value(), KeyRing([SHUFFLER]), use_case="words.discovery").inner
+        for r in records
+    ]
+    config = discovery_config(cfg.use_case("words"))
+    release = AuxServer(
+        config,
+        KeyRing([AUX]),
+        ReleaseParameters(threshold=1.5, laplace_scale=0.01),
+        randomness=SeededRandomSource(1),
+    ).process_window(outers)
     assert (release.accepted, release.rejected_total) == (LIMIT, 0)
     found = DiscoveryServer(config, KeyRing([ANALYZER]), [TAG_KEY]).open_release(release.released)
     assert [d.item for d in found.discoveries] == ["hello"]

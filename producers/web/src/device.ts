@@ -4,6 +4,7 @@
  * batched uploads with retries, and one reseal after `outdated_config`.
  */
 import { type DeviceConfiguration, parseConfiguration } from "./config.js";
+import type { TagKey } from "./discovery.js";
 import { roundTime, sealInner, sealOuter } from "./envelope.js";
 import { DeviceError } from "./errors.js";
 import type { Item } from "./hashing.js";
@@ -28,6 +29,8 @@ export interface DeviceOptions {
   readonly clock?: () => number;
   /** Randomness for the randomizer (tests only: a device must use getRandomValues, the default). */
   readonly rng?: RandomSource;
+  /** A discovery use case's (`<name>.discovery`) tag key, which the device was provisioned with. */
+  readonly tagKey?: TagKey;
 }
 
 export interface SendResult {
@@ -90,7 +93,9 @@ export class WebDevice {
     if (response.status === 304 && this.config !== null) {
       config = this.config;
     } else if (response.status === 200) {
-      config = await parseConfiguration(await response.text(), response.headers.get("etag"));
+      config = await parseConfiguration(await response.text(), response.headers.get("etag"), {
+        ...(this.options.tagKey === undefined ? {} : { tagKey: this.options.tagKey }),
+      });
       if (config.useCase !== this.options.useCase) {
         throw new DeviceError("config", `${this.configUrl} describes use case ${JSON.stringify(config.useCase)}`);
       }
@@ -121,9 +126,20 @@ export class WebDevice {
 
   /** Randomize, seal and upload one report per item (one token each). */
   async send(items: readonly Item[]): Promise<SendResult> {
+    // SFP halves and discovery use cases too (docs/device-web.md): their documents say which
     const refused: Record<string, number> = {};
     if (items.length === 0) return { accepted: 0, refused, held: [], undelivered: 0 };
     const config = await this.configuration();
+    if (config.screen !== undefined) {
+      // items the use case's rules refuse (discovery) are counted before any token is spent
+      const screen = config.screen;
+      items = items.filter((item) => {
+        const reason = screen(item);
+        if (reason !== null) refused[reason] = (refused[reason] ?? 0) + 1;
+        return reason === null;
+      });
+      if (items.length === 0) return { accepted: 0, refused, held: [], undelivered: 0 };
+    }
     const wallet = await this.wallet();
     const period = Math.floor(this.clock() / config.periodSeconds);
     const tokens = await wallet.take(items.length, period, config.issuerName, config.originName);
@@ -159,8 +175,10 @@ export class WebDevice {
     const out: Pending[] = [];
     for (const [i, item] of items.entries()) {
       let inner = inners?.[i];
-      if (inner === undefined) {
-        const report = await config.randomizer.randomize(item, this.rng);
+      if (inner === undefined && config.inner !== undefined) {
+        inner = await config.inner(item, this.rng);
+      } else if (inner === undefined) {
+        const report = await config.randomizer!.randomize(item, this.rng);
         const payload = encodePayload(report, config.k, config.m);
         inner = await sealInner(payload, config.useCase, config.epoch, config.analyzerKey);
       }

@@ -112,19 +112,14 @@ test("a device refetches the configuration on outdated_config and reseals with t
   await assert.rejects(unknown.send(["😀"]), (e: unknown) => e instanceof DeviceError && e.reason === "unknown_use_case");
 });
 
-test("a device refuses an SFP fragments or a discovery use case's configuration in one line", async () => {
-  for (const [useCase, extra, kind] of [
-    ["newwords.fragments", { sfp: { role: "fragments" } }, "an SFP fragments use case"],
-    ["words.discovery", { discovery: { use_case: "words" } }, "a discovery use case"],
-  ] as const) {
-    const fake = async (): Promise<Response> =>
-      json(200, { use_case: useCase, epoch: 1, mechanism: "cms", epsilon: 2, parameters: { k: 16, m: 64 }, ...extra }, { etag: '"x"' });
-    const device = new WebDevice({ gatewayUrl: "http://gw.test/", useCase, credential: "c", fetch: fake, clock: () => NOW, retry: policy([]) });
-    await assert.rejects(device.send(["x"]), (err: unknown) => {
-      assert.ok(err instanceof DeviceError);
-      assert.equal(err.reason, "config");
-      assert.match(err.message, new RegExp(`is ${kind}, which WebDevice does not send yet`));
-      return true;
-    });
-  }
+test("a discovery configuration without the device's tag key is refused in one line", async () => {
+  const fake = async (): Promise<Response> =>
+    json(200, { use_case: "words.discovery", mechanism: "discovery", discovery: { use_case: "words", epoch: 1 } }, { etag: '"x"' });
+  const device = new WebDevice({ gatewayUrl: "http://gw.test/", useCase: "words.discovery", credential: "c", fetch: fake, clock: () => NOW, retry: policy([]) });
+  await assert.rejects(device.send(["x"]), (err: unknown) => {
+    assert.ok(err instanceof DeviceError);
+    assert.equal(err.reason, "config");
+    assert.match(err.message, /is a discovery use case: .* give the device the tag key/);
+    return true;
+  });
 });

@@ -12,12 +12,11 @@ accepted report, queries the top items and prints each estimate with its 95% int
 the true count, and a line of the front door's counters. It stops everything it started.
 
 Discovery (GCMS §6.2) runs beside it: a few devices hold planted words that are not emoji names
-(``PLANTED``), every device also sends a discovery report for its item under the same client
-token, and the discovery shuffler, aux server and server record the words that pass the
-threshold. The demo prints the discovered words outside the dictionary with their noisy counts
-from the aux releases, their estimates from the frequency sketch and their true counts. The
-discovery reports still go straight to Kafka: the gateway serves use cases whose reports the
-device library makes (``produce_gateway.py``), and discovery reports are not among them yet.
+(``PLANTED``), every device also sends a discovery report for its item through the gateway
+(use case ``<name>.discovery``, a token of its own quota, the tag key the demo provisioned), and
+the discovery shuffler, aux server and server record the words that pass the threshold. The
+demo prints the discovered words outside the dictionary with their noisy counts from the aux
+releases, their estimates from the frequency sketch and their true counts.
 """
 
 from __future__ import annotations
@@ -57,13 +56,15 @@ from ldpipe.infra.cli.demo_windows import (
 )
 from ldpipe.infra.cli.pipeline import LocalPipeline, PipelineError, PipelineSettings
 from ldpipe.infra.cli.produce_gateway import GatewayRun, provisioned_identities, send_devices
+from ldpipe.infra.gateway.rules import discovery_use_case
 from ldpipe.infra.runtime.dead_letters import count_dead_letters, read_dead_letters
 from ldpipe.infra.runtime.kafka import produce
 from ldpipe.infra.runtime.ledger_io import read_ledger
 from ldpipe.producers.client import DeviceClient
 from ldpipe.producers.datasets import Population, dictionary_population
-from ldpipe.producers.loadgen import Stream, produce_population
+from ldpipe.producers.loadgen import Stream
 from ldpipe.schemas.config import UseCase
+from ldpipe.schemas.discovery.exceptions import DiscoveryRejection
 from ldpipe.schemas.discovery.item import normalize_item
 from ldpipe.schemas.privacy.ledger import WindowRecord
 
@@ -232,8 +233,8 @@ def _drive_devices(
         say(
             "discovery "
             + ", ".join(f"{n:,} hold {word!r}" for word, n in planted.items())
-            + "; every device also sends a discovery report (straight to Kafka: the gateway "
-            "does not take discovery reports yet)"
+            + f"; every device also sends a discovery report through the gateway "
+            f"({discovery_use_case(uc.name)}, a token each)"
         )
     # what a hostile or broken device gets from the gateway, and an attacker who can write
     # the reports topic: sent first, so each is read in a window the devices' reports fill;
@@ -253,40 +254,38 @@ def _drive_devices(
     produce_started = time.perf_counter()
     devices = population.device_items()
     np.random.default_rng(np.random.SeedSequence([args.seed, 0x6A7E])).shuffle(devices)
-    sent = _send(pipe, credentials, [population.items[i] for i in devices], say)
-    streams = _streams(discovery, uc)
+    device_items = [population.items[i] for i in devices]
+    sent = _send(pipe, credentials, device_items, say)
     discovery_topic = uc.discovery.topics.reports if uc.discovery is not None else ""
-    result = produce_population(streams, pipe.kafka, population, seed=args.seed, progress=False)
-    if result.failed:
-        raise PipelineError(f"the broker refused {result.failed} reports; is it still running?")
+    discovery_sent = _send_discovery(pipe, credentials, device_items, say) if discovering else 0
     reports_topic = uc.topics.reports
     say(
-        f"produced  {sent.accepted:,} reports through the gateway"
-        + (
-            f" and {result.by_topic[discovery_topic]:,} discovery reports to Kafka"
-            if discovering
-            else ""
-        )
-        + f" in {time.perf_counter() - produce_started:.1f} s"
+        f"produced  {sent.accepted:,} reports"
+        + (f" and {discovery_sent:,} discovery reports" if discovering else "")
+        + f" through the gateway in {time.perf_counter() - produce_started:.1f} s"
     )
     # what the shuffler admits into windows: the devices' reports, the probes' new reports
     # and any malformed one it cannot tell from a good one (the aggregators refuse those later)
     admitted = sent.accepted + len(hostile) - _refused_by_shuffler(pipe, hostile)
     missing = {reports_topic: plan.missing(admitted)}
     if discovering:
-        missing[discovery_topic] = plan.missing(result.by_topic[discovery_topic])
+        missing[discovery_topic] = plan.missing(discovery_sent)
 
     def through_gateway(extra: Population) -> int:
         items = [extra.items[i] for i in extra.device_items()]
         return _send(pipe, credentials, items, say).accepted
 
+    def discovery_through_gateway(extra: Population) -> int:
+        items = [extra.items[i] for i in extra.device_items()]
+        return _send_discovery(pipe, credentials, items, say)
+
     topped = fill_last_windows(
         pipe.kafka,
-        [(reports_topic, client.reports), *streams],
+        [(reports_topic, client.reports), *_streams(discovery, uc)],
         population,
         missing,
         seed=args.seed,
-        senders={reports_topic: through_gateway},
+        senders={reports_topic: through_gateway, discovery_topic: discovery_through_gateway},
     )
     if topped.devices:
         say(f"top-up    {topped.describe(plan)}")
@@ -301,15 +300,19 @@ def _drive_devices(
         "the aggregators to seal every report",
         stall=STALL_SECONDS,
     )
-    front = front_door_counts(
-        f"http://127.0.0.1:{pipe.gateway_metrics_port}/metrics", pipe.issuer_url, uc.name
+    metrics_url = f"http://127.0.0.1:{pipe.gateway_metrics_port}/metrics"
+    front = front_door_counts(metrics_url, pipe.issuer_url, uc.name)
+    front_discovery = (
+        front_door_counts(metrics_url, pipe.issuer_url, discovery_use_case(uc.name))
+        if discovering
+        else None
     )
     dead = count_dead_letters(pipe.kafka, uc.topics.dlq)
     # the top emoji: the dictionary only (the discovered words have their own section)
     query = query_use_case(uc, top=args.top, discovered=False)
     discovered: list[dict[str, Any]] = []
     if discovering:
-        discovery_reports = result.by_topic[discovery_topic]
+        discovery_reports = discovery_sent
         _wait_for_discovery(pipe, discovery_reports + topped.by_topic.get(discovery_topic, 0))
         discovered = _discovered(uc, truth)
     items: list[dict[str, Any]] = [
@@ -338,7 +341,8 @@ def _drive_devices(
             "tokens_per_identity": uc.shuffle.contribution_limit,
             **front.as_json(),
             "probes": [probe.as_json() for probe in probed],
-            "discovery_reports": "kafka" if discovering else None,
+            # the discovery reports' use case <name>.discovery: its own tokens and counters
+            "discovery": front_discovery.as_json() if front_discovery is not None else None,
         },
         "rejections": {f"{s}:{r}": n for (s, r), n in sorted(dead.by_reason.items())},
         "windows": query.windows,
@@ -381,7 +385,12 @@ def _drive_devices(
         f"front door {front.accepted:,} reports accepted by the gateway, "
         f"{front.tokens_issued:,} tokens issued to {len(credentials)} identities; reports "
         f"refused: {refusals}; batches refused whole: {front.bad_requests}"
-        + (" (discovery reports went straight to Kafka)" if discovering else "")
+        + (
+            f"; discovery reports ({discovery_use_case(uc.name)}): "
+            f"{front_discovery.accepted:,} accepted, {front_discovery.tokens_issued:,} tokens"
+            if front_discovery is not None
+            else ""
+        )
     )
     print(
         f"pipeline  {produced:,} produced, {summary['reports_aggregated']:,} aggregated, "
@@ -421,9 +430,8 @@ def _population(
 
 
 def _streams(discovery: DiscoveryClient | None, use_case: UseCase) -> list[Stream]:
-    """What every device sends to Kafka: with discovery, a discovery report for its item under
-    one client token (none for an item the rules refuse); its frequency report goes through the
-    gateway (:func:`_send`)."""
+    """With discovery, the discovery stream ``fill_last_windows`` tops up (through the
+    gateway, :func:`_send_discovery`; none for an item the rules refuse)."""
     if discovery is None or use_case.discovery is None:
         return []
     encode = discovery.encode_many
@@ -453,6 +461,35 @@ def _send(
             f"and the gateway are in {pipe.workdir}"
         )
     return run
+
+
+#: the reasons a discovery item is refused on the device, before any token is spent
+_ITEM_REASONS = frozenset(reason.value for reason in DiscoveryRejection)
+
+
+def _send_discovery(
+    pipe: LocalPipeline, credentials: list[str], items: list[str], say: Callable[[str], None]
+) -> int:
+    """One discovery report per item through issuer and gateway (use case
+    ``<name>.discovery``, the demo's tag key); every item the rules take must be accepted.
+    The number accepted."""
+    name = discovery_use_case(pipe.use_case.name)
+    run = send_devices(
+        pipe.gateway_url,
+        name,
+        items,
+        credentials,
+        workers=SENDERS,
+        on_progress=lambda run: say(f"sending   {run.devices:,} of {len(items):,}: {run.line()}"),
+        tag_key=pipe.tag_key,
+    )
+    item_refusals = sum(n for reason, n in run.refused.items() if reason in _ITEM_REASONS)
+    if run.accepted + item_refusals != len(items):
+        raise PipelineError(
+            f"the front door did not take every discovery report: {run.line()}; the logs of "
+            f"the issuer and the gateway are in {pipe.workdir}"
+        )
+    return run.accepted
 
 
 def _send_bad(pipe: LocalPipeline, bad: list[tuple[str, bytes]]) -> list[str]:

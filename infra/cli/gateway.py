@@ -18,11 +18,12 @@ from ldpipe.infra.gateway.wiring import (
     gateway_config,
     gateway_state,
     latest_epochs,
+    served_topics,
     served_use_cases,
     update_documents,
 )
 from ldpipe.infra.runtime.crash import crash_point_from_env
-from ldpipe.infra.runtime.kafka import TopicSpec, ensure_topics
+from ldpipe.infra.runtime.kafka import ensure_topics
 from ldpipe.infra.runtime.observability import Readiness, service_registry
 from ldpipe.infra.runtime.ohttp_asgi import (
     DEFAULT_KEYS_PATH,
@@ -41,7 +42,9 @@ def add_parser(sub: Any) -> None:
         help="the HTTP front door: device configuration, token-checked report uploads to Kafka",
     )
     add_service_args(
-        p, use_case_help="serve only this use case (default: every one with nested envelopes)"
+        p,
+        use_case_help="serve only this use case, with its SFP fragments or discovery reports "
+        "(default: every one with nested envelopes)",
     )
     p.add_argument("--addr", help="listen address (default: [gateway] addr, else 127.0.0.1)")
     p.add_argument("--port", type=port, help="listen port (default: [gateway] port, else 8480)")
@@ -64,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
     addr = args.addr or gateway.addr
     sock = bind(addr, gateway.port if args.port is None else args.port)
     kafka = kafka_settings(config, args)
-    ensure_topics(kafka, [TopicSpec(uc.topics.reports, uc.topics.partitions) for uc in use_cases])
+    topics = served_topics(config, use_cases)  # SFP fragments and discovery topics too
+    ensure_topics(kafka, topics)
     registry = service_registry("gateway")
     readiness = Readiness(reason="starting: issuer directory and Kafka not checked yet")
     start_metrics(args, registry, readiness)
@@ -94,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     host = f"[{addr}]" if ":" in addr else addr
     scheme = "https" if tls else "http"
     bound = sock.getsockname()[1]
-    served = ", ".join(uc.name for uc in use_cases)
+    served = ", ".join(state.use_cases)
     oblivious = ""
     if ohttp_keys:
         ids = ", ".join(str(key.key_id) for key in ohttp_keys)
@@ -104,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     announce(
         args,
         f"{served} on {scheme}://{host}:{bound}/v1/use-cases/NAME/(config|reports)"
-        f"{oblivious}, reports to {', '.join(uc.topics.reports for uc in use_cases)}; tokens of "
+        f"{oblivious}, reports to {', '.join(spec.name for spec in topics)}; tokens of "
         f"{gateway.issuer_name!r} from {gateway.issuer_directory_url}; health on /healthz and "
         f"/readyz",
     )

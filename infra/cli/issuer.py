@@ -138,6 +138,7 @@ def _listen(addr: str, port_number: int) -> socket.socket:
 def _serve(args: argparse.Namespace) -> int:
     import asyncio
 
+    from ldpipe.infra.gateway.rules import discovery_use_case
     from ldpipe.infra.issuer.app import DIRECTORY_PATH, IssuerService, UseCasePolicy, build_app
     from ldpipe.infra.issuer.attester import BearerCredentialAttester
     from ldpipe.infra.issuer.keys import IssuerKeyDirectory
@@ -156,6 +157,14 @@ def _serve(args: argparse.Namespace) -> int:
         )
         for uc in config.use_cases
     }
+    # a use case's discovery reports (<uc>.discovery at the gateway) spend tokens of their own,
+    # under the same quota and period (docs/privacy.md, "The front door")
+    for uc in config.use_cases:
+        if uc.discovery is not None:
+            name = discovery_use_case(uc.name)
+            policies[name] = UseCasePolicy(
+                name, uc.shuffle.contribution_limit, uc.shuffle.contribution_period_seconds
+            )
     sock = _listen(addr, port_number)
     store = SQLiteStore(settings.database)
     registry = service_registry("issuer")

@@ -34,6 +34,7 @@ from ldpipe.infra.issuer.store import SQLiteStore
 from ldpipe.producers.datasets import Population
 from ldpipe.producers.device import GatewayDevice, SendResult
 from ldpipe.schemas.config import PipelineConfig, UseCase
+from ldpipe.schemas.discovery.tags import TagKey
 
 __all__ = [
     "GatewayRun",
@@ -108,8 +109,9 @@ def check_gateway_options(args: Any, config: PipelineConfig, uc: UseCase) -> Non
             raise ValueError(f"{flag} does not go with --gateway: {why}; drop it")
     if uc.sfp is not None or uc.discovery is not None:
         raise ValueError(
-            f"use case {uc.name!r} has {'SFP' if uc.sfp else 'discovery'} reports, which the "
-            f"device library does not send yet; produce to it without --gateway"
+            f"use case {uc.name!r} has {'SFP' if uc.sfp else 'discovery'} reports, which "
+            f"`ldpipe produce --gateway` does not send (the device library does: "
+            f"docs/device-python.md); produce to it without --gateway"
         )
     if not uc.shuffle.nested:
         raise ValueError(
@@ -143,20 +145,24 @@ def send_devices(
     *,
     workers: int = 1,
     on_progress: Callable[[GatewayRun], None] | None = None,
+    tag_key: TagKey | None = None,
 ) -> GatewayRun:
     """One report per device (``items[d]`` is device ``d``'s item) through issuer and gateway
     with the Python device library: device ``d`` uses identity ``d mod K`` of the K
     ``credentials``; each identity's devices send in batches (``GatewayDevice.send``), up to
     ``workers`` identities at once (threads: while one seals, the issuer signs for another
     and the gateway checks a third's batch). ``on_progress`` gets the tally every
-    ``PROGRESS_SECONDS``."""
+    ``PROGRESS_SECONDS``; ``tag_key``: the devices' tag key, for a discovery use case
+    (``<name>.discovery``)."""
     run, last = GatewayRun(), [time.monotonic()]
     identities = len(credentials)
     lock = threading.Lock()
 
     def one(identity: int, http: httpx.Client) -> None:
         mine = list(items[identity::identities])
-        with GatewayDevice(gateway_url, use_case, credentials[identity], issuer_url, http) as dev:
+        with GatewayDevice(
+            gateway_url, use_case, credentials[identity], issuer_url, http, tag_key=tag_key
+        ) as dev:
             result = dev.send(mine)
         with lock:
             run.add(result, len(mine))

@@ -8,12 +8,21 @@ would refuse later.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ldpipe.schemas.config import UseCase
 from ldpipe.schemas.keys import PublicKey, load_public_key
 
-__all__ = ["UseCaseRules"]
+__all__ = ["DISCOVERY_SUFFIX", "UseCaseRules", "discovery_use_case"]
+
+#: the use case of a use case's discovery reports: ``<uc>.discovery`` (its outer header, its
+#: URL at the gateway, its tokens at the issuer)
+DISCOVERY_SUFFIX = ".discovery"
+
+
+def discovery_use_case(name: str) -> str:
+    """``<name>.discovery``, the use case discovery reports of ``name`` are sent to."""
+    return name + DISCOVERY_SUFFIX
 
 
 @dataclass(frozen=True)
@@ -59,3 +68,19 @@ class UseCaseRules:
             report_expiry_seconds=shuffle.report_expiry_seconds,
             max_clock_skew_seconds=shuffle.max_clock_skew_seconds,
         )
+
+    @classmethod
+    def discovery_of(cls, uc: UseCase) -> UseCaseRules:
+        """The rules of ``uc``'s discovery reports (GCMS §5.1), use case ``<uc>.discovery``:
+        its discovery reports topic, the shuffle settings of ``uc`` (the discovery shuffler's),
+        and as "analyzer" key the server's (``uc``'s public key; the aux server's is in the
+        document, ``device_config.discovery_config``). Its tokens are ``<uc>.discovery``'s."""
+        if uc.discovery is None:
+            raise ValueError(f"use_case.{uc.name}: no [use_case.discovery] table")
+        if uc.discovery.aux_public_key is None:
+            raise ValueError(
+                f"use_case.{uc.name}.discovery.aux_public_key: missing; devices seal their "
+                f"discovery reports to the aux server's public key (ldpipe keys generate)"
+            )
+        rules = cls.of(uc)
+        return replace(rules, name=discovery_use_case(uc.name), topic=uc.discovery.topics.reports)

@@ -38,6 +38,16 @@ from typing import Any
 
 from ldpipe.producers.client import DeviceClient
 from ldpipe.producers.device.errors import DeviceError
+from ldpipe.producers.device.makers import (
+    DiscoveryReports,
+    ReportMaker,
+    SfpFragmentReports,
+    SfpWordReports,
+)
+from ldpipe.schemas.discovery.item import ItemRules
+from ldpipe.schemas.discovery.layers import DiscoveryConfig
+from ldpipe.schemas.discovery.sfp_words import SfpParams
+from ldpipe.schemas.discovery.tags import TagKey
 from ldpipe.schemas.keys import KEM_NAME, PublicKey
 from ldpipe.schemas.mechanisms import build_mechanism
 
@@ -99,32 +109,108 @@ class DeviceConfiguration:
     max_reports_per_request: int
     max_body_bytes: int
     etag: str | None = None
-    client: DeviceClient = field(init=False, repr=False, compare=False)
+    sfp: Mapping[str, Any] | None = None  # an SFP use case's "sfp" member (role, params)
+    discovery: Mapping[str, Any] | None = None  # a discovery use case's "discovery" member
+    tag_key: TagKey | None = field(default=None, repr=False, compare=False)
+    maker: ReportMaker = field(init=False, repr=False, compare=False)
+    _client: DeviceClient | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        client: DeviceClient | None = None
         try:
-            mechanism = build_mechanism(
-                self.mechanism, epsilon=float(self.epsilon), **dict(self.parameters)
-            )
-            client = DeviceClient(
-                self.use_case,
-                self.epoch,
-                self.analyzer_key,
-                mechanism,
-                self.shuffler_key,
-                self.time_precision_seconds,
-            )
-        except (ValueError, TypeError, ArithmeticError) as exc:
+            if self.discovery is not None:
+                maker: ReportMaker = self._discovery_maker(self.discovery)
+            else:
+                mechanism = build_mechanism(
+                    self.mechanism, epsilon=float(self.epsilon), **dict(self.parameters)
+                )
+                client = DeviceClient(
+                    self.use_case,
+                    self.epoch,
+                    self.analyzer_key,
+                    mechanism,
+                    self.shuffler_key,
+                    self.time_precision_seconds,
+                )
+                maker = client if self.sfp is None else self._sfp_maker(self.sfp)
+        except (ValueError, TypeError, ArithmeticError, KeyError) as exc:
             raise _fail(f"of {self.use_case!r} does not build a randomizer ({exc})") from None
-        object.__setattr__(self, "client", client)
+        object.__setattr__(self, "_client", client)
+        object.__setattr__(self, "maker", maker)
+
+    @property
+    def kind(self) -> str:
+        """``frequency``, ``sfp_word``, ``sfp_fragments`` or ``discovery``."""
+        if self.discovery is not None:
+            return "discovery"
+        if self.sfp is not None:
+            return "sfp_fragments" if self.sfp.get("role") == "fragments" else "sfp_word"
+        return "frequency"
+
+    @property
+    def client(self) -> DeviceClient:
+        """The randomizer and sealing of a frequency or SFP use case (for SFP, the document's
+        sketch: the word oracle, or the stacked fragments sketch)."""
+        if self._client is None:
+            raise DeviceError(
+                "config", f"{self.use_case!r} is a discovery use case: it has no randomizer"
+            )
+        return self._client
+
+    def _sfp_maker(self, sfp: Mapping[str, Any]) -> ReportMaker:
+        settings: dict[str, Any] = {
+            k: _integer(v, k) if k.endswith("_seed") else v for k, v in dict(sfp["params"]).items()
+        }
+        params = SfpParams(**settings)
+        maker = SfpFragmentReports if sfp.get("role") == "fragments" else SfpWordReports
+        return maker.create(
+            params,
+            self.use_case,
+            self.epoch,
+            self.analyzer_key,
+            self.shuffler_key,
+            self.time_precision_seconds,
+        )
+
+    def _discovery_maker(self, discovery: Mapping[str, Any]) -> ReportMaker:
+        if self.tag_key is None:
+            raise DeviceError(
+                "config",
+                f"{self.use_case!r} is a discovery use case: its reports are tagged with the "
+                f"use case's tag key, which no gateway serves; give the device the tag key "
+                f"it was provisioned with (GatewayDevice(..., tag_key=...))",
+            )
+        rules = dict(discovery["item_rules"])
+        config = DiscoveryConfig(
+            str(discovery["use_case"]),
+            epoch=self.epoch,
+            rules=ItemRules(
+                max_bytes=_integer(rules["max_bytes"], "max_bytes"),
+                mode=rules["mode"],
+                lowercase=bool(rules["lowercase"]),
+            ),
+        )
+        return DiscoveryReports.create(
+            config,
+            server_key=self.analyzer_key,
+            aux_key=_first_key(discovery["aux_keys"], "analyzer"),
+            tag_key=self.tag_key,
+            use_case=self.use_case,
+            shuffler_key=self.shuffler_key,
+            time_precision_seconds=self.time_precision_seconds,
+        )
 
     def period(self, now: float) -> int:
         """The token period ``now`` falls in (``schemas/tokens.md``, "Challenge")."""
         return int(now // self.period_seconds)
 
     @classmethod
-    def from_json(cls, body: bytes | str, etag: str | None = None) -> DeviceConfiguration:
-        """Read the gateway's document; ``DeviceError`` (reason ``config``) if it is not one."""
+    def from_json(
+        cls, body: bytes | str, etag: str | None = None, *, tag_key: TagKey | None = None
+    ) -> DeviceConfiguration:
+        """Read the gateway's document; ``DeviceError`` (reason ``config``) if it is not one.
+        ``tag_key``: the tag key a device of a discovery use case was provisioned with (no
+        gateway serves it, ``docs/discovery.md``, "The tag key")."""
         try:
             doc = json.loads(body)
         except ValueError:
@@ -139,13 +225,21 @@ class DeviceConfiguration:
             if doc.get("hash_seed") is not None:
                 parameters["seed"] = _integer(doc["hash_seed"], "hash_seed")
             issuer, upload = doc["token_issuer"], doc["upload"]
+            discovery = doc.get("discovery")
+            if discovery is not None:  # GCMS §5.1: no randomizer, the server's key inside
+                discovery = dict(discovery)
+                epoch, epsilon = _integer(discovery["epoch"], "epoch"), 0.0
+                analyzer = _first_key(discovery["server_keys"], "analyzer")
+            else:
+                epoch, epsilon = _integer(doc["epoch"], "epoch"), float(doc["epsilon"])
+                analyzer = _first_key(doc["analyzer_keys"], "analyzer")
             return cls(
                 use_case=str(doc["use_case"]),
-                epoch=_integer(doc["epoch"], "epoch"),
+                epoch=epoch,
                 mechanism=str(doc["mechanism"]),
-                epsilon=float(doc["epsilon"]),
+                epsilon=epsilon,
                 parameters=parameters,
-                analyzer_key=_first_key(doc["analyzer_keys"], "analyzer"),
+                analyzer_key=analyzer,
                 shuffler_key=_first_key(doc["shuffler_keys"], "shuffler"),
                 issuer_name=str(issuer["name"]),
                 issuer_directory_url=str(issuer["directory_url"]),
@@ -161,6 +255,9 @@ class DeviceConfiguration:
                 ),
                 max_body_bytes=_integer(upload.get("max_body_bytes", 1 << 20), "max_body_bytes"),
                 etag=etag,
+                sfp=None if doc.get("sfp") is None else dict(doc["sfp"]),
+                discovery=discovery,
+                tag_key=tag_key,
             )
         except KeyError as exc:
             raise _fail(f"has no {exc.args[0]!r}") from None

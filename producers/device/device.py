@@ -19,6 +19,13 @@ spends one Privacy Pass token on each report, and uploads them in batches
 * Retries exhausted: the batch's reports are ``undelivered`` and their tokens dropped (they may
   have been spent), except after ``issuer_unavailable``: those tokens go back to the wallet.
 
+Every kind of use case the gateway serves is sent the same way, one token per report
+(``makers.py``): frequency, an SFP use case's word reports and (to ``<name>.fragments``, a
+second device of that use case) its fragment reports, and a use case's discovery reports
+(``<name>.discovery``, with the ``tag_key`` the device was provisioned with). Items the use
+case's rules refuse (a discovery item empty after normalization, a word SFP cannot encode) are
+counted in ``refused`` by reason before any token is spent.
+
 Items beyond the tokens the issuer still gives this period are ``held``: not randomized, not
 sent, returned to the caller in ``SendResult.held_items``.
 
@@ -43,8 +50,10 @@ import numpy as np
 from ldpipe.producers.device.budget import BudgetLedger
 from ldpipe.producers.device.config import DeviceConfiguration
 from ldpipe.producers.device.errors import DeviceError
+from ldpipe.producers.device.makers import screen_items
 from ldpipe.producers.device.retry import RetryPolicy, problem_reason, request_with_retries
 from ldpipe.producers.device.wallet import DIRECTORY_PATH, TokenWallet
+from ldpipe.schemas.discovery.tags import TagKey
 from ldpipe.schemas.tokens import Token
 from ldpipe.schemas.upload import (
     BATCH_FIXED_LENGTH,
@@ -127,6 +136,7 @@ class GatewayDevice:
         retry: RetryPolicy | None = None,
         clock: Callable[[], float] = time.time,
         budget: BudgetLedger | None = None,
+        tag_key: TagKey | None = None,
     ) -> None:
         self.gateway_url = gateway_url.rstrip("/")
         self.use_case = use_case
@@ -136,6 +146,7 @@ class GatewayDevice:
         self.retry = retry or RetryPolicy()
         self.clock = clock
         self.budget = budget
+        self.tag_key = tag_key
         self._credential = credential
         self._config: DeviceConfiguration | None = None
         self._fetched_at = 0.0
@@ -168,7 +179,9 @@ class GatewayDevice:
         if response.status_code == 304 and self._config is not None:
             config = self._config
         elif response.status_code == 200:
-            config = DeviceConfiguration.from_json(response.content, response.headers.get("etag"))
+            config = DeviceConfiguration.from_json(
+                response.content, response.headers.get("etag"), tag_key=self.tag_key
+            )
             if config.use_case != self.use_case:
                 raise DeviceError(
                     "config", f"{self.config_url} describes use case {config.use_case!r}"
@@ -214,6 +227,9 @@ class GatewayDevice:
         if not items and self.budget is None:
             return SendResult()
         config = self.configuration()
+        items, invalid = screen_items(config.maker, items)  # refused before a token is spent
+        if not items and self.budget is None:
+            return SendResult(refused=dict(invalid))
         budget_held = budget_dropped = 0
         if self.budget is not None:
             items, budget_held, budget_dropped = self._within_budget(config, items)
@@ -230,7 +246,7 @@ class GatewayDevice:
             self._refund(config, len(items) - len(tokens))
         sending, held = items[: len(tokens)], items[len(tokens) :]
         pending = self._seal(config, sending, [b""] * len(sending), tokens, rng, reuse=False)
-        tally = _Tally()
+        tally = _Tally(refused=invalid)
         self._upload(config, pending, tally, period)
         if tally.outdated:  # fetch the configuration again and seal those reports once more
             again, tally.outdated, tally.resealed = tally.outdated, [], True
@@ -260,7 +276,8 @@ class GatewayDevice:
 
     def _epsilon(self, config: DeviceConfiguration) -> float:
         """ε₀ of one report: the configuration's, or the mechanism's effective ε if larger."""
-        effective = getattr(config.client.mechanism, "effective_epsilon", config.epsilon)
+        mechanism = getattr(config.maker, "mechanism", None)
+        effective = getattr(mechanism, "effective_epsilon", config.epsilon)
         return max(float(config.epsilon), float(effective))
 
     def _within_budget(
@@ -304,11 +321,11 @@ class GatewayDevice:
     ) -> list[_Pending]:
         if not items:
             return []
-        client = config.client
+        maker = config.maker
         if not reuse:
-            inners = client.inner_reports(items, rng)
+            inners = maker.inner_reports(items, rng)
         return [
-            _Pending(item, inner, token, client.wrap(inner))
+            _Pending(item, inner, token, maker.wrap(inner))
             for item, inner, token in zip(items, inners, tokens, strict=True)
         ]
 

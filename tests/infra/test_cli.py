@@ -127,6 +127,11 @@ def test_demo_json(capsys: pytest.CaptureFixture[str]) -> None:
     reasons = [probe["reason"] for probe in door["probes"]]
     assert reasons[:3] == ["bad_token", "truncated", "replayed"], door["probes"]
     assert [probe["accepted"] for probe in door["probes"][3:]] == [1, 1]
+    # every device's discovery report went through the gateway too (emoji.discovery: its own
+    # tokens, one each) and the top-up of the discovery windows with them
+    discovery = door["discovery"]
+    assert discovery["accepted"] == discovery["tokens_issued"] >= 20000
+    assert discovery["refused"] == {}
     # the copy the stateless gateway took is refused by the shuffler as a replay
     assert sum(n for key, n in out["rejections"].items() if "replayed" in key) == 1
     # the planted words (3%, 2%, 1.5% of the devices: 600, 400, 300) pass the discovery

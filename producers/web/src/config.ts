@@ -3,10 +3,13 @@
  * (`GET /v1/use-cases/{name}/config`, docs/gateway.md "The device configuration").
  */
 import { fromBase64 } from "./bytes.js";
-import type { PublicKey } from "./envelope.js";
+import { DiscoveryClient, DiscoveryError, type ItemMode, type TagKey, normalizeItem } from "./discovery.js";
+import { type PublicKey, sealInner } from "./envelope.js";
 import { DeviceError } from "./errors.js";
-import { parseSeed } from "./hashing.js";
-import { Randomizer, optimalWidth } from "./randomize.js";
+import { type Item, parseSeed } from "./hashing.js";
+import { encodePayload } from "./payloads.js";
+import { type RandomSource, Randomizer, optimalWidth } from "./randomize.js";
+import { SFP_DEFAULTS, SfpClient, type SfpSettings, encodeWord } from "./sfp.js";
 
 export const KEM_NAME = "DHKEM(X25519, HKDF-SHA256)";
 
@@ -30,7 +33,54 @@ export interface DeviceConfiguration {
   readonly maxReportsPerRequest: number;
   readonly maxBodyBytes: number;
   readonly etag: string | null;
-  readonly randomizer: Randomizer;
+  /** The frequency randomizer (null for a discovery use case). */
+  readonly randomizer: Randomizer | null;
+  /** What the document describes (docs/gateway.md, "Served use cases"). */
+  readonly kind: "frequency" | "sfp_word" | "sfp_fragments" | "discovery";
+  /** SFP and discovery: the inner report of one item (sealed to the analyzer, or discovery's two
+   * layers), instead of the generic randomizer's. */
+  readonly inner?: (item: Item, rng: RandomSource) => Promise<Uint8Array>;
+  /** Discovery: the reason the use case's item rules refuse an item (null: it is taken). */
+  readonly screen?: (item: Item) => string | null;
+}
+
+export interface ParseOptions {
+  /** A discovery use case's tag key, which the device was provisioned with (never served). */
+  readonly tagKey?: TagKey;
+}
+
+const SEED_KEYS = new Set(["fragment_hash_seed", "word_hash_seed"]);
+
+/** An SFP document's `sfp.params` (snake_case SfpParams) as SfpSettings. */
+function sfpSettings(params: Record<string, unknown>): SfpSettings {
+  const out: Record<string, unknown> = {};
+  for (const [key, value] of Object.entries(params)) {
+    const camel = key.replace(/_([a-z])/g, (_m, c: string) => c.toUpperCase());
+    out[camel] = SEED_KEYS.has(key) ? String(value) : value;
+  }
+  return { ...SFP_DEFAULTS, ...(out as Partial<SfpSettings>) };
+}
+
+async function sfpInner(
+  doc: Record<string, any>,
+  analyzerKey: PublicKey,
+  epoch: number,
+): Promise<NonNullable<DeviceConfiguration["inner"]>> {
+  const client = await SfpClient.create(sfpSettings((doc["sfp"]["params"] ?? {}) as Record<string, unknown>));
+  const useCase = String(doc["use_case"]);
+  const s = client.settings;
+  if (doc["sfp"]["role"] === "fragments") {
+    return async (item, rng) => {
+      const report = await client.randomizeFragment(typeof item === "string" ? item : new TextDecoder().decode(item), rng);
+      return sealInner(encodePayload(report, client.fragmentRows, s.fragmentM), useCase, epoch, analyzerKey);
+    };
+  }
+  // a string is a word, encoded here; bytes are a word item already encoded (encodeWord)
+  return async (item, rng) => {
+    const wordItem = typeof item === "string" ? encodeWord(item, s) : item;
+    const report = await client.word.randomize(wordItem, rng);
+    return sealInner(encodePayload(report, s.wordK, s.wordM), useCase, epoch, analyzerKey);
+  };
 }
 
 const fail = (what: string): DeviceError =>
@@ -134,9 +184,8 @@ export async function parseRandomizer(doc: Record<string, any>): Promise<Randomi
   }
   return { mechanism, epsilon, k, m, hashSeed, randomizer };
 }
-
 /** Read the gateway's document; DeviceError (reason "config") if it is not one. */
-export async function parseConfiguration(body: string, etag: string | null): Promise<DeviceConfiguration> {
+export async function parseConfiguration(body: string, etag: string | null, opts: ParseOptions = {}): Promise<DeviceConfiguration> {
   let doc: Record<string, any>;
   try {
     doc = JSON.parse(body);
@@ -144,18 +193,16 @@ export async function parseConfiguration(body: string, etag: string | null): Pro
     throw fail("is not JSON");
   }
   if (typeof doc !== "object" || doc === null || Array.isArray(doc)) throw fail("is not a JSON object");
-  const { mechanism, epsilon, k, m, hashSeed, randomizer } = await parseRandomizer(doc);
+  if (doc["discovery"] != null && opts.tagKey === undefined) {
+    throw new DeviceError(
+      "config",
+      `${JSON.stringify(doc["use_case"])} is a discovery use case: its reports are tagged with the use case's tag key, which no gateway serves; give the device the tag key it was provisioned with (tagKey)`,
+    );
+  }
   const issuer = (doc["token_issuer"] ?? {}) as Record<string, unknown>;
   const upload = (doc["upload"] ?? {}) as Record<string, unknown>;
-  return {
+  const common = {
     useCase: String(doc["use_case"]),
-    epoch: int(doc["epoch"], "epoch"),
-    mechanism,
-    epsilon,
-    k,
-    m,
-    hashSeed,
-    analyzerKey: firstKey(doc["analyzer_keys"], "analyzer"),
     shufflerKey: firstKey(doc["shuffler_keys"], "shuffler"),
     issuerName: String(issuer["name"]),
     issuerDirectoryUrl: String(issuer["directory_url"]),
@@ -167,6 +214,73 @@ export async function parseConfiguration(body: string, etag: string | null): Pro
     maxReportsPerRequest: int(upload["max_reports_per_request"], "upload.max_reports_per_request"),
     maxBodyBytes: int(upload["max_body_bytes"], "upload.max_body_bytes"),
     etag,
+  };
+  const discovery = doc["discovery"] as Record<string, any> | undefined;
+  if (discovery != null && opts.tagKey !== undefined) {
+    // GCMS §5.1: nothing to randomize; the server's key inside, the aux server's outside
+    const rules = (discovery["item_rules"] ?? {}) as Record<string, unknown>;
+    const epoch = int(discovery["epoch"], "discovery.epoch");
+    const serverKey = firstKey(discovery["server_keys"], "server");
+    let client: DiscoveryClient;
+    try {
+      client = new DiscoveryClient({
+        useCase: String(discovery["use_case"]),
+        epoch,
+        rules: { maxBytes: int(rules["max_bytes"], "max_bytes"), mode: rules["mode"] as ItemMode, lowercase: Boolean(rules["lowercase"]), strip: true },
+        serverKey,
+        auxKey: firstKey(discovery["aux_keys"], "aux"),
+        tagKey: opts.tagKey,
+      });
+    } catch (err) {
+      throw fail(`of ${JSON.stringify(doc["use_case"])} does not build a discovery client (${(err as Error).message})`);
+    }
+    return {
+      ...common,
+      epoch,
+      mechanism: "discovery",
+      epsilon: 0,
+      k: 0,
+      m: 0,
+      hashSeed: 0n,
+      analyzerKey: serverKey,
+      randomizer: null,
+      kind: "discovery",
+      inner: (item) => client.encode(item),
+      screen: (item) => {
+        try {
+          normalizeItem(item, client.rules);
+          return null;
+        } catch (err) {
+          if (err instanceof DiscoveryError) return err.reason;
+          throw err;
+        }
+      },
+    };
+  }
+  const { mechanism, epsilon, k, m, hashSeed, randomizer } = await parseRandomizer(doc);
+  const epoch = int(doc["epoch"], "epoch");
+  const analyzerKey = firstKey(doc["analyzer_keys"], "analyzer");
+  let inner: DeviceConfiguration["inner"];
+  let kind: DeviceConfiguration["kind"] = "frequency";
+  if (doc["sfp"] != null) {
+    kind = doc["sfp"]["role"] === "fragments" ? "sfp_fragments" : "sfp_word";
+    try {
+      inner = await sfpInner(doc, analyzerKey, epoch);
+    } catch (err) {
+      throw fail(`of ${JSON.stringify(doc["use_case"])} has SFP settings that build no client (${(err as Error).message})`);
+    }
+  }
+  return {
+    ...common,
+    kind,
+    ...(inner === undefined ? {} : { inner }),
+    epoch,
+    mechanism,
+    epsilon,
+    k,
+    m,
+    hashSeed,
+    analyzerKey,
     randomizer,
   };
 }

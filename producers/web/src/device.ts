@@ -5,6 +5,7 @@
  */
 import type { BudgetLedger } from "./budget.js";
 import { type DeviceConfiguration, parseConfiguration } from "./config.js";
+import type { TagKey } from "./discovery.js";
 import { roundTime, sealInner, sealOuter } from "./envelope.js";
 import { DeviceError } from "./errors.js";
 import type { Item } from "./hashing.js";
@@ -31,6 +32,8 @@ export interface DeviceOptions {
   readonly rng?: RandomSource;
   /** The device's own budget ledger (docs/privacy.md "On the device"); default none: the issuer's quota is the only limit. */
   readonly budget?: BudgetLedger;
+  /** A discovery use case's (`<name>.discovery`) tag key, which the device was provisioned with. */
+  readonly tagKey?: TagKey;
 }
 
 export interface SendResult {
@@ -97,7 +100,9 @@ export class WebDevice {
     if (response.status === 304 && this.config !== null) {
       config = this.config;
     } else if (response.status === 200) {
-      config = await parseConfiguration(await response.text(), response.headers.get("etag"));
+      config = await parseConfiguration(await response.text(), response.headers.get("etag"), {
+        ...(this.options.tagKey === undefined ? {} : { tagKey: this.options.tagKey }),
+      });
       if (config.useCase !== this.options.useCase) {
         throw new DeviceError("config", `${this.configUrl} describes use case ${JSON.stringify(config.useCase)}`);
       }
@@ -132,10 +137,21 @@ export class WebDevice {
    * are held in the ledger or dropped, and the ledger is saved before anything is randomized.
    */
   async send(items: readonly Item[]): Promise<SendResult> {
+    // SFP halves and discovery use cases too (docs/device-web.md): their documents say which
     const refused: Record<string, number> = {};
     const budget = this.options.budget;
     if (items.length === 0 && budget === undefined) return { accepted: 0, refused, held: [], undelivered: 0, budgetHeld: 0, budgetDropped: 0 };
     const config = await this.configuration();
+    if (config.screen !== undefined) {
+      // items the use case's rules refuse (discovery) are counted before any token is spent
+      const screen = config.screen;
+      items = items.filter((item) => {
+        const reason = screen(item);
+        if (reason !== null) refused[reason] = (refused[reason] ?? 0) + 1;
+        return reason === null;
+      });
+      if (items.length === 0 && budget === undefined) return { accepted: 0, refused, held: [], undelivered: 0, budgetHeld: 0, budgetDropped: 0 };
+    }
     let budgetHeld = 0;
     let budgetDropped = 0;
     if (budget !== undefined) {
@@ -176,7 +192,7 @@ export class WebDevice {
 
   /** ε₀ of one report: the configuration's epsilon, or the mechanism's effective ε if larger. */
   private epsilon(config: DeviceConfiguration): number {
-    return Math.max(config.epsilon, config.randomizer.effectiveEpsilon);
+    return Math.max(config.epsilon, config.randomizer?.effectiveEpsilon ?? 0);
   }
 
   /** [items to send now, held in the ledger, dropped]; the ledger is spent and saved. */
@@ -209,8 +225,10 @@ export class WebDevice {
     const out: Pending[] = [];
     for (const [i, item] of items.entries()) {
       let inner = inners?.[i];
-      if (inner === undefined) {
-        const report = await config.randomizer.randomize(item, this.rng);
+      if (inner === undefined && config.inner !== undefined) {
+        inner = await config.inner(item, this.rng);
+      } else if (inner === undefined) {
+        const report = await config.randomizer!.randomize(item, this.rng);
         const payload = encodePayload(report, config.k, config.m);
         inner = await sealInner(payload, config.useCase, config.epoch, config.analyzerKey);
       }

@@ -179,6 +179,15 @@ export class SfpClient {
     return { word: await this.word.randomize(code.wordItem, rng), position, fragment };
   }
 
+  /** Alg. 9's fragment half alone (what the fragments use case's device sends): the same
+   * draws as `randomize` makes before the word's, the row l·k′ + j of the stacked sketch. */
+  async randomizeFragment(word: string, rng: RandomSource = cryptoRandom): Promise<Report> {
+    const code = await encodeSfpWord(word, this.settings);
+    const position = uniformInt(rng, this.positions);
+    const local = await this.fragment.randomize(code.fragmentItems[position]!, rng);
+    return { ...local, row: position * this.settings.fragmentK + local.row } as Report;
+  }
+
   /** The two payloads of a word (the word use case's and the fragments use case's parameters). */
   async payloads(word: string, rng: RandomSource = cryptoRandom): Promise<SfpPayloads> {
     const pair = await this.randomize(word, rng);

@@ -111,3 +111,15 @@ test("a device refetches the configuration on outdated_config and reseals with t
   const unknown = new WebDevice({ gatewayUrl: "http://gw.test", useCase: "nope", credential: "x", fetch: fake, retry: policy([]) });
   await assert.rejects(unknown.send(["😀"]), (e: unknown) => e instanceof DeviceError && e.reason === "unknown_use_case");
 });
+
+test("a discovery configuration without the device's tag key is refused in one line", async () => {
+  const fake = async (): Promise<Response> =>
+    json(200, { use_case: "words.discovery", mechanism: "discovery", discovery: { use_case: "words", epoch: 1 } }, { etag: '"x"' });
+  const device = new WebDevice({ gatewayUrl: "http://gw.test/", useCase: "words.discovery", credential: "c", fetch: fake, clock: () => NOW, retry: policy([]) });
+  await assert.rejects(device.send(["x"]), (err: unknown) => {
+    assert.ok(err instanceof DeviceError);
+    assert.equal(err.reason, "config");
+    assert.match(err.message, /is a discovery use case: .* give the device the tag key/);
+    return true;
+  });
+});

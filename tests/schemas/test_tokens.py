@@ -39,6 +39,7 @@ from ldpipe.schemas.tokens import (
     NONCE_LENGTH,
     TOKEN_LENGTH,
     TOKEN_REQUEST_LENGTH,
+    TOKEN_RESPONSE_LENGTH,
     TOKEN_TYPE,
     IssuerKeyPair,
     IssuerPublicKey,
@@ -49,7 +50,9 @@ from ldpipe.schemas.tokens import (
     begin_token_request,
     blind,
     blind_sign,
+    decode_batch,
     emsa_pss_encode,
+    encode_batch,
     finalize,
     finalize_token,
     issue_token_response,
@@ -370,6 +373,21 @@ def test_ldpipe_vectors_reproduce() -> None:
         assert token.to_bytes() == _hex(v["token"])
         verify_token(token, public, challenge)
     assert count >= 3
+
+
+def test_batch_vectors_are_what_encode_batch_writes() -> None:
+    """schemas/tokens.md, "Batches": the vectors' batches (also read by the TypeScript SDK's
+    tests) are ``encode_batch`` of the cases' requests and of a partial answer's responses."""
+    document = json.loads(VECTORS.read_text())
+    requests = [_hex(v["token_request"]) for v in _vectors()]
+    responses = [_hex(v["token_response"]) for v in _vectors()][:2]
+    batches = document["batches"]
+    assert encode_batch(requests) == _hex(batches["token_batch_request"])
+    assert encode_batch(responses) == _hex(batches["token_batch_response"])
+    request_batch = _hex(batches["token_batch_request"])
+    assert decode_batch(request_batch, TOKEN_REQUEST_LENGTH, 64) == requests
+    response_batch = _hex(batches["token_batch_response"])
+    assert decode_batch(response_batch, TOKEN_RESPONSE_LENGTH, len(requests)) == responses
 
 
 def test_vector_generator_is_current() -> None:

@@ -187,13 +187,27 @@ def build_vectors() -> dict[str, Any]:
     assert isinstance(key, rsa.RSAPrivateKey)
     numbers = key.public_key().public_numbers()
     spki = _spki(numbers.n, numbers.e)
+    cases = [_case(i, case, key) for i, case in enumerate(CASES)]
     return {
         "description": "ldpipe Privacy Pass tokens, type 0x0002 (schemas/tokens.md)",
         "generator": "tests/vectors/make_token_vectors.py",
         "issuer_private_key_pem": KEY_PEM.decode(),
         "issuer_public_key_spki": spki.hex(),
         "token_key_id": hashlib.sha256(spki).hexdigest(),
-        "vectors": [_case(i, case, key) for i, case in enumerate(CASES)],
+        "vectors": cases,
+        "batches": _batches(cases),
+    }
+
+
+def _batches(cases: list[dict[str, Any]]) -> dict[str, Any]:
+    """schemas/tokens.md, "Batches": count u16 (big-endian) then the fixed-length items. The
+    request batches every case's TokenRequest (one key: the test key); the response is a
+    partial answer, the first two of them (the quota had two tokens left)."""
+    requests = [bytes.fromhex(c["token_request"]) for c in cases]
+    responses = [bytes.fromhex(c["token_response"]) for c in cases[:2]]
+    return {
+        "token_batch_request": (struct.pack(">H", len(requests)) + b"".join(requests)).hex(),
+        "token_batch_response": (struct.pack(">H", len(responses)) + b"".join(responses)).hex(),
     }
 
 

@@ -45,6 +45,7 @@ from ldpipe.infra.cli.demo_env import demo_broker, progress
 from ldpipe.infra.cli.demo_front_door import (
     IDENTITIES,
     PROBE_REPORTS,
+    REPLAY_PROBE,
     front_door_counts,
     identity_quota,
     probe_front_door,
@@ -333,6 +334,8 @@ def _drive_devices(
         "reports_produced": produced,
         "top_up_devices": topped.by_topic.get(uc.topics.reports, 0),
         "malformed_produced": len(bad),
+        # copies of an upload the stateless gateway took again: the shuffler refuses each
+        "replays_produced": sum(p.accepted for p in probed if p.what.startswith(REPLAY_PROBE)),
         "reports_aggregated": pipe.aggregated(),
         "reports_rejected": dead.count(),
         "front_door": {

@@ -40,6 +40,7 @@ from ldpipe.schemas.upload import MEDIA_TYPE, UploadedReport, encode_batch
 __all__ = [
     "IDENTITIES",
     "PROBE_TOKENS",
+    "REPLAY_PROBE",
     "FrontDoorCounts",
     "Probe",
     "front_door_counts",
@@ -62,6 +63,10 @@ def identity_quota(population: int, top_up: int, identities: int = IDENTITIES) -
     ``top_up`` more (device d uses identity d mod K in each), and the probes' tokens (all of
     the first identity's)."""
     return math.ceil(population / identities) + math.ceil(top_up / identities) + PROBE_TOKENS
+
+
+#: the probe that sends an upload a second time (its copy reaches the shuffler, which refuses it)
+REPLAY_PROBE = "the same upload again"
 
 
 @dataclass(frozen=True)
@@ -145,7 +150,7 @@ def probe_front_door(
                 http,
                 url,
                 upload,
-                "the same upload again (the gateway keeps no state: the shuffler refuses the copy)",
+                f"{REPLAY_PROBE} (the gateway keeps no state: the shuffler refuses the copy)",
             ),
         )
 

@@ -134,6 +134,8 @@ def test_demo_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert discovery["refused"] == {}
     # the copy the stateless gateway took is refused by the shuffler as a replay
     assert sum(n for key, n in out["rejections"].items() if "replayed" in key) == 1
+    assert out["replays_produced"] == 1
+    assert out["reports_rejected"] == out["malformed_produced"] + out["replays_produced"]
     # the planted words (3%, 2%, 1.5% of the devices: 600, 400, 300) pass the discovery
     # threshold (T = 21, b = 1) in each of the 5 windows with near certainty; nothing else
     # outside the dictionary is held by any device

@@ -100,11 +100,31 @@ def _inner(client: DeviceClient, randomized: Reports) -> list[bytes]:
 
 
 @dataclass(frozen=True)
-class SfpWordReports:
-    """Apple Alg. 9's word report (``beta``) of an SFP word use case, at the word ε."""
+class _SfpReports:
+    """What an SFP use case's maker shares: its settings, its sealing, the word screen."""
 
     params: SfpParams
     sealer: DeviceClient  # the word oracle's (or the stacked sketch's) sealing
+
+    def screen(self, items: Sequence[Item]) -> tuple[list[Item], Counter[str]]:
+        return _screen_words(self.params, items)
+
+    def randomize(self, items: Sequence[Item], rng: np.random.Generator) -> Reports:
+        """The use case's randomized reports (each subclass's Alg. 9 report)."""
+        raise NotImplementedError
+
+    def inner_reports(
+        self, items: Sequence[Item], rng: np.random.Generator | None = None
+    ) -> list[bytes]:
+        return _inner(self.sealer, self.randomize(items, rng if rng is not None else secure_rng()))
+
+    def wrap(self, inner: bytes) -> bytes:
+        return self.sealer.wrap(inner)
+
+
+@dataclass(frozen=True)
+class SfpWordReports(_SfpReports):
+    """Apple Alg. 9's word report (``beta``) of an SFP word use case, at the word ε."""
 
     @classmethod
     def create(
@@ -126,30 +146,16 @@ class SfpWordReports:
     def mechanism(self) -> SketchMechanism:
         return self.params.word_oracle()
 
-    def screen(self, items: Sequence[Item]) -> tuple[list[Item], Counter[str]]:
-        return _screen_words(self.params, items)
-
     def randomize(self, items: Sequence[Item], rng: np.random.Generator) -> Reports:
         """Each word's report (Alg. 9 ``beta``): the word item randomized at ε."""
         keys = item_keys(encode_word(word, self.params) for word in _words(items))
         return self.mechanism.perturb(keys, rng)
 
-    def inner_reports(
-        self, items: Sequence[Item], rng: np.random.Generator | None = None
-    ) -> list[bytes]:
-        return _inner(self.sealer, self.randomize(items, rng if rng is not None else secure_rng()))
-
-    def wrap(self, inner: bytes) -> bytes:
-        return self.sealer.wrap(inner)
-
 
 @dataclass(frozen=True)
-class SfpFragmentReports:
+class SfpFragmentReports(_SfpReports):
     """Apple Alg. 9's fragment report (``l``, ``alpha``) of an SFP fragments use case, at ε′,
     as the row ``l k' + j`` of the stacked sketch (``discovery/sfp_wire.py``)."""
-
-    params: SfpParams
-    sealer: DeviceClient  # the word oracle's (or the stacked sketch's) sealing
 
     @classmethod
     def create(
@@ -179,9 +185,6 @@ class SfpFragmentReports:
     def mechanism(self) -> SketchMechanism:
         return self.params.fragment_oracle()
 
-    def screen(self, items: Sequence[Item]) -> tuple[list[Item], Counter[str]]:
-        return _screen_words(self.params, items)
-
     def randomize(self, items: Sequence[Item], rng: np.random.Generator) -> Reports:
         """Each word's fragment report at ε′ in its row ``l k' + j`` of the stacked sketch."""
         p = self.params
@@ -197,14 +200,6 @@ class SfpFragmentReports:
         fragments = p.fragment_oracle().perturb(keys, rng)
         # row l k' + j of the stacked sketch (docs/sfp.md, "On the pipeline")
         return Reports(positions * p.fragment_k + fragments.rows, fragments.values)
-
-    def inner_reports(
-        self, items: Sequence[Item], rng: np.random.Generator | None = None
-    ) -> list[bytes]:
-        return _inner(self.sealer, self.randomize(items, rng if rng is not None else secure_rng()))
-
-    def wrap(self, inner: bytes) -> bytes:
-        return self.sealer.wrap(inner)
 
 
 @dataclass(frozen=True)

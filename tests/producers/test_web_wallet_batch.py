@@ -30,7 +30,7 @@ from ldpipe.schemas.tokens import (
     redemption_context,
     verify_token,
 )
-from tests.issuer_helpers import add_credential, start_issuer
+from tests.issuer_helpers import add_credential, issuer_config, start_issuer
 
 ROOT = Path(__file__).resolve().parents[2]
 BUNDLE = ROOT / "producers" / "web" / "dist" / "ldpipe.js"
@@ -38,21 +38,7 @@ SCRIPT = Path(__file__).with_name("web_wallet_batch.mjs")
 DIRECTORY = "/.well-known/private-token-issuer-directory"
 BATCH = "/v1/token-batch-request"
 LIMIT = 100
-CONFIG = f"""
-[[use_case]]
-name = "emoji"
-mechanism = "cms"
-epsilon = 4.0
-dictionary = "builtin:emoji"
-
-[use_case.shuffle]
-contribution_limit = {LIMIT}
-contribution_period_seconds = 86400
-
-[issuer]
-name = "issuer.test"
-port = 0
-"""
+CONFIG = issuer_config(LIMIT)
 
 
 def run_node(request: dict[str, object]) -> list[dict[str, list[str]]]:

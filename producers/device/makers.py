@@ -43,7 +43,7 @@ from ldpipe.schemas.discovery.tags import TagKey
 from ldpipe.schemas.envelope import seal
 from ldpipe.schemas.hashing import item_keys
 from ldpipe.schemas.keys import PublicKey
-from ldpipe.schemas.mechanisms import Reports, SketchMechanism, build_mechanism, secure_rng
+from ldpipe.schemas.mechanisms import Reports, SketchMechanism, secure_rng
 from ldpipe.schemas.outer import seal_outer
 
 __all__ = [
@@ -169,13 +169,7 @@ class SfpFragmentReports(_SfpReports):
     ) -> SfpFragmentReports:
         # the stacked sketch the fragments use case keeps: the fragment oracle's epsilon, m and
         # seed with positions x k' rows (what its document's "parameters" say)
-        wire = build_mechanism(
-            params.fragment_mechanism,
-            epsilon=params.epsilon_fragment,
-            k=params.positions * params.fragment_k,
-            m=params.fragment_m,
-            seed=params.fragment_hash_seed,
-        )
+        wire = params.fragment_wire_oracle()
         sealer = DeviceClient(
             use_case, epoch, analyzer_key, wire, shuffler_key, time_precision_seconds
         )

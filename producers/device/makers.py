@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, Self
 
 import numpy as np
 
@@ -106,6 +106,27 @@ class _SfpReports:
     params: SfpParams
     sealer: DeviceClient  # the word oracle's (or the stacked sketch's) sealing
 
+    @classmethod
+    def create(
+        cls,
+        params: SfpParams,
+        use_case: str,
+        epoch: int,
+        analyzer_key: PublicKey,
+        shuffler_key: PublicKey,
+        time_precision_seconds: int,
+    ) -> Self:
+        sealer = DeviceClient(
+            use_case, epoch, analyzer_key, cls.sealed_mechanism(params), shuffler_key,
+            time_precision_seconds,
+        )  # fmt: skip
+        return cls(params, sealer)
+
+    @staticmethod
+    def sealed_mechanism(params: SfpParams) -> SketchMechanism:
+        """The mechanism the use case's document names: what its reports are sealed under."""
+        raise NotImplementedError
+
     def screen(self, items: Sequence[Item]) -> tuple[list[Item], Counter[str]]:
         return _screen_words(self.params, items)
 
@@ -126,21 +147,9 @@ class _SfpReports:
 class SfpWordReports(_SfpReports):
     """Apple Alg. 9's word report (``beta``) of an SFP word use case, at the word ε."""
 
-    @classmethod
-    def create(
-        cls,
-        params: SfpParams,
-        use_case: str,
-        epoch: int,
-        analyzer_key: PublicKey,
-        shuffler_key: PublicKey,
-        time_precision_seconds: int,
-    ) -> SfpWordReports:
-        sealer = DeviceClient(
-            use_case, epoch, analyzer_key, params.word_oracle(), shuffler_key,
-            time_precision_seconds,
-        )  # fmt: skip
-        return cls(params, sealer)
+    @staticmethod
+    def sealed_mechanism(params: SfpParams) -> SketchMechanism:
+        return params.word_oracle()
 
     @property
     def mechanism(self) -> SketchMechanism:
@@ -157,23 +166,11 @@ class SfpFragmentReports(_SfpReports):
     """Apple Alg. 9's fragment report (``l``, ``alpha``) of an SFP fragments use case, at ε′,
     as the row ``l k' + j`` of the stacked sketch (``discovery/sfp_wire.py``)."""
 
-    @classmethod
-    def create(
-        cls,
-        params: SfpParams,
-        use_case: str,
-        epoch: int,
-        analyzer_key: PublicKey,
-        shuffler_key: PublicKey,
-        time_precision_seconds: int,
-    ) -> SfpFragmentReports:
+    @staticmethod
+    def sealed_mechanism(params: SfpParams) -> SketchMechanism:
         # the stacked sketch the fragments use case keeps: the fragment oracle's epsilon, m and
         # seed with positions x k' rows (what its document's "parameters" say)
-        wire = params.fragment_wire_oracle()
-        sealer = DeviceClient(
-            use_case, epoch, analyzer_key, wire, shuffler_key, time_precision_seconds
-        )
-        return cls(params, sealer)
+        return params.fragment_wire_oracle()
 
     @property
     def mechanism(self) -> SketchMechanism:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from ldpipe.discovery.sfp import IntArray, SfpSketches
 from ldpipe.schemas.discovery.sfp_words import SfpParams
-from ldpipe.schemas.mechanisms import Reports, Sketch, SketchMechanism, build_mechanism
+from ldpipe.schemas.mechanisms import Reports, Sketch, SketchMechanism
 
 __all__ = ["fragment_wire_mechanism", "split_fragments", "stack_fragments", "wire_sketches"]
 
@@ -39,15 +39,7 @@ def fragment_wire_mechanism(params: SfpParams) -> SketchMechanism:
     It randomizes and accumulates like the fragment oracle (same ε′ and m′); only its row count
     differs. Never estimate with it: an item's estimate is per block (:func:`split_fragments`).
     """
-    mech = build_mechanism(
-        params.fragment_mechanism,
-        epsilon=params.epsilon_fragment,
-        k=params.positions * params.fragment_k,
-        m=params.fragment_m,
-        seed=params.fragment_hash_seed,
-    )
-    assert isinstance(mech, SketchMechanism)
-    return mech
+    return params.fragment_wire_oracle()
 
 
 def stack_fragments(positions: IntArray, fragments: Reports, params: SfpParams) -> Reports:

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -211,6 +214,49 @@ def run_gateway(
         thread.join(15)
         sock.close()
     assert not failures, failures
+
+
+@dataclass
+class GatewayProcess:
+    """A running ``ldpipe gateway`` subprocess, the lines it printed so far, and (once stopped)
+    its exit code."""
+
+    process: subprocess.Popen[str]
+    out: list[str] = field(default_factory=list)
+    err: list[str] = field(default_factory=list)
+    code: int | None = None
+
+
+@contextmanager
+def gateway_subprocess(config: Path, *, progress: int) -> Iterator[GatewayProcess]:
+    """``ldpipe gateway --config config --progress progress`` as a user runs it, its output read
+    as it comes; on leaving, SIGTERM and its exit code in ``code`` (killed after 30 s)."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "ldpipe.infra.cli", "gateway", "--config", str(config),
+         "--progress", str(progress)],
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    assert process.stdout is not None and process.stderr is not None
+    running = GatewayProcess(process)
+    readers = [
+        threading.Thread(target=running.out.extend, args=(iter(process.stdout.readline, ""),)),
+        threading.Thread(target=running.err.extend, args=(iter(process.stderr.readline, ""),)),
+    ]
+    for reader in readers:
+        reader.start()
+    try:
+        yield running
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            running.code = process.wait(30)
+        finally:
+            process.kill()
+            for reader in readers:
+                reader.join()
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-__all__ = ["Issuer", "add_credential", "start_issuer"]
+__all__ = ["Issuer", "add_credential", "issuer_config", "start_issuer"]
 
 
 @dataclass
@@ -70,3 +70,23 @@ def add_credential(config: Path, device: str) -> str:
     )  # fmt: skip
     assert device in result.stderr, result.stderr
     return result.stdout.strip()
+
+
+def issuer_config(limit: int) -> str:
+    """A pipeline configuration with one use case, ``emoji`` (CMS over the built-in emoji
+    dictionary, ``limit`` reports a device a day), and an issuer named ``issuer.test``."""
+    return f"""
+[[use_case]]
+name = "emoji"
+mechanism = "cms"
+epsilon = 4.0
+dictionary = "builtin:emoji"
+
+[use_case.shuffle]
+contribution_limit = {limit}
+contribution_period_seconds = 86400
+
+[issuer]
+name = "issuer.test"
+port = 0
+"""

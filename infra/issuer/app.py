@@ -25,7 +25,7 @@ import base64
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Final
@@ -352,34 +352,19 @@ def build_app(
             headers={"Cache-Control": f"public, max-age={max_age}"},
         )
 
-    async def token_request(request: Request) -> Response:
-        use_case = request.query_params.get("use_case", "")
-        label = use_case if use_case in service.policies else ""
-        started = time.perf_counter()
-        try:
-            if not label:
-                known = ", ".join(sorted(service.policies))
-                raise TokenRequestError(
-                    404, "not_found", f"no use case {use_case!r}: ask ?use_case= one of {known}"
-                )
-            # the credential before the body: a client without one learns nothing more
-            device = await run_in_threadpool(service.attest, request.headers)
-            if _media_type(request.headers.get("content-type")) != REQUEST_TYPE:
-                raise TokenRequestError(
-                    415, "media_type", f"send the token request as {REQUEST_TYPE}"
-                )
-            body = await _body(request, MAX_BODY)
-            answer = await run_in_threadpool(
-                partial(service.issue, device=device), use_case, request.headers, body
-            )
-        except TokenRequestError as refusal:
-            service.metrics.refused.labels(use_case=label, reason=refusal.reason).inc()
-            return refusal.response()
-        service.metrics.issued.labels(use_case=label).inc()
-        service.metrics.issue_seconds.observe(time.perf_counter() - started)
-        return Response(answer, media_type=RESPONSE_TYPE, headers={"Cache-Control": "no-store"})
-
-    async def batch_request(request: Request) -> Response:
+    async def answer(
+        request: Request,
+        *,
+        media_type: str,
+        refused_type: str,
+        read: Callable[[Request], Awaitable[bytes]],
+        issue: Callable[..., bytes],
+        issued: Callable[[bytes], int],
+        response_type: str,
+    ) -> Response:
+        """One POST of token requests (RFC 9578 §6.2; batches: ``schemas/tokens.md``): the use
+        case, then the credential before the body (a client without one learns nothing more),
+        then the media type and the body; refusals counted by reason."""
         use_case = request.query_params.get("use_case", "")
         label = use_case if use_case in service.policies else ""
         started = time.perf_counter()
@@ -390,21 +375,41 @@ def build_app(
                     404, "not_found", f"no use case {use_case!r}: ask ?use_case= one of {known}"
                 )
             device = await run_in_threadpool(service.attest, request.headers)
-            if _media_type(request.headers.get("content-type")) != BATCH_REQUEST_TYPE:
-                raise TokenRequestError(
-                    415, "media_type", f"send the batch of token requests as {BATCH_REQUEST_TYPE}"
-                )
-            body = await _body(request, MAX_BATCH_BODY, f"at most {MAX_BATCH} token requests")
-            answer = await run_in_threadpool(
-                partial(service.issue_batch, device=device), use_case, request.headers, body
+            if _media_type(request.headers.get("content-type")) != media_type:
+                raise TokenRequestError(415, "media_type", f"send {refused_type} as {media_type}")
+            body = await read(request)
+            issued_answer = await run_in_threadpool(
+                partial(issue, device=device), use_case, request.headers, body
             )
         except TokenRequestError as refusal:
             service.metrics.refused.labels(use_case=label, reason=refusal.reason).inc()
             return refusal.response()
-        service.metrics.issued.labels(use_case=label).inc(int.from_bytes(answer[:2], "big"))
+        service.metrics.issued.labels(use_case=label).inc(issued(issued_answer))
         service.metrics.issue_seconds.observe(time.perf_counter() - started)
         return Response(
-            answer, media_type=BATCH_RESPONSE_TYPE, headers={"Cache-Control": "no-store"}
+            issued_answer, media_type=response_type, headers={"Cache-Control": "no-store"}
+        )
+
+    async def token_request(request: Request) -> Response:
+        return await answer(
+            request,
+            media_type=REQUEST_TYPE,
+            refused_type="the token request",
+            read=partial(_body, limit=MAX_BODY),
+            issue=service.issue,
+            issued=lambda _: 1,
+            response_type=RESPONSE_TYPE,
+        )
+
+    async def batch_request(request: Request) -> Response:
+        return await answer(
+            request,
+            media_type=BATCH_REQUEST_TYPE,
+            refused_type="the batch of token requests",
+            read=partial(_body, limit=MAX_BATCH_BODY, what=f"at most {MAX_BATCH} token requests"),
+            issue=service.issue_batch,
+            issued=lambda batch: int.from_bytes(batch[:2], "big"),
+            response_type=BATCH_RESPONSE_TYPE,
         )
 
     async def metrics(request: Request) -> Response:

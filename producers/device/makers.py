@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, Self
 
 import numpy as np
 
@@ -43,7 +43,7 @@ from ldpipe.schemas.discovery.tags import TagKey
 from ldpipe.schemas.envelope import seal
 from ldpipe.schemas.hashing import item_keys
 from ldpipe.schemas.keys import PublicKey
-from ldpipe.schemas.mechanisms import Reports, SketchMechanism, build_mechanism, secure_rng
+from ldpipe.schemas.mechanisms import Reports, SketchMechanism, secure_rng
 from ldpipe.schemas.outer import seal_outer
 
 __all__ = [
@@ -100,8 +100,8 @@ def _inner(client: DeviceClient, randomized: Reports) -> list[bytes]:
 
 
 @dataclass(frozen=True)
-class SfpWordReports:
-    """Apple Alg. 9's word report (``beta``) of an SFP word use case, at the word ε."""
+class _SfpReports:
+    """What an SFP use case's maker shares: its settings, its sealing, the word screen."""
 
     params: SfpParams
     sealer: DeviceClient  # the word oracle's (or the stacked sketch's) sealing
@@ -115,24 +115,24 @@ class SfpWordReports:
         analyzer_key: PublicKey,
         shuffler_key: PublicKey,
         time_precision_seconds: int,
-    ) -> SfpWordReports:
+    ) -> Self:
         sealer = DeviceClient(
-            use_case, epoch, analyzer_key, params.word_oracle(), shuffler_key,
+            use_case, epoch, analyzer_key, cls.sealed_mechanism(params), shuffler_key,
             time_precision_seconds,
         )  # fmt: skip
         return cls(params, sealer)
 
-    @property
-    def mechanism(self) -> SketchMechanism:
-        return self.params.word_oracle()
+    @staticmethod
+    def sealed_mechanism(params: SfpParams) -> SketchMechanism:
+        """The mechanism the use case's document names: what its reports are sealed under."""
+        raise NotImplementedError
 
     def screen(self, items: Sequence[Item]) -> tuple[list[Item], Counter[str]]:
         return _screen_words(self.params, items)
 
     def randomize(self, items: Sequence[Item], rng: np.random.Generator) -> Reports:
-        """Each word's report (Alg. 9 ``beta``): the word item randomized at ε."""
-        keys = item_keys(encode_word(word, self.params) for word in _words(items))
-        return self.mechanism.perturb(keys, rng)
+        """The use case's randomized reports (each subclass's Alg. 9 report)."""
+        raise NotImplementedError
 
     def inner_reports(
         self, items: Sequence[Item], rng: np.random.Generator | None = None
@@ -144,43 +144,37 @@ class SfpWordReports:
 
 
 @dataclass(frozen=True)
-class SfpFragmentReports:
+class SfpWordReports(_SfpReports):
+    """Apple Alg. 9's word report (``beta``) of an SFP word use case, at the word ε."""
+
+    @staticmethod
+    def sealed_mechanism(params: SfpParams) -> SketchMechanism:
+        return params.word_oracle()
+
+    @property
+    def mechanism(self) -> SketchMechanism:
+        return self.params.word_oracle()
+
+    def randomize(self, items: Sequence[Item], rng: np.random.Generator) -> Reports:
+        """Each word's report (Alg. 9 ``beta``): the word item randomized at ε."""
+        keys = item_keys(encode_word(word, self.params) for word in _words(items))
+        return self.mechanism.perturb(keys, rng)
+
+
+@dataclass(frozen=True)
+class SfpFragmentReports(_SfpReports):
     """Apple Alg. 9's fragment report (``l``, ``alpha``) of an SFP fragments use case, at ε′,
     as the row ``l k' + j`` of the stacked sketch (``discovery/sfp_wire.py``)."""
 
-    params: SfpParams
-    sealer: DeviceClient  # the word oracle's (or the stacked sketch's) sealing
-
-    @classmethod
-    def create(
-        cls,
-        params: SfpParams,
-        use_case: str,
-        epoch: int,
-        analyzer_key: PublicKey,
-        shuffler_key: PublicKey,
-        time_precision_seconds: int,
-    ) -> SfpFragmentReports:
+    @staticmethod
+    def sealed_mechanism(params: SfpParams) -> SketchMechanism:
         # the stacked sketch the fragments use case keeps: the fragment oracle's epsilon, m and
         # seed with positions x k' rows (what its document's "parameters" say)
-        wire = build_mechanism(
-            params.fragment_mechanism,
-            epsilon=params.epsilon_fragment,
-            k=params.positions * params.fragment_k,
-            m=params.fragment_m,
-            seed=params.fragment_hash_seed,
-        )
-        sealer = DeviceClient(
-            use_case, epoch, analyzer_key, wire, shuffler_key, time_precision_seconds
-        )
-        return cls(params, sealer)
+        return params.fragment_wire_oracle()
 
     @property
     def mechanism(self) -> SketchMechanism:
         return self.params.fragment_oracle()
-
-    def screen(self, items: Sequence[Item]) -> tuple[list[Item], Counter[str]]:
-        return _screen_words(self.params, items)
 
     def randomize(self, items: Sequence[Item], rng: np.random.Generator) -> Reports:
         """Each word's fragment report at ε′ in its row ``l k' + j`` of the stacked sketch."""
@@ -197,14 +191,6 @@ class SfpFragmentReports:
         fragments = p.fragment_oracle().perturb(keys, rng)
         # row l k' + j of the stacked sketch (docs/sfp.md, "On the pipeline")
         return Reports(positions * p.fragment_k + fragments.rows, fragments.values)
-
-    def inner_reports(
-        self, items: Sequence[Item], rng: np.random.Generator | None = None
-    ) -> list[bytes]:
-        return _inner(self.sealer, self.randomize(items, rng if rng is not None else secure_rng()))
-
-    def wrap(self, inner: bytes) -> bytes:
-        return self.sealer.wrap(inner)
 
 
 @dataclass(frozen=True)

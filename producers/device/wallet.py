@@ -215,38 +215,9 @@ class TokenWallet:
     def _fetch(self, challenge: TokenChallenge, key: IssuerPublicKey) -> Token | None:
         """One token (RFC 9578 §6.1-6.3), or ``None`` once the period's quota is spent."""
         request, state = begin_token_request(challenge, key)
-        try:
-            response = request_with_retries(
-                self.http,
-                "POST",
-                self._request_url,
-                self.policy,
-                params={"use_case": self.use_case},
-                content=request,
-                headers={
-                    "content-type": REQUEST_MEDIA_TYPE,
-                    "authorization": f"Bearer {self.credential}",
-                },
-            )
-        except httpx.TransportError as exc:
-            raise DeviceError(
-                "issuer", f"cannot reach the token issuer at {self._request_url}: {exc}"
-            ) from None
-        if response.status_code == 429 and problem_reason(response) == "quota":
+        response = self._post(self._request_url, request, REQUEST_MEDIA_TYPE)
+        if response is None:
             return None
-        if response.status_code == 401:
-            raise DeviceError(
-                "unauthorized",
-                "the token issuer does not accept this device's credential; provision one "
-                "with `ldpipe issuer credentials add`",
-            )
-        if response.status_code != 200:
-            reason = problem_reason(response) or "no reason given"
-            raise DeviceError(
-                "issuer",
-                f"the token issuer answered {response.status_code} ({reason}) to a token "
-                f"request for {self.use_case!r}",
-            )
         try:
             token = finalize_token(state, response.content)
             verify_token(token, key, challenge)

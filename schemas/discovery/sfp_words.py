@@ -171,6 +171,20 @@ class SfpParams:
         """The word frequency oracle (Apple's ``A_client-CMS(s; eps, H)``)."""
         return self._word_oracle
 
+    def fragment_wire_oracle(self) -> SketchMechanism:
+        """The fragments use case's mechanism on the pipeline: the fragment oracle's ε′, m′ and
+        seed with ``positions x k'`` rows, one block of ``k'`` per position
+        (``discovery/sfp_wire.py``; ``docs/sfp.md``, "On the pipeline")."""
+        mech = build_mechanism(
+            self.fragment_mechanism,
+            epsilon=self.epsilon_fragment,
+            k=self.positions * self.fragment_k,
+            m=self.fragment_m,
+            seed=self.fragment_hash_seed,
+        )
+        assert isinstance(mech, SketchMechanism)
+        return mech
+
     @property
     def positions(self) -> int:
         """Number of fragment positions (Apple: 5, the odd indices 1..9)."""

@@ -40,26 +40,12 @@ from ldpipe.schemas.tokens import (
     redemption_context,
     verify_token,
 )
-from tests.issuer_helpers import add_credential, start_issuer
+from tests.issuer_helpers import add_credential, issuer_config, start_issuer
 
 LIMIT = 3
 DIRECTORY = "/.well-known/private-token-issuer-directory"
 REQUEST_TYPE = "application/private-token-request"
-CONFIG = f"""
-[[use_case]]
-name = "emoji"
-mechanism = "cms"
-epsilon = 4.0
-dictionary = "builtin:emoji"
-
-[use_case.shuffle]
-contribution_limit = {LIMIT}
-contribution_period_seconds = 86400
-
-[issuer]
-name = "issuer.test"
-port = 0
-"""
+CONFIG = issuer_config(LIMIT)
 
 
 @pytest.fixture

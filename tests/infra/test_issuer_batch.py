@@ -35,27 +35,13 @@ from ldpipe.schemas.tokens import (
     redemption_context,
     verify_token,
 )
-from tests.issuer_helpers import add_credential, start_issuer
+from tests.issuer_helpers import add_credential, issuer_config, start_issuer
 
 LIMIT = 10
 DIRECTORY = "/.well-known/private-token-issuer-directory"
 BATCH = "/v1/token-batch-request?use_case=emoji"
 BATCH_TYPE = "application/x-ldpipe-token-batch-request"
-CONFIG = f"""
-[[use_case]]
-name = "emoji"
-mechanism = "cms"
-epsilon = 4.0
-dictionary = "builtin:emoji"
-
-[use_case.shuffle]
-contribution_limit = {LIMIT}
-contribution_period_seconds = 86400
-
-[issuer]
-name = "issuer.test"
-port = 0
-"""
+CONFIG = issuer_config(LIMIT)
 
 
 @pytest.fixture

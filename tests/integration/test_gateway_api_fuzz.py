@@ -14,12 +14,7 @@ about 40 s on two cores.
 
 from __future__ import annotations
 
-import os
 import re
-import signal
-import subprocess
-import sys
-import threading
 from pathlib import Path
 
 import httpx
@@ -35,6 +30,7 @@ from tests.gateway_helpers import (
     Issuer,
     batch,
     directory_app,
+    gateway_subprocess,
     now_period,
     serve_app,
     v3_envelope,
@@ -83,23 +79,8 @@ def test_schemathesis_finds_no_failure(
                 "cors_origins": [ORIGIN],
             },
         )
-        process = subprocess.Popen(
-            [sys.executable, "-m", "ldpipe.infra.cli", "gateway", "--config", str(config),
-             "--progress", "0"],
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )  # fmt: skip
-        out: list[str] = []
-        err: list[str] = []
-        readers = [
-            threading.Thread(target=lambda: out.extend(iter(process.stdout.readline, ""))),  # type: ignore[union-attr]
-            threading.Thread(target=lambda: err.extend(iter(process.stderr.readline, ""))),  # type: ignore[union-attr]
-        ]
-        for reader in readers:
-            reader.start()
-        try:
+        with gateway_subprocess(config, progress=0) as gateway:
+            out, err = gateway.out, gateway.err
             assert wait_for(lambda: any("/v1/use-cases/" in line for line in out), 60), (out, err)
             match = re.search(r"(http://127\.0\.0\.1:\d+)/v1/", "".join(out))
             assert match, out
@@ -119,14 +100,6 @@ def test_schemathesis_finds_no_failure(
             assert answer.status_code == 200, answer.text
             assert answer.json()["accepted"] == 1
             assert [r["index"] for r in answer.json()["refused"]] == [1]
-        finally:
-            process.send_signal(signal.SIGTERM)
-            try:
-                code = process.wait(30)
-            finally:
-                process.kill()
-                for reader in readers:
-                    reader.join()
-    assert code == 0, ("".join(out), "".join(err))
+    assert gateway.code == 0, ("".join(out), "".join(err))
     assert "Traceback" not in "".join(err)
     assert "8 selected / 8 total" in report  # every operation of the document was exercised

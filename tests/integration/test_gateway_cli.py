@@ -4,12 +4,7 @@ prints progress lines and stops cleanly on SIGTERM."""
 
 from __future__ import annotations
 
-import os
 import re
-import signal
-import subprocess
-import sys
-import threading
 import time
 from pathlib import Path
 
@@ -25,6 +20,7 @@ from tests.gateway_helpers import (
     Issuer,
     batch,
     directory_app,
+    gateway_subprocess,
     now_period,
     serve_app,
     v3_envelope,
@@ -55,23 +51,8 @@ def test_the_command_serves_and_stops_on_sigterm(
                 "ohttp_keys": ["ohttp"],
             },
         )
-        process = subprocess.Popen(
-            [sys.executable, "-m", "ldpipe.infra.cli", "gateway", "--config", str(config),
-             "--progress", "1"],
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )  # fmt: skip
-        out: list[str] = []
-        err: list[str] = []
-        readers = [
-            threading.Thread(target=lambda: out.extend(iter(process.stdout.readline, ""))),  # type: ignore[union-attr]
-            threading.Thread(target=lambda: err.extend(iter(process.stderr.readline, ""))),  # type: ignore[union-attr]
-        ]
-        for reader in readers:
-            reader.start()
-        try:
+        with gateway_subprocess(config, progress=1) as gateway:
+            out, err = gateway.out, gateway.err
             assert wait_for(lambda: any("/v1/use-cases/" in line for line in out), 60), (out, err)
             line = next(line for line in out if "/v1/use-cases/" in line)
             match = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
@@ -94,15 +75,7 @@ def test_the_command_serves_and_stops_on_sigterm(
             assert response.status_code == 200, response.text
             assert response.json() == {"accepted": 1, "refused": []}
             assert wait_for(lambda: any("reports_accepted 1 " in line for line in out), 10), out
-        finally:
-            process.send_signal(signal.SIGTERM)
-            try:
-                code = process.wait(30)
-            finally:
-                process.kill()
-                for reader in readers:
-                    reader.join()
-    assert code == 0, ("".join(out), "".join(err))
+    assert gateway.code == 0, ("".join(out), "".join(err))
     assert "Traceback" not in "".join(err)
     records = read_to_end(broker, topic, group_id)
     assert [(m.key(), m.value()) for m in records] == [(token[2:34], envelope)]

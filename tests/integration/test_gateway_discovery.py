@@ -14,8 +14,6 @@ server and the server open the discovery report to its item.
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,10 +37,9 @@ from ldpipe.schemas.payloads import PayloadCodec
 from tests.front_door_helpers import serve_front_door
 from tests.gateway_helpers import SHUFFLER, RunningGateway
 from tests.issuer_helpers import add_credential
+from tests.node_helpers import run_sdk_script
 
 LIMIT = 2
-ROOT = Path(__file__).resolve().parents[2]
-BUNDLE = ROOT / "producers" / "web" / "dist" / "ldpipe.js"
 SCRIPT = Path(__file__).with_name("web_sdk_send_kinds.mjs")
 ANALYZER = KeyPair.generate(key_id=1)
 AUX = KeyPair.generate(key_id=7, name="aux")
@@ -225,17 +222,7 @@ def test_a_discovery_report_reaches_its_topic_and_opens_downstream(
 
 def _node(request: dict[str, object]) -> dict[str, object]:
     """Run ``web_sdk_send_kinds.mjs`` (the TypeScript SDK's WebDevice) on ``request``."""
-    node = shutil.which("node")
-    if node is None:
-        pytest.fail("node is not installed: install Node 20 (this test runs the TypeScript SDK)")
-    if not BUNDLE.is_file():
-        pytest.fail(f"{BUNDLE} is missing: run ./dev.sh setup (npm ci and build in producers/web)")
-    result = subprocess.run(
-        [node, str(SCRIPT)], input=json.dumps(request), capture_output=True, text=True,
-        timeout=120,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)  # type: ignore[no-any-return]
+    return run_sdk_script(SCRIPT, request, timeout=120)  # type: ignore[return-value]
 
 
 def test_the_typescript_device_sends_fragments_and_discovery_reports(

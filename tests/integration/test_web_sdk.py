@@ -19,10 +19,7 @@ skip), naming the fix.
 
 from __future__ import annotations
 
-import json
 import math
-import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -33,26 +30,15 @@ from ldpipe.infra.runtime.kafka import KafkaSettings
 from tests.front_door_helpers import serve_front_door, with_issuer_table
 from tests.integration.pipeline_helpers import make_pipeline
 from tests.issuer_helpers import add_credential
+from tests.node_helpers import run_sdk_script
 
-ROOT = Path(__file__).resolve().parents[2]
-BUNDLE = ROOT / "producers" / "web" / "dist" / "ldpipe.js"
 SCRIPT = Path(__file__).with_name("web_sdk_send.mjs")
 COUNTS = [100, 90, 80, 60, 50, 40, 30, 25, 15, 10]  # 500 reports of ten items
 N = sum(COUNTS)
 
 
 def run_script(request: dict[str, object]) -> dict[str, object]:
-    node = shutil.which("node")
-    if node is None:
-        pytest.fail("node is not installed: install Node 20 (this test runs the TypeScript SDK)")
-    if not BUNDLE.is_file():
-        pytest.fail(f"{BUNDLE} is missing: run ./dev.sh setup (npm ci and build in producers/web)")
-    result = subprocess.run(
-        [node, str(SCRIPT)], input=json.dumps(request), capture_output=True, text=True,
-        timeout=240,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)  # type: ignore[no-any-return]
+    return run_sdk_script(SCRIPT, request)  # type: ignore[return-value]
 
 
 @pytest.mark.slow

@@ -10,15 +10,14 @@ test fails (it does not skip), naming the fix.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from ldpipe.producers.device.budget import BudgetLedger
+from tests.node_helpers import bundle_for_node
 
-PROJECT = Path(__file__).resolve().parents[2] / "producers" / "web"
 DAY = 86400
 T0 = 1_800_000_123
 
@@ -39,19 +38,8 @@ console.log(JSON.stringify({ allowance: ledger.allowance("emoji", period), held 
 @pytest.fixture(scope="module")
 def node_sdk(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     """``src/node.ts`` bundled into a temporary directory with the script that drives it."""
-    node = shutil.which("node")
-    if node is None:
-        pytest.fail("node is not installed: install Node 20 (the TypeScript SDK's tests need it)")
-    esbuild = PROJECT / "node_modules" / "esbuild" / "bin" / "esbuild"
-    if not esbuild.is_file():
-        pytest.fail(f"the SDK's packages are missing: run ./dev.sh setup (npm ci in {PROJECT})")
     out = tmp_path_factory.mktemp("web-budget")
-    built = subprocess.run(
-        [str(esbuild), "src/node.ts", "--bundle", "--platform=node", "--format=esm",
-         "--target=es2022", "--log-level=warning", f"--outfile={out / 'ldpipe-node.mjs'}"],
-        cwd=PROJECT, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert built.returncode == 0, built.stderr
+    node = bundle_for_node("src/node.ts", out / "ldpipe-node.mjs")
     (out / "ledger.mjs").write_text(SCRIPT, encoding="utf-8")
     return [node, str(out / "ledger.mjs")]
 

@@ -11,33 +11,19 @@ test fails (it does not skip), naming the fix.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
 from ldpipe.producers.conformance import default_cases, device_config, run_conformance
-
-PROJECT = Path(__file__).resolve().parents[2] / "producers" / "web"
+from tests.node_helpers import bundle_for_node
 
 
 @pytest.fixture(scope="module")
 def adapter(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     """The adapter bundled into a temporary directory (not dist/, which other tests build)."""
-    node = shutil.which("node")
-    if node is None:
-        pytest.fail("node is not installed: install Node 20 (the TypeScript SDK's tests need it)")
-    esbuild = PROJECT / "node_modules" / "esbuild" / "bin" / "esbuild"
-    if not esbuild.is_file():
-        pytest.fail(f"the SDK's packages are missing: run ./dev.sh setup (npm ci in {PROJECT})")
     out = tmp_path_factory.mktemp("web-conformance") / "conformance.mjs"
-    built = subprocess.run(
-        [str(esbuild), "tools/conformance.ts", "--bundle", "--platform=node",
-         "--format=esm", "--target=es2022", "--log-level=warning", f"--outfile={out}"],
-        cwd=PROJECT, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert built.returncode == 0, built.stderr
+    node = bundle_for_node("tools/conformance.ts", out)
     return [node, str(out)]
 
 

@@ -12,14 +12,10 @@ naming the fix.
 from __future__ import annotations
 
 import base64
-import json
-import shutil
-import subprocess
 import time
 from pathlib import Path
 
 import httpx
-import pytest
 
 from ldpipe.infra.issuer.keys import period_of
 from ldpipe.producers.device.wallet import BATCH_LIMIT, TokenWallet
@@ -30,43 +26,18 @@ from ldpipe.schemas.tokens import (
     redemption_context,
     verify_token,
 )
-from tests.issuer_helpers import add_credential, start_issuer
+from tests.issuer_helpers import add_credential, issuer_config, start_issuer
+from tests.node_helpers import run_sdk_script
 
-ROOT = Path(__file__).resolve().parents[2]
-BUNDLE = ROOT / "producers" / "web" / "dist" / "ldpipe.js"
 SCRIPT = Path(__file__).with_name("web_wallet_batch.mjs")
 DIRECTORY = "/.well-known/private-token-issuer-directory"
 BATCH = "/v1/token-batch-request"
 LIMIT = 100
-CONFIG = f"""
-[[use_case]]
-name = "emoji"
-mechanism = "cms"
-epsilon = 4.0
-dictionary = "builtin:emoji"
-
-[use_case.shuffle]
-contribution_limit = {LIMIT}
-contribution_period_seconds = 86400
-
-[issuer]
-name = "issuer.test"
-port = 0
-"""
+CONFIG = issuer_config(LIMIT)
 
 
 def run_node(request: dict[str, object]) -> list[dict[str, list[str]]]:
-    node = shutil.which("node")
-    if node is None:
-        pytest.fail("node is not installed: install Node 20 (this test runs the TypeScript SDK)")
-    if not BUNDLE.is_file():
-        pytest.fail(f"{BUNDLE} is missing: run ./dev.sh setup (npm ci and build in producers/web)")
-    result = subprocess.run(
-        [node, str(SCRIPT)], input=json.dumps(request), capture_output=True, text=True,
-        timeout=240,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)  # type: ignore[no-any-return]
+    return run_sdk_script(SCRIPT, request)  # type: ignore[return-value]
 
 
 def test_the_web_wallet_takes_a_sends_tokens_in_batches_from_a_real_issuer(

@@ -436,7 +436,7 @@ class Deployment:
             self._wait("issuer", lambda: "running" in self._log("issuer"), "issuer")
             self._spawn(
                 "gateway",
-                f"ldpipe gateway --config pipeline.toml --use-case emoji --metrics-port {metrics}",
+                f"ldpipe gateway --config pipeline.toml --metrics-port {metrics}",  # every use case
             )
             self._wait("gateway ready", lambda: _ready(metrics), "gateway")
             yield

@@ -189,9 +189,18 @@ class KafkaSettings:
         overrides: Mapping[str, Any] | None,
         more: Mapping[str, Any],
     ) -> dict[str, Any]:
-        """Every client's config passes here: the one place ``extra``'s references resolve."""
+        """Every client's config passes here: the one place ``extra``'s references resolve.
+
+        librdkafka's log goes through Python logging, rate-limited (``rdkafka_log.py``), unless
+        the operator asked for its ``debug`` contexts (``-X debug=cgrp``): then it writes to
+        stderr itself, every line, as librdkafka's documentation describes. confluent-kafka
+        aborts the process (``CallState_get: Assertion 'cs != NULL'``) when a debug line is
+        logged through a Python logger from a call it does not expect (the shuffler's
+        transactional producer did, at once), and a rate limit would hide what was asked for.
+        """
+        logger = {} if "debug" in self.extra else {"logger": RDKAFKA_LOGGER}
         return {
-            "logger": RDKAFKA_LOGGER,  # through Python logging, rate-limited (rdkafka_log.py)
+            **logger,
             **defaults,
             **resolve_all(self.extra, "kafka.extra"),
             **(overrides or {}),

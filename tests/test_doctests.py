@@ -17,6 +17,8 @@ import pytest
         "ldpipe.schemas.privacy.ledger",
         "ldpipe.schemas.headers",
         "ldpipe.schemas.tokens",
+        "ldpipe.schemas.mechanisms.calibrate",
+        "ldpipe.schemas.mechanisms.calibrate.noise",
         "ldpipe.schemas.upload",
         "ldpipe.shuffler.inner",
         "ldpipe.producers.client",

@@ -72,7 +72,11 @@ MECHANISMS: dict[str, dict[str, Any]] = {
 }
 METHODS = ("raw", "zero", "calibrate_mv", "calibrate_ml", "gaussian_mv", "oracle")
 SOURCE_FILES = (
-    "schemas/mechanisms/calibrate.py",
+    *(
+        f"schemas/mechanisms/calibrate/{name}.py"
+        for name in ("__init__", "checks", "noise", "priors", "likelihood", "fits", "posterior",
+                     "baselines")
+    ),
     "schemas/mechanisms/base.py",
     "schemas/mechanisms/variance.py",
     "schemas/mechanisms/oue.py",

@@ -23,11 +23,11 @@ from ldpipe.aggregator.metrics import QUERY_LABELS, QueryMetrics
 from ldpipe.aggregator.query import QueryResult, no_data_result, query_use_case
 from ldpipe.aggregator.store import StoreError
 from ldpipe.infra.cli.argtypes import interval_seconds, non_negative_int, port, positive_int
+from ldpipe.infra.cli.calibrate_options import add_calibrate_args, check_calibrate_args
 from ldpipe.infra.cli.common import stop_on_signals
 from ldpipe.infra.runtime.observability import Readiness, service_registry
 from ldpipe.schemas.config import UseCase, load_config, select_use_case
 from ldpipe.schemas.errors import LdpipeError
-from ldpipe.schemas.mechanisms.calibrate import FIT_METHODS, PRIOR_FAMILIES
 from ldpipe.schemas.mechanisms.columns import CellCache
 
 log = logging.getLogger(__name__)
@@ -62,16 +62,10 @@ def add_parser(sub: Any) -> None:
         help="how parameter epochs combine: inverse-variance weighting of frequencies (default) "
         "or the plain sum of counts",
     )
-    p.add_argument(
-        "--calibrate",
-        choices=PRIOR_FAMILIES,
-        help="add each item's calibrated count: the posterior mean under this prior, fitted to "
+    add_calibrate_args(
+        p,
+        "add each item's calibrated count: the posterior mean under this prior, fitted to "
         "the whole dictionary's estimates (Calibrate §III; needs a dictionary)",
-    )
-    p.add_argument(
-        "--calibrate-fit",
-        choices=FIT_METHODS,
-        help="how the prior is fitted: mean-variance (mv, default) or maximum likelihood (ml)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument(
@@ -310,8 +304,7 @@ def run(args: argparse.Namespace) -> int:
         )
     if not 0 < args.level < 1:  # also refuses nan
         raise ValueError(f"--level {args.level} is not in (0, 1); give e.g. --level 0.95")
-    if args.calibrate_fit is not None and args.calibrate is None:
-        raise ValueError("--calibrate-fit needs --calibrate (the prior family: powerlaw, gaussian)")
+    check_calibrate_args(args)
     if args.serve and args.calibrate is not None:
         raise ValueError("--serve exports raw estimates only; drop --calibrate")
     if args.label == "rank" and args.items is not None:

@@ -18,10 +18,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ldpipe.infra.cli.calibrate_options import add_calibrate_args, check_calibrate_args
 from ldpipe.producers.datasets import load_population
 from ldpipe.producers.simulate import ItemResult, SimulationResult, evaluation_indices, simulate
 from ldpipe.schemas.mechanisms import MECHANISMS, build_mechanism
-from ldpipe.schemas.mechanisms.calibrate import FIT_METHODS, PRIOR_FAMILIES
 
 __all__ = ["add_parser", "run"]
 
@@ -52,16 +52,10 @@ def add_parser(sub: Any) -> None:
     group.add_argument("--top", type=int, help="evaluate the N most frequent items (default 10)")
     group.add_argument("--items", help="comma-separated items to evaluate")
     p.add_argument("--fixed-hash", action="store_true", help="keep one hash family for all trials")
-    p.add_argument(
-        "--calibrate",
-        choices=PRIOR_FAMILIES,
-        help="also calibrate every item's estimate with this prior (Calibrate §III) and report "
+    add_calibrate_args(
+        p,
+        "also calibrate every item's estimate with this prior (Calibrate §III) and report "
         "calibrated_mse",
-    )
-    p.add_argument(
-        "--calibrate-fit",
-        choices=FIT_METHODS,
-        help="how the prior is fitted: mean-variance (mv, default) or maximum likelihood (ml)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=run)
@@ -164,8 +158,7 @@ def _print_table(result: SimulationResult) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.trials < 1:
         raise ValueError(f"--trials must be >= 1, got {args.trials}")
-    if args.calibrate_fit is not None and args.calibrate is None:
-        raise ValueError("--calibrate-fit needs --calibrate (the prior family: powerlaw, gaussian)")
+    check_calibrate_args(args)
     population = load_population(args.dataset, n=args.n, seed=args.seed)
     names = [s for s in args.items.split(",") if s] if args.items else None
     population, evaluate = evaluation_indices(population, top=args.top, items=names)

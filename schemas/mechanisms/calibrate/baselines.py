@@ -14,7 +14,7 @@ from statistics import NormalDist
 import numpy as np
 import numpy.typing as npt
 
-from ldpipe.schemas.mechanisms.calibrate.checks import FloatArray, IntArray, require
+from ldpipe.schemas.mechanisms.base import FloatArray, IntArray, require
 
 __all__ = [
     "HeavyHitterScores",

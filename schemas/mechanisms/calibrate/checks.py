@@ -1,7 +1,8 @@
-"""Calibrate's argument checks and array types, shared by every module of the package.
+"""Calibrate's argument checks, shared by every module of the package.
 
-One-line ``ValueError`` messages that name the problem and the fix (the CLI prints them as they
-are). Split out of ``schemas/mechanisms/calibrate.py`` (issue 24).
+The estimates and the number of reports, refused with one-line ``ValueError`` messages that name
+the problem and the fix (the CLI prints them as they are); other checks use the mechanisms'
+``require`` (``base.py``). Split out of ``schemas/mechanisms/calibrate.py`` (issue 24).
 """
 
 from __future__ import annotations
@@ -9,15 +10,9 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["FloatArray", "IntArray", "as_estimates", "check_n", "require"]
+from ldpipe.schemas.mechanisms.base import FloatArray, require
 
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
-
-
-def require(condition: bool, message: str) -> None:
-    if not condition:
-        raise ValueError(message)
+__all__ = ["as_estimates", "check_n"]
 
 
 def as_estimates(estimates: npt.ArrayLike, what: str = "estimates") -> FloatArray:

@@ -17,12 +17,8 @@ import numpy as np
 import numpy.typing as npt
 from scipy import optimize, special
 
-from ldpipe.schemas.mechanisms.calibrate.checks import (
-    FloatArray,
-    as_estimates,
-    check_n,
-    require,
-)
+from ldpipe.schemas.mechanisms.base import FloatArray, require
+from ldpipe.schemas.mechanisms.calibrate.checks import as_estimates, check_n
 from ldpipe.schemas.mechanisms.calibrate.likelihood import LikelihoodBands, log_mass_by_cell
 from ldpipe.schemas.mechanisms.calibrate.noise import NoiseModel, SupportGrid, grid_for
 from ldpipe.schemas.mechanisms.calibrate.priors import (

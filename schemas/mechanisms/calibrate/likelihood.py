@@ -14,7 +14,8 @@ import numpy as np
 import numpy.typing as npt
 from scipy import special
 
-from ldpipe.schemas.mechanisms.calibrate.checks import FloatArray, as_estimates
+from ldpipe.schemas.mechanisms.base import FloatArray
+from ldpipe.schemas.mechanisms.calibrate.checks import as_estimates
 from ldpipe.schemas.mechanisms.calibrate.noise import TAIL_Z, NoiseModel, SupportGrid, grid_for
 from ldpipe.schemas.mechanisms.calibrate.priors import Prior
 

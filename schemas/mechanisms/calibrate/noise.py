@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
-from ldpipe.schemas.mechanisms.calibrate.checks import FloatArray, IntArray, check_n, require
+from ldpipe.schemas.mechanisms.base import FloatArray, IntArray, require
+from ldpipe.schemas.mechanisms.calibrate.checks import check_n
 
 if TYPE_CHECKING:
     from ldpipe.schemas.mechanisms.base import Mechanism

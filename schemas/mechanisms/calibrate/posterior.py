@@ -12,7 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from ldpipe.schemas.mechanisms.calibrate.checks import FloatArray, as_estimates, check_n
+from ldpipe.schemas.mechanisms.base import FloatArray
+from ldpipe.schemas.mechanisms.calibrate.checks import as_estimates, check_n
 from ldpipe.schemas.mechanisms.calibrate.fits import FitMethod, PriorFit, fit_prior
 from ldpipe.schemas.mechanisms.calibrate.noise import TAIL_Z, NoiseModel, SupportGrid, grid_for
 from ldpipe.schemas.mechanisms.calibrate.priors import Prior, PriorCells, PriorFamily

@@ -17,7 +17,8 @@ from typing import ClassVar, Literal
 import numpy as np
 from scipy import special
 
-from ldpipe.schemas.mechanisms.calibrate.checks import FloatArray, IntArray, check_n, require
+from ldpipe.schemas.mechanisms.base import FloatArray, IntArray, require
+from ldpipe.schemas.mechanisms.calibrate.checks import check_n
 from ldpipe.schemas.mechanisms.calibrate.noise import NoiseModel, SupportGrid
 
 __all__ = [

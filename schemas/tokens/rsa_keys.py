@@ -21,7 +21,7 @@ from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
 try:  # GMP's modular exponentiation: the issuer's private operation about 5x faster
     import gmpy2
-except ImportError:  # pragma: no cover - exercised by tests/schemas/test_tokens_gmpy2.py
+except ImportError:  # pragma: no cover - exercised by tests/schemas/test_tokens.py
     gmpy2 = None  # type: ignore[assignment]
 
 from ldpipe.schemas.tokens.formats import MODULUS_BITS, SALT_LENGTH, TokenError

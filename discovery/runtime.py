@@ -27,7 +27,9 @@ import stat
 from pathlib import Path
 from typing import Final, cast
 
-from ldpipe.schemas.config import ConfigError, DiscoverySettings, UseCase
+from ldpipe.schemas.config import UseCase
+from ldpipe.schemas.config_checks import ConfigError
+from ldpipe.schemas.config_discovery import DiscoverySettings
 from ldpipe.schemas.discovery.item import ItemMode, ItemRules
 from ldpipe.schemas.discovery.layers import DiscoveryConfig
 from ldpipe.schemas.discovery.privacy import Neighbours, ReleaseParameters, parameters_for

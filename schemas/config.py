@@ -64,21 +64,23 @@ from ldpipe.schemas.epochs import EpochSet, ParameterEpoch
 from ldpipe.schemas.mechanisms import (
     MECHANISMS,
     Mechanism,
+    MechanismName,
     SketchMechanism,
     build_mechanism,
+    is_mechanism_name,
     registered,
-    spec_of,
 )
+from ldpipe.schemas.mechanisms.registry import spec_of
 
 __all__ = [
-    "MECH_KEYS",
-    "USE_CASE_KEYS",
     "PipelineConfig",
     "UseCase",
     "config_from_mapping",
     "load_config",
+    "mechanism_keys",
     "parse_config",
     "select_use_case",
+    "use_case_keys",
 ]
 
 
@@ -87,7 +89,7 @@ class UseCase:
     """One use case: its mechanism and parameters, topics, keys, shuffle and snapshot settings."""
 
     name: str
-    mechanism_name: str
+    mechanism_name: MechanismName
     epsilon: float
     mechanism_options: Mapping[str, Any]
     epoch: int
@@ -197,14 +199,23 @@ class PipelineConfig:
         raise ConfigError(f"no use case named {name!r}; the configuration has: {names}")
 
 
-# the [[use_case]] keys that become mechanism options: every registered mechanism's, in order
-MECH_KEYS: Mapping[str, type] = {
-    key: kind for spec in registered() for key, kind in spec.config_keys.items()
-}
-USE_CASE_KEYS = frozenset({
+_USE_CASE_KEYS = frozenset({
     "name", "mechanism", "epsilon", "epoch", "hash_seed", "dictionary", "private_keys",
-    "public_key", "topics", "shuffle", "snapshot", "store", "discovery", "sfp", *MECH_KEYS,
+    "public_key", "topics", "shuffle", "snapshot", "store", "discovery", "sfp",
 })  # fmt: skip
+
+
+def mechanism_keys() -> dict[str, type]:
+    """The ``[[use_case]]`` keys that become mechanism options, with their TOML types: those
+    of every registered mechanism (``MechanismSpec.config_keys``), in registration order."""
+    return {key: kind for spec in registered() for key, kind in spec.config_keys.items()}
+
+
+def use_case_keys() -> frozenset[str]:
+    """Every key a ``[[use_case]]`` table may hold."""
+    return _USE_CASE_KEYS | set(mechanism_keys())
+
+
 _FRAGMENTS_SUFFIX = ".fragments"
 _SFP_WORD_SEED = 0x5F9E  # SfpParams.word_hash_seed: the in-memory simulation's word family
 _SFP_MECHANISMS = ("cms", "hcms")  # the word oracle (Apple Alg. 9)
@@ -221,14 +232,14 @@ def _use_case(raw: Mapping[str, Any], index: int, base: Path) -> tuple[UseCase, 
             f"{where}.name: {name!r} must be 1-51 of [a-z0-9_.-], starting with a letter or digit"
         )
     where = f"use_case.{name}"
-    check_keys(where, raw, USE_CASE_KEYS)
+    check_keys(where, raw, use_case_keys())
     sfp_raw = get_value(where, raw, "sfp", dict, None)
     if sfp_raw is not None:  # checked even when disabled, like [use_case.discovery]
         check_keys(f"{where}.sfp", sfp_raw, SFP_KEYS)
     sfp_on = sfp_raw is not None and get_value(f"{where}.sfp", sfp_raw, "enabled", bool, True)
     # an SFP use case defaults to Apple's word sketch (§6.1: CMS, eps = 2, k = 2048, m = 1024)
     mechanism = get_value(where, raw, "mechanism", str, *(("cms",) if sfp_on else ()))
-    if mechanism not in MECHANISMS:
+    if not is_mechanism_name(mechanism):
         raise ConfigError(
             f"{where}.mechanism: {mechanism!r} unknown; use one of {sorted(MECHANISMS)}"
         )
@@ -236,7 +247,9 @@ def _use_case(raw: Mapping[str, Any], index: int, base: Path) -> tuple[UseCase, 
         raise _sfp_mechanism_error(name, mechanism)
     epsilon = get_value(where, raw, "epsilon", float, *((2.0,) if sfp_on else ()))
     options: dict[str, Any] = {
-        key: get_value(where, raw, key, kind) for key, kind in MECH_KEYS.items() if key in raw
+        key: get_value(where, raw, key, kind)
+        for key, kind in mechanism_keys().items()
+        if key in raw
     }
     if sfp_on:
         options.setdefault("k", 2048)

@@ -2,8 +2,8 @@
 
 Each error names the field (``use_case.emoji.shuffle.n_min``) and the fix, in one line
 (``ConfigError``). Defaults are not repeated here: ``field_values`` takes each key's default from
-the dataclass field it fills (``dataclasses.fields``), and ``choice`` checks a value against the
-``Literal`` type of its field (``typing.get_args``).
+the dataclass field it fills (``dataclasses.fields``); an option set is a ``Literal`` type
+whose values the readers check with ``typing.get_args``.
 
 >>> from dataclasses import dataclass
 >>> @dataclass(frozen=True)
@@ -20,7 +20,7 @@ import dataclasses
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any
 
 from ldpipe.schemas.errors import LdpipeError
 
@@ -29,7 +29,6 @@ __all__ = [
     "ConfigError",
     "check_cells",
     "check_keys",
-    "choice",
     "default_of",
     "field_values",
     "get_value",
@@ -93,15 +92,6 @@ def field_values(
     return {
         key: get_value(where, table, key, kind, default_of(cls, key)) for key, kind in kinds.items()
     }
-
-
-def choice(where: str, value: Any, options: Any, hint: str = "") -> Any:
-    """``value`` if it is one of the ``Literal`` type ``options``, else a ``ConfigError``."""
-    allowed = get_args(options)
-    if value not in allowed:
-        listed = ", ".join(f'"{option}"' for option in allowed)
-        raise ConfigError(f"{where}: expected one of {listed}, got {value!r}{hint}")
-    return value
 
 
 def positive(where: str, value: float, *, allow_zero: bool = False) -> None:

@@ -20,7 +20,7 @@ import dataclasses
 import json
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
-from ldpipe.schemas.config import MECH_KEYS, USE_CASE_KEYS
+from ldpipe.schemas.config import mechanism_keys, use_case_keys
 from ldpipe.schemas.config_checks import NAME
 from ldpipe.schemas.config_discovery import (
     DISCOVERY_KEYS,
@@ -143,7 +143,7 @@ def _use_case() -> dict[str, Any]:
         "dictionary": _of(str),
         "private_keys": _PATHS,
         "public_key": _of(str),
-        **{key: _of(kind) for key, kind in MECH_KEYS.items()},
+        **{key: _of(kind) for key, kind in mechanism_keys().items()},
         "topics": _topics(partitions=True),
         "shuffle": _dataclass_table(ShuffleConfig, "[use_case.shuffle]: the shuffler's windows"),
         "snapshot": _dataclass_table(SnapshotConfig, "[use_case.snapshot]: checkpoints"),
@@ -151,7 +151,7 @@ def _use_case() -> dict[str, Any]:
         "discovery": _discovery(),
         "sfp": _sfp(),
     }
-    assert set(kinds) == USE_CASE_KEYS, "config.py's use case keys changed: update this table"
+    assert set(kinds) == use_case_keys(), "config.py's use case keys changed: update this table"
     return _table(kinds, "one [[use_case]]: what is collected, how, and where", required=["name"])
 
 

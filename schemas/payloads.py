@@ -24,16 +24,15 @@ import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import compress
-from types import MappingProxyType
-from typing import Any, Final, TypeGuard
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
 
 from ldpipe.schemas.errors import PayloadError, PayloadRejection
-from ldpipe.schemas.mechanisms import MechanismName, registered
+from ldpipe.schemas.mechanisms import MechanismName, is_mechanism_name
 from ldpipe.schemas.mechanisms.base import IntArray, Mechanism, Reports, require
-from ldpipe.schemas.mechanisms.registry import Body, spec_of
+from ldpipe.schemas.mechanisms.registry import Body, RegistryView, spec_of
 
 __all__ = [
     "FORMAT_VERSION",
@@ -49,20 +48,13 @@ FORMAT_VERSION: Final = 1
 HEADER_LENGTH: Final = 6  # version u8, mechanism u8, row u32
 
 # Codes are never reused; 0 and 7-255 are unassigned (each mechanism module registers its own).
-MECHANISM_CODES: Final[Mapping[str, int]] = MappingProxyType(
-    {spec.name: spec.code for spec in registered()}
-)
-_MECHANISM_NAMES: Final = {code: name for name, code in MECHANISM_CODES.items()}
+MECHANISM_CODES: Final[Mapping[str, int]] = RegistryView(lambda spec: spec.code)
 _UINT32_SPAN: Final = 1 << 32
 
 
 # the vectorized checks return 0 for a valid record, else 1 + the position of the rule here
 _RULES: Final = tuple(PayloadRejection)
 _CODE: Final = {rule: np.int8(i + 1) for i, rule in enumerate(_RULES)}
-
-
-def _is_mechanism_name(name: str) -> TypeGuard[MechanismName]:
-    return name in MECHANISM_CODES
 
 
 @dataclass(frozen=True, eq=False)
@@ -99,7 +91,7 @@ class PayloadCodec:
 
     def __post_init__(self) -> None:
         require(
-            _is_mechanism_name(self.mechanism),
+            is_mechanism_name(self.mechanism),
             f"unknown mechanism {self.mechanism!r}; choose one of {', '.join(MECHANISM_CODES)}",
         )
         for name in ("k", "m", "s"):
@@ -122,9 +114,10 @@ class PayloadCodec:
     def for_mechanism(cls, mechanism: Mechanism) -> PayloadCodec:
         """The codec of a mechanism's effective parameters (k, m, and s for gcms/ocms)."""
         name = mechanism.name
-        if not _is_mechanism_name(name):
+        if not is_mechanism_name(name):
             raise ValueError(
-                f"mechanism {name!r} has no payload format; add a code to MECHANISM_CODES"
+                f"mechanism {name!r} has no payload format; register it with a payload code "
+                f"(docs/adding-a-mechanism.md)"
             )
         s = spec_of(name).randomizer_parameters(mechanism).get("s", 1)
         return cls(name, k=mechanism.k, m=mechanism.m, s=s)
@@ -356,7 +349,8 @@ class PayloadCodec:
                 f"{FORMAT_VERSION}"
             )
         if rule is PayloadRejection.WRONG_MECHANISM:
-            other = _MECHANISM_NAMES.get(data[1], "unassigned")
+            names = {code: name for name, code in MECHANISM_CODES.items()}
+            other = names.get(data[1], "unassigned")
             return (
                 f"payload is for mechanism code {data[1]} ({other}) but this codec reads "
                 f"{self.mechanism} (code {self.code}); route it to the codec of its mechanism "

@@ -15,8 +15,7 @@ ldpipe other people will read and reuse.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any, Literal, TypeGuard
 
 from ldpipe.schemas.mechanisms.base import (
     FrequencyEstimates,
@@ -31,7 +30,13 @@ from ldpipe.schemas.mechanisms.gcms import GeneralizedCountMeanSketch
 from ldpipe.schemas.mechanisms.hcms import HadamardCountMeanSketch
 from ldpipe.schemas.mechanisms.ocms import OptimalCountMeanSketch, optimal_parameters
 from ldpipe.schemas.mechanisms.oue import OptimizedUnaryEncoding
-from ldpipe.schemas.mechanisms.registry import MechanismSpec, lookup, registered, spec_of
+from ldpipe.schemas.mechanisms.registry import (
+    MechanismSpec,
+    RegistryView,
+    lookup,
+    registered,
+    spec_of,
+)
 from ldpipe.schemas.mechanisms.rrcms import RandomizedResponseCountMeanSketch, optimal_width
 from ldpipe.schemas.mechanisms.variance import ContributionModel
 
@@ -52,6 +57,7 @@ __all__ = [
     "Sketch",
     "SketchMechanism",
     "build_mechanism",
+    "is_mechanism_name",
     "lookup",
     "optimal_parameters",
     "optimal_width",
@@ -62,9 +68,13 @@ __all__ = [
 
 MechanismName = Literal["cms", "hcms", "gcms", "ocms", "rrcms", "oue"]  # = the registry's names
 
-MECHANISMS: Mapping[str, type[Mechanism]] = MappingProxyType(
-    {name: spec.cls for name, spec in lookup().items()}
-)
+# every registered mechanism's class, by name (a view: follows the registry)
+MECHANISMS: Mapping[str, type[Mechanism]] = RegistryView(lambda spec: spec.cls)
+
+
+def is_mechanism_name(name: object) -> TypeGuard[MechanismName]:
+    """Whether ``name`` is a registered mechanism (narrows a ``str`` to ``MechanismName``)."""
+    return isinstance(name, str) and name in MECHANISMS
 
 
 def build_mechanism(name: str, *, epsilon: float, **options: Any) -> Mechanism:
@@ -72,10 +82,7 @@ def build_mechanism(name: str, *, epsilon: float, **options: Any) -> Mechanism:
 
     Settings that do not apply to ``name`` are refused with the list of those that do.
     """
-    specs = lookup()
-    if name not in specs:
-        raise ValueError(f"unknown mechanism {name!r}; choose one of {', '.join(specs)}")
-    spec = specs[name]
+    spec = spec_of(name)
     given = {key: value for key, value in options.items() if value is not None}
     extra = sorted(set(given) - spec.options)
     if extra:

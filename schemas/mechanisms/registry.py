@@ -13,10 +13,10 @@ read from here. ``docs/adding-a-mechanism.md`` walks through adding one.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
 from ldpipe.schemas.mechanisms.base import Mechanism, SketchMechanism
 
@@ -25,6 +25,7 @@ __all__ = [
     "AdvisorVariant",
     "Body",
     "MechanismSpec",
+    "RegistryView",
     "fixed",
     "lookup",
     "register",
@@ -178,3 +179,31 @@ def spec_of(name: str) -> MechanismSpec:
     except KeyError:
         names = ", ".join(spec.name for spec in registered())
         raise ValueError(f"unknown mechanism {name!r}; choose one of {names}") from None
+
+
+T = TypeVar("T")
+
+
+class RegistryView(Mapping[str, T], Generic[T]):
+    """A read-only table of one attribute per registered mechanism, in payload-code order, that
+    follows the registry (``MECHANISMS``, ``MECHANISM_CODES``): never a copy to keep in step.
+
+    >>> import ldpipe.schemas.mechanisms
+    >>> RegistryView(lambda spec: spec.code)["oue"]
+    6
+    """
+
+    def __init__(self, attribute: Callable[[MechanismSpec], T]) -> None:
+        self._attribute = attribute
+
+    def __getitem__(self, name: str) -> T:
+        return self._attribute(_REGISTRY[name])
+
+    def __iter__(self) -> Iterator[str]:
+        return (spec.name for spec in registered())
+
+    def __len__(self) -> int:
+        return len(_REGISTRY)
+
+    def __repr__(self) -> str:
+        return repr(dict(self))

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from ldpipe.schemas.config_checks import (
     NAME,
@@ -58,7 +58,7 @@ from ldpipe.schemas.config_tables import (
     store_table,
     topics_table,
 )
-from ldpipe.schemas.discovery.sfp_words import SfpParams, encode_word
+from ldpipe.schemas.discovery.sfp_words import SfpParams, SketchName, encode_word
 from ldpipe.schemas.emoji import emoji_dictionary
 from ldpipe.schemas.epochs import EpochSet, ParameterEpoch
 from ldpipe.schemas.mechanisms import (
@@ -218,7 +218,7 @@ def use_case_keys() -> frozenset[str]:
 
 _FRAGMENTS_SUFFIX = ".fragments"
 _SFP_WORD_SEED = 0x5F9E  # SfpParams.word_hash_seed: the in-memory simulation's word family
-_SFP_MECHANISMS = ("cms", "hcms")  # the word oracle (Apple Alg. 9)
+_SFP_MECHANISMS = get_args(SketchName)  # the word oracle (Apple Alg. 9): cms or hcms
 
 
 def _use_case(raw: Mapping[str, Any], index: int, base: Path) -> tuple[UseCase, ...]:

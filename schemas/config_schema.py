@@ -31,6 +31,7 @@ from ldpipe.schemas.config_discovery import (
 )
 from ldpipe.schemas.config_servers import GATEWAY_KEYS, GatewayConfig, IssuerSettings
 from ldpipe.schemas.config_tables import ShuffleConfig, SnapshotConfig, StoreConfig, Topics
+from ldpipe.schemas.discovery.sfp_words import SketchName
 from ldpipe.schemas.mechanisms import MECHANISMS
 
 __all__ = ["SCHEMA_ID", "config_json_schema", "schema_text"]
@@ -122,7 +123,7 @@ def _discovery() -> dict[str, Any]:
 
 def _sfp() -> dict[str, Any]:
     kinds: dict[str, Any] = {key: _of(kind) for key, kind in SFP_PARAMS.items()}
-    kinds["fragment_mechanism"] = {"enum": ["cms", "hcms"]}
+    kinds["fragment_mechanism"] = {"enum": list(get_args(SketchName))}
     kinds |= {
         "enabled": _of(bool),
         "threshold": _of(float),

@@ -31,7 +31,7 @@ import numpy.typing as npt
 
 from ldpipe.schemas.errors import PayloadError, PayloadRejection
 from ldpipe.schemas.mechanisms import MechanismName, is_mechanism_name
-from ldpipe.schemas.mechanisms.base import IntArray, Mechanism, Reports, require
+from ldpipe.schemas.mechanisms.base import IntArray, Mechanism, Reports, SketchMechanism, require
 from ldpipe.schemas.mechanisms.registry import Body, RegistryView, spec_of
 
 __all__ = [
@@ -98,8 +98,10 @@ class PayloadCodec:
             object.__setattr__(self, name, operator.index(getattr(self, name)))
         require(1 <= self.k <= _UINT32_SPAN, f"k must be in [1, 2^32], got k={self.k}")
         require(2 <= self.m <= _UINT32_SPAN, f"m must be in [2, 2^32], got m={self.m}")
-        if self.mechanism == "oue":
-            require(self.k == 1, f"oue has a single row, so k must be 1, got k={self.k}")
+        if not issubclass(spec_of(self.mechanism).cls, SketchMechanism):  # oue
+            require(
+                self.k == 1, f"{self.mechanism} has a single row, so k must be 1, got k={self.k}"
+            )
         if self._sized:
             require(
                 1 <= self.s <= self.m - 1,

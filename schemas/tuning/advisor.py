@@ -298,7 +298,7 @@ def _evaluate(req: AdvisorRequest, spec: _Spec, fit: _Fit) -> Candidate:
             f"family's collision bias has sd {math.sqrt(bias_var):,.1f} counts "
             f"({bias_var / var:.0%} of the predicted variance)"
         )
-    if mech.name == "hcms":
+    if isinstance(mech, SketchMechanism) and mech.hadamard:  # hcms
         notes.append(f"each query transforms the k x m sketch (k m log2 m = {_hcms_work(mech):,})")
     registration = spec_of(mech.name)
     allowed = registration.advisor_params

@@ -50,7 +50,10 @@ from ldpipe.schemas.mechanisms.single import (
 from ldpipe.schemas.mechanisms.variance import ContributionModel
 
 __all__ = [
+    "ADVISOR_WIDTHS",
     "GeneralizedCountMeanSketch",
+    "gcms_increments",
+    "gcms_randomizer_parameters",
     "sample_subsets",
     "subset_epsilon",
     "subset_max_p",
@@ -257,13 +260,13 @@ class GeneralizedCountMeanSketch(SketchMechanism):
 ADVISOR_WIDTHS = tuple(1 << j for j in range(2, 11))  # 4 ... 1024 (gcms and ocms)
 
 
-def randomizer_parameters(mechanism: Mechanism) -> dict[str, Any]:
+def gcms_randomizer_parameters(mechanism: Mechanism) -> dict[str, Any]:
     """k and m, and p and s resolved (gcms and ocms devices read them)."""
     assert isinstance(mechanism, GeneralizedCountMeanSketch)
     return {"k": mechanism.k, "m": mechanism.m, "p": mechanism.inclusion, "s": mechanism.size}
 
 
-def increments(mechanism: Mechanism) -> float:
+def gcms_increments(mechanism: Mechanism) -> float:
     """The s cells one gcms/ocms report increments."""
     assert isinstance(mechanism, GeneralizedCountMeanSketch)
     return float(mechanism.size)
@@ -290,10 +293,10 @@ register(
         options=frozenset({"k", "m", "seed", "p", "s"}),
         config_keys={"k": int, "m": int, "p": float, "s": int},
         sized=True,
-        randomizer_parameters=randomizer_parameters,
+        randomizer_parameters=gcms_randomizer_parameters,
         advisor_params=("k", "m", "p", "s"),
         advisor_variants=_advisor_variants,
-        increments=increments,
+        increments=gcms_increments,
         simplicity=4,
     )
 )

@@ -25,8 +25,8 @@ from ldpipe.schemas.mechanisms.base import require
 from ldpipe.schemas.mechanisms.gcms import (
     ADVISOR_WIDTHS,
     GeneralizedCountMeanSketch,
-    increments,
-    randomizer_parameters,
+    gcms_increments,
+    gcms_randomizer_parameters,
     subset_max_p,
     subset_min_s,
 )
@@ -211,10 +211,10 @@ register(
         options=frozenset({"k", "m", "seed", "p", "s", "target_frequency", "method"}),
         config_keys={"k": int, "m": int, "p": float, "s": int, "target_frequency": float},
         sized=True,
-        randomizer_parameters=randomizer_parameters,
+        randomizer_parameters=gcms_randomizer_parameters,
         advisor_params=("k", "m", "p", "s", "target_frequency"),
         advisor_variants=_advisor_variants,
-        increments=increments,
+        increments=gcms_increments,
         simplicity=5,
     )
 )

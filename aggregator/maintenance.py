@@ -31,7 +31,7 @@ import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.compute as pc  # type: ignore[import-untyped]
 
 from ldpipe.aggregator.store import SegmentData, SegmentInfo, SketchStore, StoreError
-from ldpipe.schemas.config import StoreConfig
+from ldpipe.schemas.config_tables import StoreConfig
 
 __all__ = [
     "Change",

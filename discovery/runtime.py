@@ -25,12 +25,14 @@ import json
 import os
 import stat
 from pathlib import Path
-from typing import Final, cast
+from typing import Final
 
-from ldpipe.schemas.config import ConfigError, DiscoverySettings, UseCase
-from ldpipe.schemas.discovery.item import ItemMode, ItemRules
+from ldpipe.schemas.config import UseCase
+from ldpipe.schemas.config_checks import ConfigError
+from ldpipe.schemas.config_discovery import DiscoverySettings
+from ldpipe.schemas.discovery.item import ItemRules
 from ldpipe.schemas.discovery.layers import DiscoveryConfig
-from ldpipe.schemas.discovery.privacy import Neighbours, ReleaseParameters, parameters_for
+from ldpipe.schemas.discovery.privacy import ReleaseParameters, parameters_for
 from ldpipe.schemas.discovery.tags import TagKey
 
 __all__ = [
@@ -60,7 +62,7 @@ def discovery_settings(use_case: UseCase) -> DiscoverySettings:
 
 def discovery_config(use_case: UseCase) -> DiscoveryConfig:
     d = discovery_settings(use_case)
-    rules = ItemRules(max_bytes=d.max_bytes, mode=cast(ItemMode, d.mode), lowercase=d.lowercase)
+    rules = ItemRules(max_bytes=d.max_bytes, mode=d.mode, lowercase=d.lowercase)
     return DiscoveryConfig(use_case.name, epoch=d.epoch, rules=rules)
 
 
@@ -69,7 +71,7 @@ def release_parameters(use_case: UseCase) -> ReleaseParameters:
     if d.threshold is not None and d.laplace_scale is not None:
         return ReleaseParameters(threshold=d.threshold, laplace_scale=d.laplace_scale)
     assert d.epsilon is not None and d.delta is not None  # checked by the config
-    return parameters_for(d.epsilon, d.delta, neighbours=cast(Neighbours, d.neighbours))
+    return parameters_for(d.epsilon, d.delta, neighbours=d.neighbours)
 
 
 def discovery_store_directory(use_case: UseCase) -> Path:

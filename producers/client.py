@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ldpipe.schemas.config import ConfigError, UseCase
+from ldpipe.schemas.config import UseCase
+from ldpipe.schemas.config_checks import ConfigError
 from ldpipe.schemas.envelope import ENVELOPE_VERSION, NESTED_VERSION, EnvelopeHeader, seal
 from ldpipe.schemas.keys import PublicKey, load_public_key
 from ldpipe.schemas.mechanisms import Mechanism, Reports, secure_rng

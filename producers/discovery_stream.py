@@ -15,7 +15,8 @@ import numpy as np
 from ldpipe.discovery.client import DiscoveryClient
 from ldpipe.discovery.runtime import discovery_config, load_tag_key
 from ldpipe.producers.loadgen import Stream
-from ldpipe.schemas.config import ConfigError, UseCase
+from ldpipe.schemas.config import UseCase
+from ldpipe.schemas.config_checks import ConfigError
 from ldpipe.schemas.discovery.exceptions import DiscoveryError
 from ldpipe.schemas.keys import PublicKey, load_public_key
 

@@ -30,7 +30,8 @@ from ldpipe.discovery.sfp import encode_words, perturb_fragments
 from ldpipe.discovery.sfp_wire import fragment_wire_mechanism, stack_fragments
 from ldpipe.producers.client import DeviceClient
 from ldpipe.producers.loadgen import Stream
-from ldpipe.schemas.config import ConfigError, PipelineConfig, UseCase
+from ldpipe.schemas.config import PipelineConfig, UseCase
+from ldpipe.schemas.config_checks import ConfigError
 from ldpipe.schemas.discovery.sfp_words import SfpParams, encode_word
 from ldpipe.schemas.hashing import item_keys
 from ldpipe.schemas.keys import PublicKey

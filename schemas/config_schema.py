@@ -18,26 +18,20 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, get_args
+from typing import Any, Literal, get_args, get_origin, get_type_hints
 
-from ldpipe.schemas.config import (
-    _DISCOVERY_KEYS,
-    _GATEWAY_KEYS,
-    _MECH_KEYS,
-    _NAME,
-    _SFP_KEYS,
-    _SFP_PARAMS,
-    _UC_KEYS,
+from ldpipe.schemas.config import mechanism_keys, use_case_keys
+from ldpipe.schemas.config_checks import NAME
+from ldpipe.schemas.config_discovery import (
+    DISCOVERY_KEYS,
+    SFP_KEYS,
+    SFP_PARAMS,
+    DiscoverySettings,
     DiscoveryTopics,
-    GatewayConfig,
-    IssuerSettings,
-    ShuffleConfig,
-    SnapshotConfig,
-    StoreConfig,
-    Topics,
 )
-from ldpipe.schemas.discovery.item import ItemMode
-from ldpipe.schemas.discovery.privacy import NEIGHBOURS
+from ldpipe.schemas.config_servers import GATEWAY_KEYS, GatewayConfig, IssuerSettings
+from ldpipe.schemas.config_tables import ShuffleConfig, SnapshotConfig, StoreConfig, Topics
+from ldpipe.schemas.discovery.sfp_words import SketchName
 from ldpipe.schemas.mechanisms import MECHANISMS
 
 __all__ = ["SCHEMA_ID", "config_json_schema", "schema_text"]
@@ -81,7 +75,22 @@ def _dataclass_table(
     cls: type, description: str, *, skip: frozenset[str] = frozenset()
 ) -> dict[str, Any]:
     fields = [f for f in dataclasses.fields(cls) if f.name not in skip]
-    return _table({f.name: dict(_ANNOTATIONS[str(f.type)]) for f in fields}, description)
+    return _table({f.name: _field_type(cls, f) for f in fields}, description)
+
+
+def _field_type(cls: type, f: dataclasses.Field[Any]) -> dict[str, Any]:
+    """A field's JSON type; a ``Literal`` option set (``Layers``, ...) is an enum of its values."""
+    if str(f.type) in _ANNOTATIONS:
+        return dict(_ANNOTATIONS[str(f.type)])
+    hint = get_type_hints(cls)[f.name]
+    if get_origin(hint) is not Literal:
+        raise TypeError(f"{cls.__name__}.{f.name}: add its type {f.type} to _ANNOTATIONS")
+    return {"enum": list(get_args(hint))}
+
+
+def _enum(cls: type, name: str) -> dict[str, Any]:
+    """The enum of a ``Literal`` field (``neighbours``, ``mode``, ...)."""
+    return {"enum": list(get_args(get_type_hints(cls)[name]))}
 
 
 def _topics(*, partitions: bool) -> dict[str, Any]:
@@ -96,10 +105,10 @@ def _discovery() -> dict[str, Any]:
         "laplace_scale": _of(float),
         "epsilon": _of(float),
         "delta": _of(float),
-        "neighbours": {"enum": list(NEIGHBOURS)},
+        "neighbours": _enum(DiscoverySettings, "neighbours"),
         "epoch": _of(int),
         "max_bytes": _of(int),
-        "mode": {"enum": list(get_args(ItemMode))},
+        "mode": _enum(DiscoverySettings, "mode"),
         "lowercase": _of(bool),
         "tag_key": _of(str),
         "tag_keys": _PATHS,
@@ -108,26 +117,26 @@ def _discovery() -> dict[str, Any]:
         "store": _of(str),
         "topics": _dataclass_table(DiscoveryTopics, "discovery topic names"),
     }
-    assert set(kinds) == _DISCOVERY_KEYS, "config.py's discovery keys changed: update this table"
+    assert set(kinds) == DISCOVERY_KEYS, "config.py's discovery keys changed: update this table"
     return _table(kinds, "[use_case.discovery]: new items with the aux-server protocol")
 
 
 def _sfp() -> dict[str, Any]:
-    kinds: dict[str, Any] = {key: _of(kind) for key, kind in _SFP_PARAMS.items()}
-    kinds["fragment_mechanism"] = {"enum": ["cms", "hcms"]}
+    kinds: dict[str, Any] = {key: _of(kind) for key, kind in SFP_PARAMS.items()}
+    kinds["fragment_mechanism"] = {"enum": list(get_args(SketchName))}
     kinds |= {
         "enabled": _of(bool),
         "threshold": _of(float),
         "store": _of(str),
         "topics": _topics(partitions=False),
     }
-    assert set(kinds) == _SFP_KEYS, "config.py's SFP keys changed: update this table"
+    assert set(kinds) == SFP_KEYS, "config.py's SFP keys changed: update this table"
     return _table(kinds, "[use_case.sfp]: new words with Apple's Sequence Fragment Puzzle")
 
 
 def _use_case() -> dict[str, Any]:
     kinds: dict[str, Any] = {
-        "name": {"type": "string", "pattern": _NAME.pattern},
+        "name": {"type": "string", "pattern": NAME.pattern},
         "mechanism": {"enum": sorted(MECHANISMS)},
         "epsilon": _of(float),
         "epoch": _of(int),
@@ -135,7 +144,7 @@ def _use_case() -> dict[str, Any]:
         "dictionary": _of(str),
         "private_keys": _PATHS,
         "public_key": _of(str),
-        **{key: _of(kind) for key, kind in _MECH_KEYS.items()},
+        **{key: _of(kind) for key, kind in mechanism_keys().items()},
         "topics": _topics(partitions=True),
         "shuffle": _dataclass_table(ShuffleConfig, "[use_case.shuffle]: the shuffler's windows"),
         "snapshot": _dataclass_table(SnapshotConfig, "[use_case.snapshot]: checkpoints"),
@@ -143,15 +152,14 @@ def _use_case() -> dict[str, Any]:
         "discovery": _discovery(),
         "sfp": _sfp(),
     }
-    kinds["shuffle"]["properties"]["layers"] = {"enum": ["single", "nested"]}
-    assert set(kinds) == _UC_KEYS, "config.py's use case keys changed: update this table"
+    assert set(kinds) == use_case_keys(), "config.py's use case keys changed: update this table"
     return _table(kinds, "one [[use_case]]: what is collected, how, and where", required=["name"])
 
 
 def _gateway() -> dict[str, Any]:
     table = _dataclass_table(GatewayConfig, "[gateway]: the front door devices upload to")
     table["required"] = ["origin_name"]
-    assert set(table["properties"]) == _GATEWAY_KEYS, "config.py's gateway keys changed"
+    assert set(table["properties"]) == GATEWAY_KEYS, "config.py's gateway keys changed"
     return table
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from ldpipe.schemas.errors import LdpipeError
 from ldpipe.schemas.mechanisms import Mechanism, build_mechanism
+from ldpipe.schemas.mechanisms.registry import spec_of
 from ldpipe.schemas.payloads import PayloadCodec
 
 __all__ = ["EpochError", "EpochSet", "ParameterEpoch"]
@@ -63,9 +64,9 @@ class ParameterEpoch:
 
     def build(self, dictionary: Sequence[str] | None = None) -> Mechanism:
         options = dict(self.options)
-        if self.mechanism == "oue":
-            options["dictionary"] = tuple(dictionary or ())
         try:
+            if spec_of(self.mechanism).needs_dictionary:
+                options["dictionary"] = tuple(dictionary or ())
             return build_mechanism(self.mechanism, epsilon=float(self.epsilon), **options)
         except (ValueError, ArithmeticError, TypeError) as exc:
             raise EpochError(f"epoch {self.epoch} of {self.use_case}: {exc}") from exc

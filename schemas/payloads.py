@@ -24,16 +24,15 @@ import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import compress
-from types import MappingProxyType
-from typing import Any, Final, Literal, TypeGuard
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
 
 from ldpipe.schemas.errors import PayloadError, PayloadRejection
-from ldpipe.schemas.mechanisms import MechanismName
-from ldpipe.schemas.mechanisms.base import IntArray, Mechanism, Reports, require
-from ldpipe.schemas.mechanisms.gcms import GeneralizedCountMeanSketch
+from ldpipe.schemas.mechanisms import MechanismName, is_mechanism_name
+from ldpipe.schemas.mechanisms.base import IntArray, Mechanism, Reports, SketchMechanism, require
+from ldpipe.schemas.mechanisms.registry import Body, RegistryView, spec_of
 
 __all__ = [
     "FORMAT_VERSION",
@@ -48,31 +47,14 @@ __all__ = [
 FORMAT_VERSION: Final = 1
 HEADER_LENGTH: Final = 6  # version u8, mechanism u8, row u32
 
-# Codes are never reused; 0 and 7-255 are unassigned.
-MECHANISM_CODES: Final[Mapping[str, int]] = MappingProxyType(
-    {"cms": 1, "hcms": 2, "gcms": 3, "ocms": 4, "rrcms": 5, "oue": 6}
-)
-_MECHANISM_NAMES: Final = {code: name for name, code in MECHANISM_CODES.items()}
-
-_Body = Literal["bits", "signed_column", "indices"]
-_BODIES: Final[Mapping[str, _Body]] = {
-    "cms": "bits",
-    "oue": "bits",
-    "hcms": "signed_column",
-    "gcms": "indices",
-    "ocms": "indices",
-    "rrcms": "indices",
-}
+# Codes are never reused; 0 and 7-255 are unassigned (each mechanism module registers its own).
+MECHANISM_CODES: Final[Mapping[str, int]] = RegistryView(lambda spec: spec.code)
 _UINT32_SPAN: Final = 1 << 32
 
 
 # the vectorized checks return 0 for a valid record, else 1 + the position of the rule here
 _RULES: Final = tuple(PayloadRejection)
 _CODE: Final = {rule: np.int8(i + 1) for i, rule in enumerate(_RULES)}
-
-
-def _is_mechanism_name(name: str) -> TypeGuard[MechanismName]:
-    return name in MECHANISM_CODES
 
 
 @dataclass(frozen=True, eq=False)
@@ -109,16 +91,18 @@ class PayloadCodec:
 
     def __post_init__(self) -> None:
         require(
-            _is_mechanism_name(self.mechanism),
+            is_mechanism_name(self.mechanism),
             f"unknown mechanism {self.mechanism!r}; choose one of {', '.join(MECHANISM_CODES)}",
         )
         for name in ("k", "m", "s"):
             object.__setattr__(self, name, operator.index(getattr(self, name)))
         require(1 <= self.k <= _UINT32_SPAN, f"k must be in [1, 2^32], got k={self.k}")
         require(2 <= self.m <= _UINT32_SPAN, f"m must be in [2, 2^32], got m={self.m}")
-        if self.mechanism == "oue":
-            require(self.k == 1, f"oue has a single row, so k must be 1, got k={self.k}")
-        if self.mechanism in ("gcms", "ocms"):
+        if not issubclass(spec_of(self.mechanism).cls, SketchMechanism):  # oue
+            require(
+                self.k == 1, f"{self.mechanism} has a single row, so k must be 1, got k={self.k}"
+            )
+        if self._sized:
             require(
                 1 <= self.s <= self.m - 1,
                 f"{self.mechanism} needs 1 <= s <= m - 1 = {self.m - 1}, got s={self.s}",
@@ -132,14 +116,24 @@ class PayloadCodec:
     def for_mechanism(cls, mechanism: Mechanism) -> PayloadCodec:
         """The codec of a mechanism's effective parameters (k, m, and s for gcms/ocms)."""
         name = mechanism.name
-        if not _is_mechanism_name(name):
+        if not is_mechanism_name(name):
             raise ValueError(
-                f"mechanism {name!r} has no payload format; add a code to MECHANISM_CODES"
+                f"mechanism {name!r} has no payload format; register it with a payload code "
+                f"(docs/adding-a-mechanism.md)"
             )
-        s = mechanism.size if isinstance(mechanism, GeneralizedCountMeanSketch) else 1
+        s = spec_of(name).randomizer_parameters(mechanism).get("s", 1)
         return cls(name, k=mechanism.k, m=mechanism.m, s=s)
 
     # ---- layout ----------------------------------------------------------------------------
+    @property
+    def _body(self) -> Body:
+        return spec_of(self.mechanism).body
+
+    @property
+    def _sized(self) -> bool:
+        """The body carries s indices (gcms, ocms), not one value."""
+        return spec_of(self.mechanism).sized
+
     @property
     def code(self) -> int:
         """The mechanism byte (``MECHANISM_CODES``)."""
@@ -153,12 +147,12 @@ class PayloadCodec:
     @property
     def value_width(self) -> int:
         """Columns of ``Reports.values`` for this parameter set."""
-        body = _BODIES[self.mechanism]
+        body = self._body
         return (self.m + 7) // 8 if body == "bits" else 2 if body == "signed_column" else self.s
 
     def _record_dtype(self) -> np.dtype[np.void]:
         head: list[tuple[Any, ...]] = [("version", "u1"), ("mechanism", "u1"), ("row", "<u4")]
-        body = _BODIES[self.mechanism]
+        body = self._body
         if body == "bits":
             tail: list[tuple[Any, ...]] = [("bits", "u1", (self.value_width,))]
         elif body == "signed_column":
@@ -175,7 +169,7 @@ class PayloadCodec:
 
     @property
     def _label(self) -> str:
-        extra = f", s={self.s}" if self.mechanism in ("gcms", "ocms") else ""
+        extra = f", s={self.s}" if self._sized else ""
         return f"{self.mechanism} (k={self.k}, m={self.m}{extra})"
 
     # ---- encode ----------------------------------------------------------------------------
@@ -219,7 +213,7 @@ class PayloadCodec:
             f"{self._label} reports have {self.value_width} value columns, got "
             f"{values.shape[1]}; encode with the codec of the mechanism that made them",
         )
-        if _BODIES[self.mechanism] == "bits" and values.size:
+        if self._body == "bits" and values.size:
             require(
                 int(values.min()) >= 0 and int(values.max()) <= 0xFF,
                 "packed bits must be bytes in [0, 255]; pass the mechanism's uint8 values",
@@ -235,7 +229,7 @@ class PayloadCodec:
         records["version"] = FORMAT_VERSION
         records["mechanism"] = self.code
         records["row"] = rows
-        body = _BODIES[self.mechanism]
+        body = self._body
         if body == "bits":
             records["bits"] = values
         elif body == "signed_column":
@@ -294,7 +288,7 @@ class PayloadCodec:
     def _fields(self, records: npt.NDArray[np.void]) -> tuple[IntArray, npt.NDArray[Any]]:
         """``Reports`` arrays of parsed records, before validation (sign byte b -> 2b - 1)."""
         rows = records["row"].astype(np.int64)
-        body = _BODIES[self.mechanism]
+        body = self._body
         if body == "bits":
             return rows, np.array(records["bits"], dtype=np.uint8)
         if body == "signed_column":
@@ -310,7 +304,7 @@ class PayloadCodec:
         checks: list[tuple[PayloadRejection, npt.NDArray[np.bool_]]] = [
             (PayloadRejection.ROW_OUT_OF_RANGE, (rows < 0) | (rows >= self.k))
         ]
-        body = _BODIES[self.mechanism]
+        body = self._body
         if body == "bits" and self._padding_mask:
             checks.append(
                 (PayloadRejection.NONZERO_PADDING, (values[:, -1] & self._padding_mask) != 0)
@@ -357,7 +351,8 @@ class PayloadCodec:
                 f"{FORMAT_VERSION}"
             )
         if rule is PayloadRejection.WRONG_MECHANISM:
-            other = _MECHANISM_NAMES.get(data[1], "unassigned")
+            names = {code: name for name, code in MECHANISM_CODES.items()}
+            other = names.get(data[1], "unassigned")
             return (
                 f"payload is for mechanism code {data[1]} ({other}) but this codec reads "
                 f"{self.mechanism} (code {self.code}); route it to the codec of its mechanism "
@@ -378,10 +373,10 @@ class PayloadCodec:
         if rule is PayloadRejection.ROW_OUT_OF_RANGE:
             return f"row {row} is outside [0, k={self.k}); {fix}"
         if rule is PayloadRejection.INDEX_OUT_OF_RANGE:
-            body = _BODIES[self.mechanism]
+            body = self._body
             fields = value[:1] if body == "signed_column" else value  # the sign is not an index
             bad = next(v for v in fields.tolist() if not 0 <= v < self.m)
-            what = {"hcms": "column", "rrcms": "value"}.get(self.mechanism, "index")
+            what = spec_of(self.mechanism).value_word
             return f"{what} {bad} is outside [0, m={self.m}); {fix}"
         if rule is PayloadRejection.INDICES_NOT_ASCENDING:
             return (

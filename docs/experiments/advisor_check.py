@@ -28,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from ldpipe.producers.datasets import Population
 from ldpipe.producers.simulate import simulate
 from ldpipe.schemas.mechanisms import Mechanism, SketchMechanism
-from ldpipe.schemas.tuning.advisor import AdvisorRequest, Candidate, advise, build_candidate
+from ldpipe.schemas.tuning.advisor import Candidate, advise, build_candidate
+from ldpipe.schemas.tuning.request import AdvisorRequest
 
 REQUESTS = {
     "eps5-half-16bits": AdvisorRequest(

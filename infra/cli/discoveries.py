@@ -18,7 +18,8 @@ from typing import Any
 
 from ldpipe.discovery.found import found_items, store_directory
 from ldpipe.discovery.store import DiscoveryStore, DiscoveryWindow
-from ldpipe.schemas.config import ConfigError, PipelineConfig, UseCase, load_config
+from ldpipe.schemas.config import PipelineConfig, UseCase, load_config
+from ldpipe.schemas.config_checks import ConfigError
 
 __all__ = ["add_parser", "run"]
 

@@ -8,14 +8,8 @@ import json
 import sys
 from typing import Any
 
-from ldpipe.schemas.tuning.advisor import (
-    DEFAULT_MAX_CELLS,
-    Advice,
-    AdvisorRequest,
-    Candidate,
-    Spread,
-    advise,
-)
+from ldpipe.schemas.tuning.advisor import Advice, Candidate, advise
+from ldpipe.schemas.tuning.request import DEFAULT_MAX_CELLS, AdvisorRequest, Spread
 
 __all__ = ["add_parser", "request_from_args", "run", "simulate_argv"]
 

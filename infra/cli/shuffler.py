@@ -9,7 +9,8 @@ from typing import Any
 from ldpipe.infra.cli.argtypes import positive_seconds
 from ldpipe.infra.cli.common import add_service_args, announce, service_context, stop_on_signals
 from ldpipe.infra.runtime.crash import crash_point_from_env
-from ldpipe.schemas.config import ConfigError, UseCase
+from ldpipe.schemas.config import UseCase
+from ldpipe.schemas.config_checks import ConfigError
 from ldpipe.schemas.keys import KeyRing
 from ldpipe.shuffler.inner import InnerCheck
 from ldpipe.shuffler.service import Shuffler

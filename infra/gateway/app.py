@@ -41,7 +41,7 @@ from ldpipe.infra.gateway.metrics import GatewayMetrics
 from ldpipe.infra.gateway.rules import UseCaseRules
 from ldpipe.infra.gateway.verifier import KeysUnavailableError, TokenVerifier
 from ldpipe.infra.runtime.observability import Readiness
-from ldpipe.schemas.config import GatewayConfig
+from ldpipe.schemas.config_servers import GatewayConfig
 from ldpipe.schemas.upload import MEDIA_TYPE, UploadAnswer, UploadError, decode_batch
 
 __all__ = ["PROBLEM_TYPE", "GatewayState", "Producing", "build_app", "problem"]

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ldpipe.infra.gateway.rules import UseCaseRules
-from ldpipe.schemas.config import GatewayConfig, UseCase
+from ldpipe.schemas.config import UseCase
+from ldpipe.schemas.config_servers import GatewayConfig
 from ldpipe.schemas.epochs import ParameterEpoch
 from ldpipe.schemas.keys import KEM_NAME, PublicKey, load_public_key
 from ldpipe.schemas.mechanisms import randomizer_parameters

@@ -21,7 +21,9 @@ from ldpipe.infra.gateway.verifier import TokenVerifier
 from ldpipe.infra.runtime.epochs_io import load_epochs
 from ldpipe.infra.runtime.kafka import KafkaSettings, TopicSpec
 from ldpipe.infra.runtime.observability import Readiness
-from ldpipe.schemas.config import ConfigError, GatewayConfig, PipelineConfig, UseCase
+from ldpipe.schemas.config import PipelineConfig, UseCase
+from ldpipe.schemas.config_checks import ConfigError
+from ldpipe.schemas.config_servers import GatewayConfig
 from ldpipe.schemas.epochs import ParameterEpoch
 
 __all__ = [
@@ -60,7 +62,7 @@ def served_use_cases(config: PipelineConfig, names: Sequence[str] = ()) -> list[
     if not cases:
         raise ConfigError(
             "gateway: no use case has nested envelopes (use_case.*.shuffle.layers = "
-            "\"nested\"); the gateway accepts only reports sealed to the shuffler"
+            '"nested"); the gateway accepts only reports sealed to the shuffler'
         )
     return cases
 

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
-from ldpipe.schemas.config import ConfigError
+from ldpipe.schemas.config_checks import ConfigError
 
 __all__ = ["is_reference", "resolve", "resolve_all"]
 
@@ -46,8 +46,9 @@ def is_reference(value: object) -> bool:
 def resolve(value: str, setting: str) -> str:
     """``value`` with a reference replaced by the secret; any other value unchanged.
 
-    Raises :class:`~ldpipe.schemas.config.ConfigError` naming ``setting``, the reference and the fix
-    when the variable is not set, the file cannot be read, or the reference is malformed.
+    Raises :class:`~ldpipe.schemas.config_checks.ConfigError` naming ``setting``, the reference
+    and the fix when the variable is not set, the file cannot be read, or the reference is
+    malformed.
     """
     escaped = _ESCAPED.fullmatch(value)
     if escaped is not None:

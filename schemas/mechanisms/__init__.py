@@ -14,8 +14,8 @@ ldpipe other people will read and reuse.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Literal
+from collections.abc import Mapping
+from typing import Any, Literal, TypeGuard
 
 from ldpipe.schemas.mechanisms.base import (
     FrequencyEstimates,
@@ -30,6 +30,13 @@ from ldpipe.schemas.mechanisms.gcms import GeneralizedCountMeanSketch
 from ldpipe.schemas.mechanisms.hcms import HadamardCountMeanSketch
 from ldpipe.schemas.mechanisms.ocms import OptimalCountMeanSketch, optimal_parameters
 from ldpipe.schemas.mechanisms.oue import OptimizedUnaryEncoding
+from ldpipe.schemas.mechanisms.registry import (
+    MechanismSpec,
+    RegistryView,
+    lookup,
+    registered,
+    spec_of,
+)
 from ldpipe.schemas.mechanisms.rrcms import RandomizedResponseCountMeanSketch, optimal_width
 from ldpipe.schemas.mechanisms.variance import ContributionModel
 
@@ -42,6 +49,7 @@ __all__ = [
     "HadamardCountMeanSketch",
     "Mechanism",
     "MechanismName",
+    "MechanismSpec",
     "OptimalCountMeanSketch",
     "OptimizedUnaryEncoding",
     "RandomizedResponseCountMeanSketch",
@@ -49,32 +57,24 @@ __all__ = [
     "Sketch",
     "SketchMechanism",
     "build_mechanism",
+    "is_mechanism_name",
+    "lookup",
     "optimal_parameters",
     "optimal_width",
     "randomizer_parameters",
+    "registered",
     "secure_rng",
 ]
 
-MechanismName = Literal["cms", "hcms", "gcms", "ocms", "rrcms", "oue"]
+MechanismName = Literal["cms", "hcms", "gcms", "ocms", "rrcms", "oue"]  # = the registry's names
 
-MECHANISMS: dict[str, type[Mechanism]] = {
-    "cms": CountMeanSketch,
-    "hcms": HadamardCountMeanSketch,
-    "gcms": GeneralizedCountMeanSketch,
-    "ocms": OptimalCountMeanSketch,
-    "rrcms": RandomizedResponseCountMeanSketch,
-    "oue": OptimizedUnaryEncoding,
-}
+# every registered mechanism's class, by name (a view: follows the registry)
+MECHANISMS: Mapping[str, type[Mechanism]] = RegistryView(lambda spec: spec.cls)
 
-# which optional settings each mechanism takes (everything else is refused by name)
-_OPTIONS: dict[str, frozenset[str]] = {
-    "cms": frozenset({"k", "m", "seed"}),
-    "hcms": frozenset({"k", "m", "seed"}),
-    "gcms": frozenset({"k", "m", "seed", "p", "s"}),
-    "ocms": frozenset({"k", "m", "seed", "p", "s", "target_frequency", "method"}),
-    "rrcms": frozenset({"k", "m", "seed", "objective", "f_star", "dictionary_size"}),
-    "oue": frozenset({"dictionary"}),
-}
+
+def is_mechanism_name(name: object) -> TypeGuard[MechanismName]:
+    """Whether ``name`` is a registered mechanism (narrows a ``str`` to ``MechanismName``)."""
+    return isinstance(name, str) and name in MECHANISMS
 
 
 def build_mechanism(name: str, *, epsilon: float, **options: Any) -> Mechanism:
@@ -82,20 +82,14 @@ def build_mechanism(name: str, *, epsilon: float, **options: Any) -> Mechanism:
 
     Settings that do not apply to ``name`` are refused with the list of those that do.
     """
-    if name not in MECHANISMS:
-        raise ValueError(f"unknown mechanism {name!r}; choose one of {', '.join(MECHANISMS)}")
+    spec = spec_of(name)
     given = {key: value for key, value in options.items() if value is not None}
-    extra = sorted(set(given) - _OPTIONS[name])
+    extra = sorted(set(given) - spec.options)
     if extra:
         raise ValueError(
-            f"{name} does not take {', '.join(extra)}; it takes {', '.join(sorted(_OPTIONS[name]))}"
+            f"{name} does not take {', '.join(extra)}; it takes {', '.join(sorted(spec.options))}"
         )
-    if name == "oue":
-        dictionary: Sequence[str] | None = given.get("dictionary")
-        if not dictionary:
-            raise ValueError("oue needs a dictionary (the list of items devices may hold)")
-        return OptimizedUnaryEncoding(epsilon=epsilon, dictionary=tuple(dictionary))
-    return MECHANISMS[name](epsilon=epsilon, **given)  # type: ignore[call-arg]
+    return spec.build_mechanism(epsilon, given)
 
 
 def randomizer_parameters(mechanism: Mechanism) -> dict[str, Any]:
@@ -103,9 +97,4 @@ def randomizer_parameters(mechanism: Mechanism) -> dict[str, Any]:
     ``k`` and ``m`` of a sketch, ``p`` and ``s`` of gcms/ocms, the dictionary of oue. With these
     (and epsilon and the hash seed) ``build_mechanism`` rebuilds the same randomizer with no
     optimizer or default to agree on: what the gateway's device configuration serves."""
-    if isinstance(mechanism, OptimizedUnaryEncoding):
-        return {"dictionary": list(mechanism.dictionary)}
-    parameters: dict[str, Any] = {"k": mechanism.k, "m": mechanism.m}
-    if isinstance(mechanism, GeneralizedCountMeanSketch):  # ocms too: its p and s, resolved
-        parameters.update(p=mechanism.inclusion, s=mechanism.size)
-    return parameters
+    return spec_of(mechanism.name).randomizer_parameters(mechanism)

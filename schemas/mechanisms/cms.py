@@ -19,9 +19,16 @@ from typing import Any, ClassVar
 import numpy as np
 import numpy.typing as npt
 
-from ldpipe.schemas.mechanisms.base import FloatArray, Reports, Sketch, SketchMechanism
+from ldpipe.schemas.mechanisms.base import FloatArray, Mechanism, Reports, Sketch, SketchMechanism
 from ldpipe.schemas.mechanisms.bernoulli import bernoulli_packed
 from ldpipe.schemas.mechanisms.columns import kernel
+from ldpipe.schemas.mechanisms.registry import (
+    AdvisorQuery,
+    AdvisorVariant,
+    MechanismSpec,
+    fixed,
+    register,
+)
 from ldpipe.schemas.mechanisms.single import Prefetched, RandomBytes, bernoulli_bits
 from ldpipe.schemas.mechanisms.variance import ContributionModel
 
@@ -139,3 +146,33 @@ class CountMeanSketch(SketchMechanism):
 
     def params(self) -> dict[str, Any]:
         return {**self.base_params(), "p": self.p, "q": self.q}
+
+
+_ADVISOR_WIDTHS = tuple(1 << j for j in range(1, 11))  # 2 ... 1024: past that m only costs bits
+
+
+def _expected_bits(mechanism: Mechanism) -> float:
+    assert isinstance(mechanism, CountMeanSketch)
+    return mechanism.p + (mechanism.m - 1) * mechanism.q  # expected set bits per report
+
+
+def _advisor_variants(_query: AdvisorQuery) -> list[AdvisorVariant]:
+    return [AdvisorVariant("cms", fixed({"m": m})) for m in _ADVISOR_WIDTHS]
+
+
+register(
+    MechanismSpec(
+        name="cms",
+        cls=CountMeanSketch,
+        code=1,
+        body="bits",
+        options=frozenset({"k", "m", "seed"}),
+        config_keys={"k": int, "m": int},
+        advisor_params=("k", "m"),
+        advisor_variants=lambda _q: [
+            AdvisorVariant("cms", fixed({"m": m})) for m in _ADVISOR_WIDTHS
+        ],
+        increments=_expected_bits,
+        simplicity=3,
+    )
+)

@@ -27,11 +27,19 @@ import numpy.typing as npt
 from ldpipe.schemas.mechanisms.base import (
     FloatArray,
     IntArray,
+    Mechanism,
     Reports,
     Sketch,
     SketchMechanism,
     check_range,
     require,
+)
+from ldpipe.schemas.mechanisms.registry import (
+    AdvisorQuery,
+    AdvisorVariant,
+    MechanismSpec,
+    fixed,
+    register,
 )
 from ldpipe.schemas.mechanisms.single import (
     Prefetched,
@@ -42,7 +50,10 @@ from ldpipe.schemas.mechanisms.single import (
 from ldpipe.schemas.mechanisms.variance import ContributionModel
 
 __all__ = [
+    "ADVISOR_WIDTHS",
     "GeneralizedCountMeanSketch",
+    "gcms_increments",
+    "gcms_randomizer_parameters",
     "sample_subsets",
     "subset_epsilon",
     "subset_max_p",
@@ -244,3 +255,48 @@ class GeneralizedCountMeanSketch(SketchMechanism):
 
     def params(self) -> dict[str, Any]:
         return {**self.base_params(), "p": self.inclusion, "s": self.size, "q": self.q}
+
+
+ADVISOR_WIDTHS = tuple(1 << j for j in range(2, 11))  # 4 ... 1024 (gcms and ocms)
+
+
+def gcms_randomizer_parameters(mechanism: Mechanism) -> dict[str, Any]:
+    """k and m, and p and s resolved (gcms and ocms devices read them)."""
+    assert isinstance(mechanism, GeneralizedCountMeanSketch)
+    return {"k": mechanism.k, "m": mechanism.m, "p": mechanism.inclusion, "s": mechanism.size}
+
+
+def gcms_increments(mechanism: Mechanism) -> float:
+    """The s cells one gcms/ocms report increments."""
+    assert isinstance(mechanism, GeneralizedCountMeanSketch)
+    return float(mechanism.size)
+
+
+def _advisor_variants(query: AdvisorQuery) -> list[AdvisorVariant]:
+    # the two classic splits of eps between p and q (GCMS §4.3), s the least meeting eps at
+    # that p (Alg. 4's last line); and the shortest message, s = 1 with the largest p
+    half = math.exp(query.epsilon / 2) / (1 + math.exp(query.epsilon / 2))
+    variants = []
+    for m in ADVISOR_WIDTHS:
+        variants.append(AdvisorVariant("gcms p=cms", fixed({"m": m, "p": half})))
+        variants.append(AdvisorVariant("gcms p=1/2", fixed({"m": m, "p": 0.5})))
+        variants.append(AdvisorVariant("gcms s=1", fixed({"m": m, "s": 1})))
+    return variants
+
+
+register(
+    MechanismSpec(
+        name="gcms",
+        cls=GeneralizedCountMeanSketch,
+        code=3,
+        body="indices",
+        options=frozenset({"k", "m", "seed", "p", "s"}),
+        config_keys={"k": int, "m": int, "p": float, "s": int},
+        sized=True,
+        randomizer_parameters=gcms_randomizer_parameters,
+        advisor_params=("k", "m", "p", "s"),
+        advisor_variants=_advisor_variants,
+        increments=gcms_increments,
+        simplicity=4,
+    )
+)

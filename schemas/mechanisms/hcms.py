@@ -28,6 +28,13 @@ from ldpipe.schemas.mechanisms.base import (
     require,
 )
 from ldpipe.schemas.mechanisms.hadamard import hadamard_entries, walsh_hadamard_rows
+from ldpipe.schemas.mechanisms.registry import (
+    AdvisorQuery,
+    AdvisorVariant,
+    MechanismSpec,
+    fixed,
+    register,
+)
 from ldpipe.schemas.mechanisms.single import (
     Prefetched,
     RandomBytes,
@@ -119,3 +126,28 @@ class HadamardCountMeanSketch(SketchMechanism):
 
     def params(self) -> dict[str, Any]:
         return {**self.base_params(), "p": self.p}
+
+
+_ADVISOR_WIDTHS = tuple(1 << j for j in range(1, 16))  # 2 ... 32768 (Apple's Safari HCMS)
+
+
+def _advisor_variants(_query: AdvisorQuery) -> list[AdvisorVariant]:
+    return [AdvisorVariant("hcms", fixed({"m": m})) for m in _ADVISOR_WIDTHS]
+
+
+register(
+    MechanismSpec(
+        name="hcms",
+        cls=HadamardCountMeanSketch,
+        code=2,
+        body="signed_column",
+        options=frozenset({"k", "m", "seed"}),
+        config_keys={"k": int, "m": int},
+        value_word="column",
+        advisor_params=("k", "m"),
+        advisor_variants=lambda _q: [
+            AdvisorVariant("hcms", fixed({"m": m})) for m in _ADVISOR_WIDTHS
+        ],
+        simplicity=1,
+    )
+)

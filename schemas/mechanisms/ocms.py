@@ -13,6 +13,7 @@ evident intent. ``docs/gcms-variance.md`` compares the two.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -21,7 +22,15 @@ from scipy.optimize import minimize_scalar
 
 from ldpipe.schemas.hashing import collision_probability
 from ldpipe.schemas.mechanisms.base import require
-from ldpipe.schemas.mechanisms.gcms import GeneralizedCountMeanSketch, subset_max_p, subset_min_s
+from ldpipe.schemas.mechanisms.gcms import (
+    ADVISOR_WIDTHS,
+    GeneralizedCountMeanSketch,
+    gcms_increments,
+    gcms_randomizer_parameters,
+    subset_max_p,
+    subset_min_s,
+)
+from ldpipe.schemas.mechanisms.registry import AdvisorQuery, AdvisorVariant, MechanismSpec, register
 from ldpipe.schemas.mechanisms.variance import ContributionModel
 
 __all__ = ["OptimalCountMeanSketch", "OptimizerMethod", "optimal_parameters", "paper_objective"]
@@ -172,3 +181,40 @@ class OptimalCountMeanSketch(GeneralizedCountMeanSketch):
 
     def contribution(self) -> ContributionModel:
         return super().contribution()
+
+
+def _advisor_variants(query: AdvisorQuery) -> list[AdvisorVariant]:
+    """The optimizer aimed at each target frequency, at every width (the objective picks)."""
+
+    def at(m: int, lam: float) -> Callable[[int], dict[str, Any]]:
+        f = lam * query.n
+        rest = query.n - f
+        excess = max(query.sum_sq_others(f) / rest - 1.0, 0.0) if rest > 0 else 0.0
+
+        def options(k: int) -> dict[str, Any]:
+            p, s = optimal_parameters(
+                query.epsilon, m, lam, k=k, method="exact", excess_concentration=excess
+            )
+            return {"m": m, "p": p, "s": s, "target_frequency": lam}
+
+        return options
+
+    return [AdvisorVariant("ocms", at(m, lam)) for m in ADVISOR_WIDTHS for lam in query.targets]
+
+
+register(
+    MechanismSpec(
+        name="ocms",
+        cls=OptimalCountMeanSketch,
+        code=4,
+        body="indices",
+        options=frozenset({"k", "m", "seed", "p", "s", "target_frequency", "method"}),
+        config_keys={"k": int, "m": int, "p": float, "s": int, "target_frequency": float},
+        sized=True,
+        randomizer_parameters=gcms_randomizer_parameters,
+        advisor_params=("k", "m", "p", "s", "target_frequency"),
+        advisor_variants=_advisor_variants,
+        increments=gcms_increments,
+        simplicity=5,
+    )
+)

@@ -13,7 +13,7 @@ within each byte.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -30,6 +30,13 @@ from ldpipe.schemas.mechanisms.base import (
     require,
 )
 from ldpipe.schemas.mechanisms.cms import pack_bits, unpack_bits
+from ldpipe.schemas.mechanisms.registry import (
+    AdvisorQuery,
+    AdvisorVariant,
+    MechanismSpec,
+    fixed,
+    register,
+)
 from ldpipe.schemas.mechanisms.single import (
     Prefetched,
     RandomBytes,
@@ -183,3 +190,57 @@ class OptimizedUnaryEncoding(Mechanism):
 
     def params(self) -> dict[str, Any]:
         return {"k": 1, "m": self.m, "p": self.p, "q": self.q}
+
+
+_ADVISOR_MAX_DICTIONARY = 1 << 16  # d bits per report; larger dictionaries are not a candidate
+
+
+def _build(*, epsilon: float, dictionary: Sequence[str] | None = None) -> OptimizedUnaryEncoding:
+    if not dictionary:
+        raise ValueError("oue needs a dictionary (the list of items devices may hold)")
+    return OptimizedUnaryEncoding(epsilon=epsilon, dictionary=tuple(dictionary))
+
+
+def _dictionary_options(
+    _options: Mapping[str, Any], dictionary: Sequence[str] | None
+) -> dict[str, Any]:
+    return {"dictionary": dictionary}
+
+
+def _randomizer_parameters(mechanism: Mechanism) -> dict[str, Any]:
+    assert isinstance(mechanism, OptimizedUnaryEncoding)
+    return {"dictionary": list(mechanism.dictionary)}
+
+
+def _advisor_variants(query: AdvisorQuery) -> list[AdvisorVariant] | str:
+    d = query.d
+    if d is None:
+        return "needs the dictionary size d"
+    if d > _ADVISOR_MAX_DICTIONARY:
+        return f"d = {d:,} bits per report (more than {_ADVISOR_MAX_DICTIONARY:,})"
+    if query.max_bits is not None and d > query.max_bits:
+        return f"{d:,} bits per report"
+    dictionary = tuple(f"item-{i}" for i in range(d))
+    return [AdvisorVariant("oue", fixed({"dictionary": dictionary}), rows=False)]
+
+
+def _increments(mechanism: Mechanism) -> float:
+    return float(mechanism.m)  # a dense sum over all d columns
+
+
+register(
+    MechanismSpec(
+        name="oue",
+        cls=OptimizedUnaryEncoding,
+        code=6,
+        body="bits",
+        options=frozenset({"dictionary"}),
+        build=_build,
+        dictionary_options=_dictionary_options,
+        needs_dictionary=True,
+        randomizer_parameters=_randomizer_parameters,
+        advisor_variants=_advisor_variants,
+        increments=_increments,
+        simplicity=2,
+    )
+)

@@ -23,6 +23,7 @@ row, so ``new_sketch()`` derives row totals from the counts (``row_weight = 1``)
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -37,6 +38,13 @@ from ldpipe.schemas.mechanisms.base import (
     check_epsilon,
     check_range,
     require,
+)
+from ldpipe.schemas.mechanisms.registry import (
+    AdvisorQuery,
+    AdvisorVariant,
+    MechanismSpec,
+    fixed,
+    register,
 )
 from ldpipe.schemas.mechanisms.single import (
     Prefetched,
@@ -170,3 +178,36 @@ class RandomizedResponseCountMeanSketch(SketchMechanism):
             "objective": self.objective,
             "f_star": self.f_star,
         }
+
+
+def _dictionary_options(
+    options: Mapping[str, Any], dictionary: Sequence[str] | None
+) -> dict[str, Any]:
+    """Pan Thm 3.7's width (objective l2) needs the dictionary's size d."""
+    if options.get("objective") == "l2" and dictionary is not None:
+        return {"dictionary_size": len(dictionary)}
+    return {}
+
+
+def _advisor_variants(query: AdvisorQuery) -> list[AdvisorVariant]:
+    eps, f_star = query.epsilon, query.f_star
+    mse = {"m": optimal_width(eps, "mse", f_star), "objective": "mse", "f_star": f_star}
+    l2 = {"m": optimal_width(eps, "l2", dictionary_size=query.d), "objective": "l2"}
+    return [AdvisorVariant("rrcms mse", fixed(mse)), AdvisorVariant("rrcms l2", fixed(l2))]
+
+
+register(
+    MechanismSpec(
+        name="rrcms",
+        cls=RandomizedResponseCountMeanSketch,
+        code=5,
+        body="indices",
+        options=frozenset({"k", "m", "seed", "objective", "f_star", "dictionary_size"}),
+        config_keys={"k": int, "m": int, "objective": str, "f_star": float},
+        value_word="value",
+        dictionary_options=_dictionary_options,
+        advisor_params=("k", "m", "objective", "f_star"),
+        advisor_variants=_advisor_variants,
+        simplicity=0,
+    )
+)

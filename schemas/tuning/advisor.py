@@ -41,226 +41,24 @@ index fits the message budget. The prediction always includes the collision term
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, get_args
+from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
-from ldpipe.schemas.errors import LdpipeError
-from ldpipe.schemas.mechanisms import (
-    CountMeanSketch,
-    Mechanism,
-    OptimizedUnaryEncoding,
-    SketchMechanism,
-    build_mechanism,
-    optimal_parameters,
-    optimal_width,
+from ldpipe.schemas.mechanisms import Mechanism, SketchMechanism, build_mechanism, registered
+from ldpipe.schemas.mechanisms.registry import AdvisorQuery, AdvisorVariant, spec_of
+from ldpipe.schemas.tuning.request import (
+    AdvisorError,
+    AdvisorRequest,
+    Objective,
 )
-from ldpipe.schemas.mechanisms.base import check_epsilon
-from ldpipe.schemas.mechanisms.gcms import GeneralizedCountMeanSketch
 
-__all__ = [
-    "DEFAULT_MAX_CELLS",
-    "Advice",
-    "AdvisorError",
-    "AdvisorRequest",
-    "Candidate",
-    "Objective",
-    "Spread",
-    "advise",
-    "build_candidate",
-]
+__all__ = ["Advice", "Candidate", "advise", "build_candidate"]
 
-Objective = Literal["target", "worst", "l2"]
-Spread = Literal["worst", "even", "distinct"]
-FloatArray = npt.NDArray[np.float64]
-
-DEFAULT_MAX_CELLS = 1 << 26  # Apple's CMS deployments: k = 65,536 rows of m = 1,024 cells
-_OUE_MAX_DICTIONARY = 1 << 16  # d bits per report; larger dictionaries are not a candidate
 _GRID = 33  # frequencies evaluated across a range (its ends included)
-
-# the options `ldpipe simulate` takes, per mechanism (Candidate.params uses exactly these)
-_SIMULATE_PARAMS: dict[str, tuple[str, ...]] = {
-    "cms": ("k", "m"),
-    "hcms": ("k", "m"),
-    "gcms": ("k", "m", "p", "s"),
-    "ocms": ("k", "m", "p", "s", "target_frequency"),
-    "rrcms": ("k", "m", "objective", "f_star"),
-    "oue": (),
-}
-_CMS_WIDTHS = tuple(1 << j for j in range(1, 11))  # 2 ... 1024: past that m only costs bits
-_HCMS_WIDTHS = tuple(1 << j for j in range(1, 16))  # 2 ... 32768 (Apple's Safari HCMS)
-_GCMS_WIDTHS = tuple(1 << j for j in range(2, 11))  # 4 ... 1024
-_TARGET_STEPS = 5  # target frequencies the OCMS optimizer is aimed at across a range
-
-
-class AdvisorError(LdpipeError, ValueError):
-    """Constraints no mechanism meets, or a request that cannot be answered; says what to change."""
-
-
-@dataclass(frozen=True)
-class AdvisorRequest:
-    """What the operator knows and wants (fractions are f/n).
-
-    >>> AdvisorRequest(epsilon=4.0, n=10**6, target=(0.01, 0.05)).resolved_objective
-    'target'
-    >>> AdvisorRequest(epsilon=4.0, n=10**6, d=2600).spread
-    'even'
-    """
-
-    epsilon: float
-    n: int
-    d: int | None = None
-    target: tuple[float, float] | None = None
-    max_bits: int | None = None
-    k: int | None = None
-    objective: Objective | None = None  # None: "target" with a target, else "worst"
-    others: Spread | float | None = None  # None: "even" with d, else "worst"
-    max_cells: int = DEFAULT_MAX_CELLS
-    tolerance: float = 0.01  # within this relative error of the best, the cheapest wins
-    tau: float = 0.1  # Pan Thm 3.11: collision bias^2 <= tau Var ...
-    delta: float = 0.05  # ... with probability 1 - delta
-
-    def __post_init__(self) -> None:
-        check_epsilon(self.epsilon)
-        _check_int(self.n, "n (reports per window)", 2)
-        if self.d is not None:
-            _check_int(self.d, "d (dictionary size)", 2)
-        if self.max_bits is not None:
-            _check_int(self.max_bits, "the message budget (max bits)", 1)
-        if self.k is not None:
-            _check_int(self.k, "k (hash functions)", 1)
-            if self.k > 1 << 32:
-                raise AdvisorError(
-                    f"k must be at most 2^32 (the hash family's limit), got {self.k}"
-                )
-        _check_int(self.max_cells, "max cells", 2)
-        if self.target is not None:
-            lo, hi = self.target
-            if not (0.0 <= lo <= hi <= 1.0):
-                raise AdvisorError(
-                    f"the target range must satisfy 0 <= lo <= hi <= 1 (fractions f/n), got "
-                    f"[{lo}, {hi}]; e.g. --target-range 0.01,0.05"
-                )
-        objective = self.resolved_objective
-        if objective not in get_args(Objective):
-            raise AdvisorError(
-                f"objective must be one of {', '.join(get_args(Objective))}, got {objective!r}"
-            )
-        if objective == "target" and self.target is None:
-            raise AdvisorError(
-                "objective 'target' needs a target: give --target-range LO,HI or "
-                "--target-frequency F, or choose --objective worst"
-            )
-        if objective == "l2" and self.d is None:
-            raise AdvisorError("objective 'l2' sums over the dictionary: give its size with --d")
-        spread = self.spread
-        if isinstance(spread, str):
-            if spread not in get_args(Spread):
-                raise AdvisorError(
-                    f"others must be one of {', '.join(get_args(Spread))} or a number in (0, 1], "
-                    f"got {spread!r}"
-                )
-            if spread == "even" and self.d is None:
-                raise AdvisorError("others 'even' spreads reports over the dictionary: give --d")
-        elif not (isinstance(spread, int | float) and 0.0 < spread <= 1.0):
-            raise AdvisorError(
-                f"others as a number is sum_(d' != d) (f(d')/n)^2, in (0, 1]; got {spread!r}"
-            )
-        for name in ("tolerance", "tau", "delta"):
-            value = getattr(self, name)
-            if not (isinstance(value, int | float) and 0.0 <= value < 1.0):
-                raise AdvisorError(f"{name} must be in [0, 1), got {value!r}")
-        if self.tau <= 0 or self.delta <= 0:
-            raise AdvisorError(f"tau and delta must be positive, got {self.tau}, {self.delta}")
-
-    @property
-    def resolved_objective(self) -> Objective:
-        if self.objective is not None:
-            return self.objective
-        return "target" if self.target is not None else "worst"
-
-    @property
-    def spread(self) -> Spread | float:
-        """The assumption about the other reports (see the module docstring)."""
-        if self.others is not None:
-            return self.others
-        return "even" if self.d is not None else "worst"
-
-    @property
-    def f_star(self) -> float:
-        """Pan's f*: the upper bound of the frequencies of interest (hi, or 1 without a target)."""
-        return self.target[1] if self.target is not None else 1.0
-
-    @property
-    def objective_range(self) -> tuple[float, float] | None:
-        """The frequencies the objective takes its worst case over (None for l2)."""
-        objective = self.resolved_objective
-        if objective == "target":
-            assert self.target is not None
-            return self.target
-        return (0.0, self.f_star) if objective == "worst" else None
-
-    @property
-    def report_range(self) -> tuple[float, float]:
-        """Where ``predicted_std_error`` is taken (its worst case over this range of f/n).
-
-        The target range; without one, f/n = 1/d for ``l2`` (there the standard error is
-        ``sqrt(l2 / d)``, the root-mean-square error per item) and [0, 1] otherwise.
-        """
-        if self.target is not None:
-            return self.target
-        if self.resolved_objective == "l2":
-            assert self.d is not None
-            return (1.0 / self.d, 1.0 / self.d)
-        return (0.0, 1.0)
-
-    def sum_sq_others(self, f: npt.ArrayLike) -> FloatArray:
-        """The assumed ``S = sum_{d' != d} f(d')^2`` when the queried item holds f reports."""
-        f_arr = np.asarray(f, dtype=np.float64)
-        n, spread = float(self.n), self.spread
-        rest = np.maximum(n - f_arr, 0.0)
-        if spread == "worst":
-            s = rest * rest
-        elif spread == "even":
-            assert self.d is not None
-            s = rest * rest / (self.d - 1)
-        elif spread == "distinct":
-            s = rest
-        else:
-            s = np.full_like(f_arr, float(spread) * n * n)
-        return np.asarray(np.minimum(np.maximum(s, rest), np.maximum(rest * rest, rest)))
-
-    def sum_sq_total(self) -> float:
-        """The assumed ``sum_x f(x)^2`` over the whole population (what ``l2`` needs)."""
-        n, d, spread = float(self.n), self.d, self.spread
-        floor = max(n, n * n / d) if d is not None else n
-        if spread == "worst":
-            value = n * n
-        elif spread == "distinct":
-            value = n
-        elif spread == "even":
-            assert d is not None
-            value = n * n / d
-        else:
-            value = float(spread) * n * n
-        return float(min(max(value, floor), n * n))
-
-    def describe_spread(self) -> str:
-        spread = self.spread
-        if spread == "worst":
-            return "the other reports all hold one item: S = (n - f)^2 (an upper bound)"
-        if spread == "even":
-            assert self.d is not None
-            return (
-                f"the other reports spread evenly over the other {self.d - 1:,} items: "
-                f"S = (n - f)^2 / (d - 1)"
-            )
-        if spread == "distinct":
-            return "every other report holds a distinct item: S = n - f (no collisions)"
-        return f"the others' sum of squared frequencies is {float(spread):g}: S = {spread:g} n^2"
+_TARGET_STEPS = 5  # target frequencies a tunable mechanism (ocms) is aimed at across a range
 
 
 @dataclass(frozen=True)
@@ -344,60 +142,47 @@ class Advice:
 def build_candidate(candidate: Candidate, *, dictionary: Sequence[str] | None = None) -> Mechanism:
     """The mechanism a candidate describes, as ``ldpipe simulate`` would build it from params."""
     options: dict[str, Any] = dict(candidate.params)
-    if candidate.mechanism == "oue":
+    if spec_of(candidate.mechanism).needs_dictionary:
         options["dictionary"] = dictionary
     return build_mechanism(candidate.mechanism, epsilon=candidate.epsilon, **options)
 
 
 # ---- candidates -------------------------------------------------------------------------------
-Options = dict[str, Any]
-
-
 @dataclass(frozen=True)
 class _Spec:
     """A mechanism variant at one width: ``options(k)`` gives its build options (k excluded)."""
 
     mechanism: str
-    variant: str
-    options: Callable[[int], Options]
+    variant: AdvisorVariant
+
+    @property
+    def label(self) -> str:
+        return self.variant.label
 
 
-def _fixed(values: Options) -> Callable[[int], Options]:
-    return lambda _k: values
-
-
-def _specs(req: AdvisorRequest) -> list[_Spec]:
-    eps = req.epsilon
-    specs = [_Spec("cms", "cms", _fixed({"m": m})) for m in _CMS_WIDTHS]
-    specs += [_Spec("hcms", "hcms", _fixed({"m": m})) for m in _HCMS_WIDTHS]
-    half = math.exp(eps / 2) / (1 + math.exp(eps / 2))
-    for m in _GCMS_WIDTHS:
-        # the two classic splits of eps between p and q (GCMS §4.3), s the least meeting eps
-        # at that p (Alg. 4's last line); and the shortest message, s = 1 with the largest p
-        specs.append(_Spec("gcms", "gcms p=cms", _fixed({"m": m, "p": half})))
-        specs.append(_Spec("gcms", "gcms p=1/2", _fixed({"m": m, "p": 0.5})))
-        specs.append(_Spec("gcms", "gcms s=1", _fixed({"m": m, "s": 1})))
-        for lam in _ocms_targets(req):
-            specs.append(_Spec("ocms", "ocms", _ocms_options(req, m, lam)))
-    f_star = req.f_star
-    specs.append(
-        _Spec(
-            "rrcms",
-            "rrcms mse",
-            _fixed({"m": optimal_width(eps, "mse", f_star), "objective": "mse", "f_star": f_star}),
-        )
+def _specs(req: AdvisorRequest) -> tuple[list[_Spec], list[tuple[str, str]]]:
+    """Every registered mechanism's variants, and (mechanism, why) for those with none."""
+    query = AdvisorQuery(
+        epsilon=req.epsilon,
+        n=req.n,
+        d=req.d,
+        f_star=req.f_star,
+        max_bits=req.max_bits,
+        targets=tuple(_targets(req)),
+        sum_sq_others=lambda f: float(req.sum_sq_others(f)),
     )
-    specs.append(
-        _Spec(
-            "rrcms",
-            "rrcms l2",
-            _fixed({"m": optimal_width(eps, "l2", dictionary_size=req.d), "objective": "l2"}),
-        )
-    )
-    return specs
+    specs: list[_Spec] = []
+    none: list[tuple[str, str]] = []
+    for spec in registered():
+        variants = spec.advisor_variants(query)
+        if isinstance(variants, str):
+            none.append((spec.name, variants))
+        else:
+            specs += [_Spec(spec.name, variant) for variant in variants]
+    return specs, none
 
 
-def _ocms_targets(req: AdvisorRequest) -> list[float]:
+def _targets(req: AdvisorRequest) -> list[float]:
     """Target frequencies to aim the OCMS optimizer at; the objective then picks among them."""
     span = req.objective_range
     if span is None:  # l2 = d * Var at f = n/d (see _objective): aim there
@@ -407,22 +192,10 @@ def _ocms_targets(req: AdvisorRequest) -> list[float]:
     return sorted({float(x) for x in np.linspace(lo, hi, _TARGET_STEPS)})
 
 
-def _ocms_options(req: AdvisorRequest, m: int, lam: float) -> Callable[[int], Options]:
-    f = lam * req.n
-    rest = req.n - f
-    excess = max(float(req.sum_sq_others(f)) / rest - 1.0, 0.0) if rest > 0 else 0.0
-
-    def options(k: int) -> Options:
-        p, s = optimal_parameters(
-            req.epsilon, m, lam, k=k, method="exact", excess_concentration=excess
-        )
-        return {"m": m, "p": p, "s": s, "target_frequency": lam}
-
-    return options
-
-
 def _build(req: AdvisorRequest, spec: _Spec, k: int) -> Mechanism:
-    return build_mechanism(spec.mechanism, epsilon=req.epsilon, k=k, **spec.options(k))
+    if not spec.variant.rows:
+        return build_mechanism(spec.mechanism, epsilon=req.epsilon, **spec.variant.options(1))
+    return build_mechanism(spec.mechanism, epsilon=req.epsilon, k=k, **spec.variant.options(k))
 
 
 def _power_of_two_at_least(x: float) -> int:
@@ -458,6 +231,9 @@ def _fit(req: AdvisorRequest, spec: _Spec) -> _Fit:
 
 
 def _fit_rows(req: AdvisorRequest, spec: _Spec) -> _Fit:
+    if not spec.variant.rows:  # one row, no hash family: as built
+        mech = _build(req, spec, 1)
+        return _Fit(mech, (), mech.message_bits)
     probe = _build(req, spec, req.k or 1)
     payload = probe.message_bits - (probe.row_bits if isinstance(probe, SketchMechanism) else 0)
     smallest = probe.message_bits if req.k is not None else payload
@@ -485,18 +261,6 @@ def _fit_rows(req: AdvisorRequest, spec: _Spec) -> _Fit:
     return _Fit(mech, tuple(notes), smallest)
 
 
-def _oue_fit(req: AdvisorRequest) -> _Fit | str:
-    d = req.d
-    if d is None:
-        return "needs the dictionary size d"
-    if d > _OUE_MAX_DICTIONARY:
-        return f"d = {d:,} bits per report (more than {_OUE_MAX_DICTIONARY:,})"
-    if req.max_bits is not None and d > req.max_bits:
-        return f"{d:,} bits per report"
-    dictionary = tuple(f"item-{i}" for i in range(d))
-    return _Fit(OptimizedUnaryEncoding(epsilon=req.epsilon, dictionary=dictionary), (), d)
-
-
 # ---- evaluation -------------------------------------------------------------------------------
 def _worst_over(
     req: AdvisorRequest, mech: Mechanism, span: tuple[float, float]
@@ -521,18 +285,7 @@ def _objective(req: AdvisorRequest, mech: Mechanism) -> float:
     return float(d * mech.variance(n / d, n, mean_others)[()])
 
 
-def _increments(mech: Mechanism) -> float:
-    """Sketch cells one report increments on accumulate (expected set bits for CMS)."""
-    if isinstance(mech, CountMeanSketch):
-        return mech.p + (mech.m - 1) * mech.q
-    if isinstance(mech, GeneralizedCountMeanSketch):
-        return float(mech.size)
-    if isinstance(mech, OptimizedUnaryEncoding):
-        return float(mech.m)  # a dense sum over all d columns
-    return 1.0  # rrcms: one value; hcms: one signed coordinate
-
-
-def _evaluate(req: AdvisorRequest, spec: _Spec | None, fit: _Fit) -> Candidate:
+def _evaluate(req: AdvisorRequest, spec: _Spec, fit: _Fit) -> Candidate:
     mech = fit.mechanism
     assert mech is not None
     var, at = _worst_over(req, mech, req.report_range)
@@ -545,21 +298,22 @@ def _evaluate(req: AdvisorRequest, spec: _Spec | None, fit: _Fit) -> Candidate:
             f"family's collision bias has sd {math.sqrt(bias_var):,.1f} counts "
             f"({bias_var / var:.0%} of the predicted variance)"
         )
-    if mech.name == "hcms":
+    if isinstance(mech, SketchMechanism) and mech.hadamard:  # hcms
         notes.append(f"each query transforms the k x m sketch (k m log2 m = {_hcms_work(mech):,})")
-    allowed = _SIMULATE_PARAMS[mech.name]
+    registration = spec_of(mech.name)
+    allowed = registration.advisor_params
     params = {key: value for key, value in mech.params().items() if key in allowed}
     if params.get("objective") == "l2":
         del params["f_star"]  # rrcms l2 does not use f*
     return Candidate(
         mechanism=mech.name,
-        variant=spec.variant if spec is not None else "oue",
+        variant=spec.label,
         params=params,
         epsilon=req.epsilon,
         effective_epsilon=float(mech.effective_epsilon),
         message_bits=int(mech.message_bits),
         sketch_cells=int(mech.k * mech.m),
-        increments_per_report=_increments(mech),
+        increments_per_report=registration.increments(mech),
         predicted_std_error=math.sqrt(var),
         at_frequency=at,
         objective_value=_objective(req, mech),
@@ -570,11 +324,6 @@ def _evaluate(req: AdvisorRequest, spec: _Spec | None, fit: _Fit) -> Candidate:
 
 def _hcms_work(mech: Mechanism) -> int:
     return int(mech.k * mech.m * max(1, int(math.log2(mech.m))))
-
-
-# exact ties (the same mechanism under two names, e.g. gcms with s = 1 is k-ary RR) go to the
-# mechanism with the simplest report
-_SIMPLEST_FIRST = ("rrcms", "hcms", "oue", "cms", "gcms", "ocms")
 
 
 def _cheapest_near_best(candidates: Sequence[Candidate], tolerance: float) -> Candidate:
@@ -588,7 +337,9 @@ def _cheapest_near_best(candidates: Sequence[Candidate], tolerance: float) -> Ca
             c.increments_per_report,
             c.sketch_cells,
             float(f"{c.objective_value:.9g}"),
-            _SIMPLEST_FIRST.index(c.mechanism),
+            # exact ties (one mechanism under two names: gcms with s = 1 is k-ary RR) go to
+            # the mechanism with the simplest report
+            spec_of(c.mechanism).simplicity,
         ),
     )
 
@@ -597,23 +348,20 @@ def advise(request: AdvisorRequest) -> Advice:
     """Recommend a mechanism and parameters for ``request`` (see the module docstring)."""
     by_variant: dict[str, list[Candidate]] = {}
     refused: dict[str, list[_Fit]] = {}
-    for spec in _specs(request):
+    specs, none = _specs(request)
+    for spec in specs:
         fit = _fit(request, spec)
         if fit.mechanism is None:
-            refused.setdefault(spec.variant, []).append(fit)
+            refused.setdefault(spec.label, []).append(fit)
             continue
-        by_variant.setdefault(spec.variant, []).append(_evaluate(request, spec, fit))
-    oue = _oue_fit(request)
-    if isinstance(oue, _Fit):
-        by_variant["oue"] = [_evaluate(request, None, oue)]
+        by_variant.setdefault(spec.label, []).append(_evaluate(request, spec, fit))
     best = _merge_equal([_cheapest_near_best(g, request.tolerance) for g in by_variant.values()])
     excluded = [
         (variant, _refusal(request, tries))
         for variant, tries in refused.items()
         if variant not in by_variant
     ]
-    if isinstance(oue, str):
-        excluded.append(("oue", oue))
+    excluded += none
     if not best:
         raise AdvisorError(_infeasible(request, refused))
     best.sort(key=lambda c: c.objective_value)
@@ -670,8 +418,3 @@ def _infeasible(req: AdvisorRequest, refused: Mapping[str, list[_Fit]]) -> str:
         f"smallest is {smallest} bits ({variant} with k = 1); raise --max-bits to at least "
         f"{smallest}"
     )
-
-
-def _check_int(value: object, name: str, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
-        raise AdvisorError(f"{name} must be an integer >= {low}, got {value!r}")

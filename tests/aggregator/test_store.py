@@ -14,7 +14,7 @@ from deltalake import DeltaTable, write_deltalake
 
 from ldpipe.aggregator.maintenance import compact, plan_retention, retain, verify
 from ldpipe.aggregator.store import SegmentData, SketchStore, StaleCommitError, StoreError
-from ldpipe.schemas.config import StoreConfig
+from ldpipe.schemas.config_tables import StoreConfig
 from ldpipe.schemas.mechanisms import Sketch
 
 T = "ldp.emoji.shuffled"

@@ -27,7 +27,8 @@ from ldpipe.discovery.runtime import discovery_config, save_tag_key
 from ldpipe.discovery.server_service import DEAD_LETTER_STAGE, DiscoveryRecorder
 from ldpipe.discovery.store import DiscoveryStore
 from ldpipe.infra.runtime.kafka import KafkaSettings
-from ldpipe.schemas.config import ConfigError, UseCase, load_config
+from ldpipe.schemas.config import UseCase, load_config
+from ldpipe.schemas.config_checks import ConfigError
 from ldpipe.schemas.discovery.exceptions import DiscoveryServiceError
 from ldpipe.schemas.discovery.layers import ReleasedBucket
 from ldpipe.schemas.discovery.privacy import ReleaseParameters

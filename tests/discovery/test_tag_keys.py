@@ -21,7 +21,7 @@ from ldpipe.discovery.client import DiscoveryClient
 from ldpipe.discovery.runtime import TAG_KEY_SUFFIX, load_tag_key, load_tag_keys, save_tag_key
 from ldpipe.discovery.server import DiscoveryServer
 from ldpipe.infra.cli import main as cli
-from ldpipe.schemas.config import ConfigError
+from ldpipe.schemas.config_checks import ConfigError
 from ldpipe.schemas.discovery.tags import TagKey
 from ldpipe.schemas.errors import KeyFileError
 from ldpipe.schemas.keys import KeyRing

@@ -20,7 +20,7 @@ from deltalake.exceptions import DeltaError
 
 from ldpipe.infra.cli.failures import ThreadFailures, explain, install_thread_hook
 from ldpipe.infra.cli.main import main
-from ldpipe.schemas.config import ConfigError
+from ldpipe.schemas.config_checks import ConfigError
 from ldpipe.schemas.errors import SnapshotError
 
 

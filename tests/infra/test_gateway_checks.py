@@ -19,7 +19,8 @@ from ldpipe.infra.gateway.headers import parse_report_header
 from ldpipe.infra.gateway.issuer_keys import DirectoryVerifier, parse_directory
 from ldpipe.infra.gateway.rules import UseCaseRules
 from ldpipe.infra.gateway.verifier import KeysUnavailableError, TokenVerdict, token_nonce
-from ldpipe.schemas.config import ConfigError, config_from_mapping
+from ldpipe.schemas.config import config_from_mapping
+from ldpipe.schemas.config_checks import ConfigError
 from ldpipe.schemas.upload import MEDIA_TYPE, UploadedReport
 from tests.gateway_helpers import (
     ISSUER,
@@ -171,9 +172,7 @@ def test_an_unknown_key_id_refreshes_the_directory(issuer: Issuer) -> None:
         fresh = rotated.token("emoji", now_period())  # a key the first fetch did not list
         issuer.keys[("emoji-rotated", 0)] = rotated.key("emoji", now_period())
         try:
-            outcomes = [
-                v.outcome for v in await verifier.check([fresh], "emoji", [{now_period()}])
-            ]
+            outcomes = [v.outcome for v in await verifier.check([fresh], "emoji", [{now_period()}])]
         finally:
             del issuer.keys[("emoji-rotated", 0)]
             await verifier.aclose()
@@ -279,12 +278,16 @@ def test_the_gateway_answers_503_while_the_issuer_keys_cannot_be_fetched(
         ready = httpx.get(f"{gw.url}/readyz")
         assert ready.status_code == 503 and "issuer directory" in ready.text
     assert produced == []
-    assert registry.get_sample_value(
-        "ldpipe_gateway_keys_unavailable_total", {"use_case": "emoji"}
-    ) == 1.0
-    assert registry.get_sample_value(
-        "ldpipe_gateway_requests_total", {"endpoint": "reports", "status": "503"}
-    ) == 1.0
+    assert (
+        registry.get_sample_value("ldpipe_gateway_keys_unavailable_total", {"use_case": "emoji"})
+        == 1.0
+    )
+    assert (
+        registry.get_sample_value(
+            "ldpipe_gateway_requests_total", {"endpoint": "reports", "status": "503"}
+        )
+        == 1.0
+    )
 
 
 def test_parse_directory_refuses_what_is_not_a_directory(issuer: Issuer) -> None:

@@ -29,7 +29,8 @@ import pytest
 
 from ldpipe.infra.issuer.keys import IssuerKeyDirectory
 from ldpipe.infra.issuer.store import CredentialError, SQLiteStore
-from ldpipe.schemas.config import ConfigError, parse_config
+from ldpipe.schemas.config import parse_config
+from ldpipe.schemas.config_checks import ConfigError
 from ldpipe.schemas.tokens import (
     IssuerPublicKey,
     Token,

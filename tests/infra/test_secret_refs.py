@@ -18,7 +18,8 @@ from ldpipe.aggregator.store import SegmentData, SketchStore
 from ldpipe.infra.cli.main import main
 from ldpipe.infra.runtime.kafka import KafkaSettings, parse_extra
 from ldpipe.infra.runtime.secret_refs import is_reference, resolve, resolve_all
-from ldpipe.schemas.config import ConfigError, parse_config
+from ldpipe.schemas.config import parse_config
+from ldpipe.schemas.config_checks import ConfigError
 from ldpipe.schemas.errors import LdpipeError
 from ldpipe.schemas.mechanisms import Sketch
 

@@ -26,14 +26,9 @@ from ldpipe.infra.cli.params import simulate_argv
 from ldpipe.producers.datasets import Population
 from ldpipe.producers.simulate import simulate
 from ldpipe.schemas.mechanisms import Mechanism, SketchMechanism
-from ldpipe.schemas.tuning.advisor import (
-    Advice,
-    AdvisorError,
-    AdvisorRequest,
-    Candidate,
-    build_candidate,
-)
+from ldpipe.schemas.tuning.advisor import Advice, Candidate, build_candidate
 from ldpipe.schemas.tuning.advisor import advise as advise_uncached
+from ldpipe.schemas.tuning.request import AdvisorError, AdvisorRequest
 
 SIMULATE_NAMES = {
     "cms": {"k", "m"},

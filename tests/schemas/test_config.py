@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from ldpipe.schemas.config import ConfigError, load_config, parse_config
+from ldpipe.schemas.config import load_config, parse_config
+from ldpipe.schemas.config_checks import ConfigError
 
 MINIMAL = """
 [[use_case]]

@@ -1,4 +1,4 @@
-"""``[use_case.discovery]`` (schemas/config.py ``_discovery``): every refusal names the field
+"""``[use_case.discovery]`` (schemas/config_discovery.py): every refusal names the field
 and the fix; the defaults are the ones docs/discovery.md documents."""
 
 from __future__ import annotations
@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from ldpipe.schemas.config import ConfigError, DiscoverySettings, DiscoveryTopics, parse_config
+from ldpipe.schemas.config import parse_config
+from ldpipe.schemas.config_checks import ConfigError
+from ldpipe.schemas.config_discovery import DiscoverySettings, DiscoveryTopics
 from ldpipe.schemas.discovery.layers import MAX_DISCOVERY_USE_CASE_LENGTH
 
 BASE = Path("/etc/ldpipe")

@@ -18,7 +18,8 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from ldpipe.infra.cli.init import init
-from ldpipe.schemas.config import ConfigError, config_from_mapping
+from ldpipe.schemas.config import config_from_mapping
+from ldpipe.schemas.config_checks import ConfigError
 from ldpipe.schemas.config_schema import config_json_schema, schema_text
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,7 +11,9 @@ import pytest
 from ldpipe.aggregator.snapshot import mechanism_params
 from ldpipe.discovery.sfp import SfpParams
 from ldpipe.discovery.sfp_wire import fragment_wire_mechanism
-from ldpipe.schemas.config import ConfigError, ShuffleConfig, Topics, parse_config
+from ldpipe.schemas.config import parse_config
+from ldpipe.schemas.config_checks import ConfigError
+from ldpipe.schemas.config_tables import ShuffleConfig, Topics
 
 SFP = """
 [[use_case]]

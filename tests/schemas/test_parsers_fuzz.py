@@ -58,7 +58,9 @@ from ldpipe.aggregator.windows import decode_batch
 from ldpipe.infra.runtime.kafka import parse_extra
 from ldpipe.producers.client import DeviceClient
 from ldpipe.producers.datasets import DatasetError, load_population, parse_spec
-from ldpipe.schemas.config import ConfigError, ShuffleConfig, SnapshotConfig, parse_config
+from ldpipe.schemas.config import parse_config
+from ldpipe.schemas.config_checks import ConfigError
+from ldpipe.schemas.config_tables import ShuffleConfig, SnapshotConfig
 from ldpipe.schemas.envelope import EnvelopeHeader, EnvelopeRejection, open_envelope, seal
 from ldpipe.schemas.errors import SnapshotError
 from ldpipe.schemas.keys import KeyPair, KeyRing

@@ -16,7 +16,8 @@ from ldpipe.aggregator.exceptions import AggregatorError
 from ldpipe.aggregator.service import Aggregator
 from ldpipe.infra.runtime.kafka import KafkaSettings
 from ldpipe.producers.client import DeviceClient, shuffler_public_key
-from ldpipe.schemas.config import ConfigError, parse_config
+from ldpipe.schemas.config import parse_config
+from ldpipe.schemas.config_checks import ConfigError
 from ldpipe.schemas.envelope import EnvelopeHeader, open_envelope, seal
 from ldpipe.schemas.keys import KeyPair, KeyRing, save_key_pair
 from ldpipe.schemas.outer import open_outer, seal_outer

@@ -40,7 +40,6 @@ from ldpipe.discovery.runtime import (
     discovery_store_directory,
     release_parameters,
 )
-from ldpipe.discovery.store import DiscoveryStore
 from ldpipe.infra.cli.demo_env import demo_broker, progress
 from ldpipe.infra.cli.demo_front_door import (
     IDENTITIES,
@@ -61,6 +60,7 @@ from ldpipe.infra.gateway.rules import discovery_use_case
 from ldpipe.infra.runtime.dead_letters import count_dead_letters, read_dead_letters
 from ldpipe.infra.runtime.kafka import produce
 from ldpipe.infra.runtime.ledger_io import read_ledger
+from ldpipe.infra.storage.discovery_store import DiscoveryStore
 from ldpipe.producers.client import DeviceClient
 from ldpipe.producers.datasets import Population, dictionary_population
 from ldpipe.producers.loadgen import Stream

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ldpipe.discovery.found import found_items, store_directory
-from ldpipe.discovery.store import DiscoveryStore, DiscoveryWindow
+from ldpipe.infra.storage.discovery_store import DiscoveryStore, DiscoveryWindow
 from ldpipe.schemas.config import ConfigError, PipelineConfig, UseCase, load_config
 
 __all__ = ["add_parser", "run"]

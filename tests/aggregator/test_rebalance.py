@@ -13,8 +13,8 @@ from typing import Any
 from confluent_kafka import TopicPartition
 
 from ldpipe.aggregator.service import Aggregator, AggregatorOptions
-from ldpipe.aggregator.store import SketchStore
 from ldpipe.infra.runtime.kafka import KafkaSettings
+from ldpipe.infra.storage.sketch_store import SketchStore
 from ldpipe.schemas.config import parse_config
 from ldpipe.schemas.keys import KeyPair, KeyRing
 

@@ -30,11 +30,11 @@ import pytest
 
 from ldpipe.aggregator.exceptions import QueryError
 from ldpipe.aggregator.query import discovered_items, query_use_case
-from ldpipe.aggregator.store import SketchStore
 from ldpipe.discovery.sfp import SfpReports, randomize_words
 from ldpipe.discovery.sfp_service import SfpWindowResult, reconstruct, sfp_store_directory
 from ldpipe.discovery.sfp_wire import stack_fragments
-from ldpipe.discovery.store import DiscoveryStore
+from ldpipe.infra.storage.discovery_store import DiscoveryStore
+from ldpipe.infra.storage.sketch_store import open_sketch_store
 from ldpipe.schemas.config import PipelineConfig, UseCase, parse_config
 from ldpipe.schemas.discovery.exceptions import DiscoveryServiceError
 from ldpipe.schemas.discovery.sfp_words import SfpParams, decode_word, encode_word
@@ -261,7 +261,7 @@ def test_reruns_are_idempotent_and_late_segments_add_a_file(
     ]
     assert set(discovered_items(word)) == FOUND  # each word once, whatever the files
     # per writer: both windows sealed, then a second segment of the second window
-    spans = [s.span for s in SketchStore(word.store.uri, word.name).segments()]
+    spans = [s.span for s in open_sketch_store(word).segments()]
     assert spans == [WINDOWS[0]] * WRITERS + [WINDOWS[1]] * 2 * WRITERS
 
 
@@ -346,7 +346,7 @@ def test_no_sealed_windows_names_the_aggregator_to_run(tmp_path: Path, devices: 
         reconstruct(config, word)
     seal_reports(config, devices)
     fragments = config.use_case("newwords.fragments")
-    shutil.rmtree(SketchStore(fragments.store.uri, fragments.name).uri)  # the word half only
+    shutil.rmtree(open_sketch_store(fragments).uri)  # the word half only
     with pytest.raises(
         DiscoveryServiceError,
         match=r"no sealed fragment windows in .*store/newwords.fragments yet; run the aggregator "

@@ -15,9 +15,9 @@ from ldpipe.discovery.aux import AuxServer
 from ldpipe.discovery.aux_service import RELEASE_HEADER, ReleaseHeader
 from ldpipe.discovery.client import DiscoveryClient
 from ldpipe.discovery.runtime import discovery_config, discovery_store_directory
-from ldpipe.discovery.store import DiscoveryStore
 from ldpipe.infra.runtime.dead_letters import count_dead_letters
 from ldpipe.infra.runtime.kafka import KafkaSettings, read_to_end
+from ldpipe.infra.storage.discovery_store import DiscoveryStore
 from ldpipe.schemas.discovery.layers import ReleasedBucket
 from ldpipe.schemas.discovery.privacy import ReleaseParameters
 from ldpipe.schemas.keys import KeyRing

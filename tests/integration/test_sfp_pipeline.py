@@ -18,8 +18,8 @@ import pytest
 
 from ldpipe.aggregator.query import discovered_items, query_use_case
 from ldpipe.discovery.sfp_service import reconstruct, sfp_store_directory
-from ldpipe.discovery.store import DiscoveryStore
 from ldpipe.infra.runtime.kafka import KafkaSettings
+from ldpipe.infra.storage.discovery_store import DiscoveryStore
 from ldpipe.producers.datasets import Population
 from ldpipe.producers.loadgen import produce_population
 from ldpipe.producers.sfp_client import SfpDeviceClient

@@ -40,7 +40,8 @@ from typing import Any, Final
 import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
-from ldpipe.discovery.server import Discovery
+from ldpipe.schemas.config import UseCase
+from ldpipe.schemas.discovery.discovered import Discovery
 from ldpipe.schemas.discovery.exceptions import DiscoveryExistsError, DiscoveryStoreError
 from ldpipe.schemas.discovery.layers import MAX_DISCOVERY_USE_CASE_LENGTH
 from ldpipe.schemas.discovery.tags import TAG_LENGTH
@@ -53,6 +54,8 @@ __all__ = [
     "DiscoveryStore",
     "DiscoveryWindow",
     "WindowRef",
+    "discoveries_directory",
+    "open_discovery_store",
     "window_file_name",
 ]
 
@@ -207,6 +210,32 @@ class DiscoveryStore:
         """Every window's discoveries, by release time."""
         for ref in self.windows(use_case):
             yield read_window(ref.path)
+
+
+def discoveries_directory(use_case: UseCase) -> Path | None:
+    """Where ``use_case``'s discoveries are recorded; None if it discovers nothing.
+
+    An SFP use case (either half): ``[use_case.sfp] store``, else the word use case's
+    ``<snapshot directory>/discoveries``; an aux one: ``[use_case.discovery] store``, else
+    ``<snapshot directory>/discoveries`` (``schemas/discovery.md``, "Discoveries store").
+    """
+    if use_case.sfp is not None:
+        if use_case.sfp.store is not None:
+            return use_case.sfp.store
+        directory = use_case.snapshot.directory
+        return (directory.parent if use_case.derived else directory) / "discoveries"
+    if use_case.discovery is not None:
+        if use_case.discovery.store is not None:
+            return use_case.discovery.store
+        return use_case.snapshot.directory / "discoveries"
+    return None
+
+
+def open_discovery_store(use_case: UseCase) -> DiscoveryStore | None:
+    """``use_case``'s discoveries store (:func:`discoveries_directory`); None if it discovers
+    nothing. Every reader and writer of a use case's discoveries opens it here."""
+    directory = discoveries_directory(use_case)
+    return None if directory is None else DiscoveryStore(directory)
 
 
 def read_window(path: str | os.PathLike[str]) -> DiscoveryWindow:

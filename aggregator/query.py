@@ -32,7 +32,7 @@ import numpy.typing as npt
 
 from ldpipe.aggregator.exceptions import NoCommitYetError, QueryError
 from ldpipe.aggregator.snapshot import MergedSketch, WindowSketch
-from ldpipe.infra.storage.discovery_store import open_discovery_store
+from ldpipe.infra.storage.discovery_store import discoveries_directory, open_discovery_store
 from ldpipe.infra.storage.protocol import SegmentReader
 from ldpipe.infra.storage.sketch_store import open_sketch_store
 from ldpipe.schemas.config import UseCase
@@ -477,9 +477,11 @@ def discovered_items(use_case: UseCase) -> tuple[str, ...]:
     dictionary items: the frequency sketch was built from every device's report, whatever its
     item.
     """
-    store = open_discovery_store(use_case)
-    if store is None or (use_case.sfp is None and use_case.mechanism_name == "oue"):
+    if discoveries_directory(use_case) is None or (
+        use_case.sfp is None and use_case.mechanism_name == "oue"
+    ):
         return ()
+    store = open_discovery_store(use_case)
     found = (d.item for window in store.iter_windows(use_case.name) for d in window.discoveries)
     return tuple(dict.fromkeys(found))
 

@@ -26,7 +26,11 @@ from pathlib import Path
 from ldpipe.aggregator.snapshot import mechanism_params
 from ldpipe.discovery.sfp import SfpDiscovery, discover
 from ldpipe.discovery.sfp_wire import fragment_wire_mechanism, wire_sketches
-from ldpipe.infra.storage.discovery_store import DiscoveryStore, DiscoveryWindow
+from ldpipe.infra.storage.discovery_store import (
+    DiscoveryStore,
+    DiscoveryWindow,
+    open_discovery_store,
+)
 from ldpipe.infra.storage.protocol import SegmentReader
 from ldpipe.infra.storage.segments import SegmentInfo
 from ldpipe.infra.storage.sketch_store import open_sketch_store
@@ -186,7 +190,7 @@ def reconstruct(
     word_params = _identity(params.word_oracle())
     frag_params = _identity(fragment_wire_mechanism(params))
     cut = threshold if threshold is not None else (word_uc.sfp.threshold if word_uc.sfp else None)
-    store = DiscoveryStore(sfp_store_directory(word_uc)) if record else None
+    store = open_discovery_store(word_uc) if record else None
     results = []
     for lo, hi in ranges:
         word = _epoch_sketch(word_files, word_uc, lo, hi, word_params)

@@ -40,7 +40,7 @@ from typing import Any, Final
 import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
-from ldpipe.schemas.config import UseCase
+from ldpipe.schemas.config import ConfigError, UseCase
 from ldpipe.schemas.discovery.discovered import Discovery
 from ldpipe.schemas.discovery.exceptions import DiscoveryExistsError, DiscoveryStoreError
 from ldpipe.schemas.discovery.layers import MAX_DISCOVERY_USE_CASE_LENGTH
@@ -231,11 +231,16 @@ def discoveries_directory(use_case: UseCase) -> Path | None:
     return None
 
 
-def open_discovery_store(use_case: UseCase) -> DiscoveryStore | None:
-    """``use_case``'s discoveries store (:func:`discoveries_directory`); None if it discovers
-    nothing. Every reader and writer of a use case's discoveries opens it here."""
+def open_discovery_store(use_case: UseCase) -> DiscoveryStore:
+    """``use_case``'s discoveries store (:func:`discoveries_directory`): every reader and writer
+    of a use case's discoveries opens it here. ``ConfigError`` if the use case discovers nothing."""
     directory = discoveries_directory(use_case)
-    return None if directory is None else DiscoveryStore(directory)
+    if directory is None:
+        raise ConfigError(
+            f"use_case.{use_case.name}: discovers nothing, so it has no discoveries store; add a "
+            f"[use_case.discovery] table (docs/discovery.md) or a [use_case.sfp] one (docs/sfp.md)"
+        )
+    return DiscoveryStore(directory)
 
 
 def read_window(path: str | os.PathLike[str]) -> DiscoveryWindow:

@@ -33,7 +33,7 @@ from ldpipe.aggregator.query import discovered_items, query_use_case
 from ldpipe.discovery.sfp import SfpReports, randomize_words
 from ldpipe.discovery.sfp_service import SfpWindowResult, reconstruct, sfp_store_directory
 from ldpipe.discovery.sfp_wire import stack_fragments
-from ldpipe.infra.storage.discovery_store import DiscoveryStore
+from ldpipe.infra.storage.discovery_store import DiscoveryStore, open_discovery_store
 from ldpipe.infra.storage.sketch_store import open_sketch_store
 from ldpipe.schemas.config import PipelineConfig, UseCase, parse_config
 from ldpipe.schemas.discovery.exceptions import DiscoveryServiceError
@@ -200,7 +200,7 @@ def test_the_merged_windows_find_the_planted_words(
 def test_the_store_records_sfp_windows(reconstructed: Reconstructed) -> None:
     word = reconstructed.config.use_case("newwords")
     params = word.sfp_params
-    store = DiscoveryStore(sfp_store_directory(word))
+    store = open_discovery_store(word)
     assert sfp_store_directory(word) == word.snapshot.directory / "discoveries"
     assert sfp_store_directory(reconstructed.config.use_case("newwords.fragments")) == (
         sfp_store_directory(word)
@@ -239,7 +239,7 @@ def test_reruns_are_idempotent_and_late_segments_add_a_file(
     (tmp_path / "words.txt").write_text("hello\n", encoding="utf-8")
     config = config_in(tmp_path)
     word = config.use_case("newwords")
-    store = DiscoveryStore(sfp_store_directory(word))
+    store = open_discovery_store(word)
     seal_reports(config, devices, share=(0.0, 0.8))  # the aggregators mid-window
     (early,) = reconstruct(config, word, merge=True)
     assert early.word_reports == early.fragment_reports == int(0.8 * N)

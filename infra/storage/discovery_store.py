@@ -12,6 +12,10 @@ name (``.<name>.<pid>.<random>.tmp``, which readers ignore), is fsynced, publish
 final name without ever replacing a file (``os.link``, then the temp name is unlinked), and the
 directory is fsynced. Readers see no file or the whole file.
 
+It sits in the storage floor, below the services, because the discovery server and the SFP
+service write it and the query worker reads it: each opens a use case's store with
+:func:`open_discovery_store` (its directory: :func:`discoveries_directory`).
+
 >>> import tempfile
 >>> window = DiscoveryWindow("words", "0:0-1000", 1.7e9, 21.0, 1.0, 2.0, 1e-9, "replace-one",
 ...     (Discovery("hello", 40, 9, bytes(16)),))

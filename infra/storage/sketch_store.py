@@ -160,16 +160,13 @@ class SketchStore:
         return None if table is None else TableVersion(table.version(), table)
 
     def _table(self) -> DeltaTable | None:
-        try:
-            return DeltaTable(self.uri, storage_options=self._options)
-        except TableNotFoundError:
-            return None
-        except (OSError, DeltaError) as exc:
-            raise self.unreadable(exc) from exc
-        except BaseException as exc:
-            if is_engine_panic(exc):
+        with self._engine():
+            try:
+                return DeltaTable(self.uri, storage_options=self._options)
+            except TableNotFoundError:
+                return None
+            except OSError as exc:
                 raise self.unreadable(exc) from exc
-            raise
 
     def unreadable(self, exc: BaseException) -> StoreDamagedError:
         """A read of the table that failed (a garbled log, a missing or damaged Parquet file,
@@ -182,16 +179,29 @@ class SketchStore:
             f"rebuild it with `ldpipe replay`"
         )
 
+    def unwritable(self, exc: BaseException) -> StoreDamagedError:
+        """A write to the table that failed in delta-rs, as one line naming the store and what
+        to check."""
+        lines = str(exc).strip().splitlines()
+        what = lines[0].strip() if lines else type(exc).__name__
+        return StoreDamagedError(
+            f"cannot write to the sketch store {self.uri}: {what}; check that it is reachable "
+            f"and writable (its uri, storage_options and credentials), then run `ldpipe store "
+            f"verify`"
+        )
+
     @contextlib.contextmanager
-    def _engine(self) -> Iterator[None]:
-        """delta-rs's and Arrow's failures inside, as :class:`StoreDamagedError` (ours pass)."""
+    def _engine(self, *, writing: bool = False) -> Iterator[None]:
+        """delta-rs's and Arrow's failures inside (its panics too), as
+        :class:`StoreDamagedError`; ours and everything else pass."""
+        translate = self.unwritable if writing else self.unreadable
         try:
             yield
         except (DeltaError, pa.ArrowException) as exc:
-            raise self.unreadable(exc) from exc
+            raise translate(exc) from exc
         except BaseException as exc:
             if is_engine_panic(exc):
-                raise self.unreadable(exc) from exc
+                raise translate(exc) from exc
             raise
 
     def version(self) -> int | None:
@@ -232,7 +242,7 @@ class SketchStore:
         a file no version refers to, which readers never see and ``vacuum`` deletes), then one
         Delta commit adds it with the partitions' new offsets.
         """
-        with self._engine():
+        with self._engine(writing=True):
             return self._commit(segments, positions, writer, crash_point)
 
     def _commit(
@@ -363,7 +373,7 @@ class SketchStore:
         predicate = (
             f"epoch = {int(epoch)} AND window_start >= {int(start)} AND window_end <= {int(end)}"
         )
-        with self._engine():  # a conflict is ours to name; any other failure is damage
+        with self._engine(writing=True):  # a conflict is ours to name, any other failure not
             try:
                 write_deltalake(
                     head.handle,
@@ -510,7 +520,7 @@ class SketchStore:
         table = self._table()
         if table is None:
             return []
-        with self._engine():
+        with self._engine(writing=True):
             return list(
                 table.vacuum(
                     retention_hours=retention_hours,

@@ -115,3 +115,24 @@ def test_the_engine_is_named_in_the_storage_package_only() -> None:
         pass
 
     assert is_engine_panic(PanicException("x")) and not is_engine_panic(RuntimeError("x"))
+
+
+def test_a_failed_write_is_a_store_error_naming_what_to_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from deltalake.exceptions import DeltaError  # the test may name it; ldpipe's callers do not
+
+    def fails(*_args: Any, **_kwargs: Any) -> Any:
+        raise DeltaError("Generic LocalFileSystem error: No space left on device")
+
+    store = SketchStore(tmp_path, "emoji")
+    store.commit([segment(1)], {(T, 0): (None, 1)}, writer="a")
+    monkeypatch.setattr(store_module.DeltaTable, "create_write_transaction", fails)
+    with pytest.raises(StoreDamagedError) as caught:
+        store.commit([segment(2)], {(T, 0): (1, 2)}, writer="a")
+    assert str(caught.value).startswith(
+        f"cannot write to the sketch store {tmp_path}/emoji: Generic LocalFileSystem error: No "
+        f"space left on device; check that it is reachable and writable"
+    )
+    monkeypatch.undo()
+    assert store.committed_offsets(T, [0]) == {0: 1}  # nothing was committed

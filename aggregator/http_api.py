@@ -45,19 +45,19 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any, cast
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
-from deltalake import DeltaTable
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
 from ldpipe.aggregator.exceptions import NoCommitYetError, QueryError
-from ldpipe.aggregator.query import open_store, query_use_case
-from ldpipe.aggregator.store import SketchStore, StoreError, app_id
+from ldpipe.aggregator.query import query_use_case
 from ldpipe.infra.runtime.observability import (
     HEALTH_PATHS,
     BackgroundHTTPServer,
     Readiness,
     health_answer,
 )
+from ldpipe.infra.storage.protocol import SegmentReader
+from ldpipe.infra.storage.sketch_store import StoreError, TableVersion, open_sketch_store
 from ldpipe.schemas.config import PipelineConfig, UseCase, select_use_case
 from ldpipe.schemas.errors import LdpipeError
 from ldpipe.schemas.mechanisms.columns import CellCache
@@ -197,7 +197,7 @@ def _use_case(config: PipelineConfig, params: Params) -> UseCase:
         raise ApiError(HTTPStatus.NOT_FOUND, f"use_case: {exc}") from None
 
 
-def _no_commit(store: SketchStore) -> ApiError:
+def _no_commit(store: SegmentReader) -> ApiError:
     """503: no data *yet* (the URI shown without credentials)."""
     return ApiError(
         HTTPStatus.SERVICE_UNAVAILABLE,
@@ -206,13 +206,15 @@ def _no_commit(store: SketchStore) -> ApiError:
     )
 
 
-def _committed_store(server: QueryApiServer, use_case: UseCase) -> tuple[SketchStore, DeltaTable]:
+def _committed_store(
+    server: QueryApiServer, use_case: UseCase
+) -> tuple[SegmentReader, TableVersion]:
     """The use case's store and its newest version; 503 before the first commit."""
-    store = open_store(use_case, server.store)
-    table = store.table()
-    if table is None:
+    store = open_sketch_store(use_case, server.store)
+    head = store.head()
+    if head is None:
         raise _no_commit(store)
-    return store, table
+    return store, head
 
 
 def _use_cases(server: QueryApiServer, params: Params) -> dict[str, Any]:
@@ -238,14 +240,11 @@ def _windows(server: QueryApiServer, params: Params) -> dict[str, Any]:
     use_case = _use_case(server.config(), params)
     start, end = params.time_range()
     with server.queries:
-        store, table = _committed_store(server, use_case)  # one version: windows and offsets
+        store, head = _committed_store(server, use_case)  # one version: windows and offsets
         empty = start is not None and end is not None and start >= end
-        found = [] if empty else store.segments(start=start, end=end, table=table)
+        found = [] if empty else store.segments(start=start, end=end, at=head)
         topic = use_case.topics.shuffled
-        committed = {
-            p: table.transaction_version(app_id(topic, p))
-            for p in range(use_case.topics.partitions)
-        }
+        committed = store.committed_offsets(topic, range(use_case.topics.partitions), at=head)
     groups: dict[tuple[int, int, int, str], dict[str, Any]] = {}
     for s in found:
         key = (s.window_start, s.window_end, s.epoch, s.level)
@@ -268,7 +267,7 @@ def _windows(server: QueryApiServer, params: Params) -> dict[str, Any]:
     return {
         "use_case": use_case.name,
         "store": public_uri(store.uri),
-        "version": table.version(),
+        "version": head.number,
         "reports": sum(s.n for s in found),
         "windows": windows,
         "offsets": {f"{topic}:{p}": o for p, o in committed.items() if o is not None},
@@ -307,7 +306,7 @@ def _query(server: QueryApiServer, params: Params, *, top: bool) -> dict[str, An
                 cache=server.cache,
             )
         except NoCommitYetError:  # no data *yet*: 503, ask again later
-            raise _no_commit(open_store(use_case, server.store)) from None
+            raise _no_commit(open_sketch_store(use_case, server.store)) from None
     return result.as_dict()
 
 

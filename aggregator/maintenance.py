@@ -9,10 +9,10 @@
 * **verify**: every segment's rows agree with its header (row count within k, m counters per
   row, row totals summing to n), one mechanism per epoch.
 
-Every change is one :meth:`SketchStore.replace` commit: readers see the old segments or the new
-one, never both, and a segment committed into the range meanwhile makes it fail and change
+Every change is one :meth:`SegmentStore.replace` commit: readers see the old segments or the
+new one, never both, and a segment committed into the range meanwhile makes it fail and change
 nothing (run it again). Sums are exact, so a rollup answers exactly what its windows answered.
-Files no longer referenced are deleted by :meth:`SketchStore.vacuum` after a grace period
+Files no longer referenced are deleted by :meth:`SegmentStore.vacuum` after a grace period
 that lets running readers finish.
 """
 
@@ -30,7 +30,9 @@ import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.compute as pc  # type: ignore[import-untyped]
 
-from ldpipe.aggregator.store import SegmentData, SegmentInfo, SketchStore, StoreError
+from ldpipe.infra.storage.protocol import SegmentStore
+from ldpipe.infra.storage.segments import SegmentData, SegmentInfo
+from ldpipe.infra.storage.sketch_store import StoreError
 from ldpipe.schemas.config_tables import StoreConfig
 
 __all__ = [
@@ -164,7 +166,7 @@ def _months_before(now: float, months: int) -> int:
     return calendar.timegm((index // 12, index % 12 + 1, 1, 0, 0, 0))
 
 
-def apply(store: SketchStore, change: Change, *, writer: str) -> int:
+def apply(store: SegmentStore, change: Change, *, writer: str) -> int:
     """Carry out one change (one commit); returns the new table version."""
     ids = [s.segment for s in change.segments]
     merged = None
@@ -190,7 +192,7 @@ def apply(store: SketchStore, change: Change, *, writer: str) -> int:
 
 
 def _run(
-    store: SketchStore, changes: list[Change], writer: str, progress: Progress | None
+    store: SegmentStore, changes: list[Change], writer: str, progress: Progress | None
 ) -> Iterator[tuple[Change, str | None]]:
     for change in progress(changes) if progress else changes:
         try:
@@ -203,14 +205,14 @@ def _run(
 
 
 def compact(
-    store: SketchStore, *, writer: str = "ldpipe-store", progress: Progress | None = None
+    store: SegmentStore, *, writer: str = "ldpipe-store", progress: Progress | None = None
 ) -> list[tuple[Change, str | None]]:
     """Merge every window's segments into one; returns each change with its error (None: done)."""
     return list(_run(store, plan_compaction(store.segments()), writer, progress))
 
 
 def retain(
-    store: SketchStore,
+    store: SegmentStore,
     config: StoreConfig,
     *,
     now: float | None = None,
@@ -222,14 +224,14 @@ def retain(
     return list(_run(store, changes, writer, progress))
 
 
-def verify(store: SketchStore) -> list[Problem]:
+def verify(store: SegmentStore) -> list[Problem]:
     """Every segment's rows against its header; one mechanism per epoch; unique ids."""
-    table = store.table()
-    if table is None:
+    head = store.head()
+    if head is None:
         return []
     headers = {}
     problems = []
-    for s in store.segments(table=table):
+    for s in store.segments(at=head):
         if s.segment in headers:
             problems.append(Problem(s.segment, "two headers"))
         headers[s.segment] = s
@@ -240,9 +242,7 @@ def verify(store: SketchStore) -> list[Problem]:
             problems.append(Problem(s.segment, f"epoch {s.epoch} has two mechanisms"))
     rows: dict[str, list[int]] = defaultdict(lambda: [0, 0, -1, 0])  # rows, total, max row, bad
     m_of = {sid: h.m for sid, h in headers.items()}
-    dataset = table.to_pyarrow_dataset()
-    columns = ["segment", "row", "counts", "row_total"]
-    for batch in dataset.to_batches(filter=pc.field("row") >= 0, columns=columns):
+    for batch in store.sketch_rows(at=head):
         if not batch.num_rows:
             continue
         ids = batch.column(0)

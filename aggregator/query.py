@@ -1,9 +1,9 @@
 """The query worker: the sketch store's segments -> merged sketches -> estimates.
 
 Sketches add: every segment of the store lying within the time range asked for is summed per
-parameter epoch (each report is in exactly one segment, ``aggregator/store.py``). Each epoch's
-mechanism estimates the counts of its own n_e reports, unbiased. Epochs then combine one of
-two ways:
+parameter epoch (each report is in exactly one segment, ``infra/storage/sketch_store.py``).
+Each epoch's mechanism estimates the counts of its own n_e reports, unbiased. Epochs then
+combine one of two ways:
 
 * ``ivw`` (default): inverse-variance weighting of the per-epoch *frequencies*
   ``f_e = C_e / n_e`` (weights ``n_e^2 / Var[C_e]``), scaled to all ``N = sum n_e`` reports —
@@ -32,9 +32,9 @@ import numpy.typing as npt
 
 from ldpipe.aggregator.exceptions import NoCommitYetError, QueryError
 from ldpipe.aggregator.snapshot import MergedSketch, WindowSketch
-from ldpipe.aggregator.store import SketchStore
-from ldpipe.discovery.found import store_directory
-from ldpipe.discovery.store import DiscoveryStore
+from ldpipe.infra.storage.discovery_store import discoveries_directory, open_discovery_store
+from ldpipe.infra.storage.protocol import SegmentReader
+from ldpipe.infra.storage.sketch_store import open_sketch_store
 from ldpipe.schemas.config import UseCase
 from ldpipe.schemas.hashing import HashFamily, item_keys
 from ldpipe.schemas.mechanisms import Mechanism, SketchMechanism
@@ -54,7 +54,6 @@ __all__ = [
     "interval",
     "load_merged",
     "no_data_result",
-    "open_store",
     "query_use_case",
     "top_order",
 ]
@@ -122,15 +121,8 @@ def _rebuild(merged: MergedSketch) -> Mechanism:
     ).build_mechanism()
 
 
-def open_store(use_case: UseCase, uri: str | None = None) -> SketchStore:
-    """The use case's sketch store (or the one at ``uri``: a replay's)."""
-    return SketchStore(
-        uri or use_case.store.uri, use_case.name, storage_options=use_case.store.storage_options
-    )
-
-
 def load_merged(
-    store: SketchStore,
+    store: SegmentReader,
     start: int | None = None,
     end: int | None = None,
     *,
@@ -143,15 +135,15 @@ def load_merged(
 
     Memory: one k x m accumulator per epoch and one Parquet row group, however many segments.
     """
-    table = store.table()
-    if table is None or table.version() == 0:  # version 0: created empty, before its first commit
+    head = store.head()
+    if head is None or head.number == 0:  # version 0: created empty, before its first commit
         raise NoCommitYetError(
             f"the sketch store {store.uri} has no commits yet; start the aggregator (ldpipe "
             f"aggregator) and wait for its first sealed window (docs/store.md)"
         )
     low = -_FOREVER if start is None else start
     high = _FOREVER if end is None else end
-    found = store.segments(start=low, end=high, table=table)
+    found = store.segments(start=low, end=high, at=head)
     merged: dict[int, MergedSketch] = {}
     for epoch in sorted({s.epoch for s in found}):
         members = [s for s in found if s.epoch == epoch]
@@ -161,7 +153,7 @@ def load_merged(
             epoch,
             first.mechanism,
             first.params,
-            store.read_sum(members, table=table),
+            store.read_sum(members, at=head),
             tuple(sorted({s.span for s in members})),
             tuple(sorted({s.writer for s in members})),
         )
@@ -243,7 +235,7 @@ def query_use_case(
     if calibrate is not None:
         candidates = _with_dictionary(use_case, candidates)
     merged, coverage = load_merged(
-        open_store(use_case, store),
+        open_sketch_store(use_case, store),
         start,
         end,
         topic=use_case.topics.shuffled,
@@ -485,10 +477,11 @@ def discovered_items(use_case: UseCase) -> tuple[str, ...]:
     dictionary items: the frequency sketch was built from every device's report, whatever its
     item.
     """
-    directory = store_directory(use_case)
-    if directory is None or (use_case.sfp is None and use_case.mechanism_name == "oue"):
+    if discoveries_directory(use_case) is None or (
+        use_case.sfp is None and use_case.mechanism_name == "oue"
+    ):
         return ()
-    store = DiscoveryStore(directory)
+    store = open_discovery_store(use_case)
     found = (d.item for window in store.iter_windows(use_case.name) for d in window.discoveries)
     return tuple(dict.fromkeys(found))
 

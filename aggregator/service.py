@@ -1,6 +1,6 @@
 """The aggregator: shuffled reports -> open window sketches -> sealed segments in the store.
 
-Exactly-once rests on the sketch store (``aggregator/store.py``), not on Kafka's offsets:
+Exactly-once rests on the sketch store (``infra/storage/sketch_store.py``), not on Kafka's offsets:
 
 1. the aggregator joins the use case's consumer group (cooperative-sticky assignment), or, for
    a replay, takes every partition itself. For each partition it is given it reads the store's
@@ -66,7 +66,6 @@ from ldpipe.aggregator.snapshot import (
     prune,
     write_snapshot,
 )
-from ldpipe.aggregator.store import SegmentData, SketchStore, StaleCommitError
 from ldpipe.aggregator.windows import DecodedBatch, WindowedSketches, decode_epochs
 from ldpipe.infra.runtime.epochs_io import read_epochs
 from ldpipe.infra.runtime.kafka import (
@@ -81,6 +80,9 @@ from ldpipe.infra.runtime.kafka import (
     require_topics,
 )
 from ldpipe.infra.runtime.observability import Readiness
+from ldpipe.infra.storage.protocol import SegmentStore
+from ldpipe.infra.storage.segments import SegmentData
+from ldpipe.infra.storage.sketch_store import StaleCommitError, open_sketch_store
 from ldpipe.schemas.config import UseCase
 from ldpipe.schemas.envelope import (
     ENC_LENGTH,
@@ -273,11 +275,7 @@ class Aggregator:
         self.topic = opts.topic or use_case.topics.shuffled
         self.directory = opts.checkpoint_dir or use_case.snapshot.directory
         self.writer = opts.member or default_member(use_case.name)
-        self.store = SketchStore(
-            opts.store_uri or use_case.store.uri,
-            use_case.name,
-            storage_options=use_case.store.storage_options,
-        )
+        self.store: SegmentStore = open_sketch_store(use_case, opts.store_uri)
         self.crash_point = crash_point or (lambda _point: None)
         self.clock = clock
         self.metrics = AggregatorMetrics.create(registry or CollectorRegistry())

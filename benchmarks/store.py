@@ -79,11 +79,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from confluent_kafka import Producer
 
 from benchmarks.common import machine_facts, progress
-from ldpipe.aggregator.store import SketchStore
 from ldpipe.infra.runtime.broker import EmbeddedBroker
 from ldpipe.infra.runtime.kafka import KafkaSettings, ensure_topics
 from ldpipe.infra.runtime.kafka import produce as kafka_produce
 from ldpipe.infra.runtime.topics import config_topics
+from ldpipe.infra.storage.protocol import SegmentReader
+from ldpipe.infra.storage.sketch_store import open_sketch_store
 from ldpipe.producers.client import DeviceClient
 from ldpipe.producers.datasets import dictionary_population
 from ldpipe.schemas.config import UseCase, load_config
@@ -408,7 +409,9 @@ class AggregatorProcess:
         return watch, code
 
 
-def wait_stored(store: SketchStore, agg: AggregatorProcess, reports: int, timeout: float) -> float:
+def wait_stored(
+    store: SegmentReader, agg: AggregatorProcess, reports: int, timeout: float
+) -> float:
     """Until the store's segments hold ``reports``; the seconds it took."""
     started = time.monotonic()
     while True:
@@ -463,7 +466,7 @@ def measure(settings: Settings, workdir: Path, bootstrap: str) -> dict[str, Any]
     ensure_topics(kafka, config_topics(config))
     progress(f"sealing {settings.reports:,} reports (k = {settings.k:,}) ...")
     envelopes, top = seal_reports(use_case, pair, settings)
-    store = SketchStore(use_case.store.uri, use_case.name)
+    store = open_sketch_store(use_case)
 
     agg = AggregatorProcess(config_path, workdir, settings)
     try:

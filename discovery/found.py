@@ -1,10 +1,10 @@
 """What a use case's discoveries store holds, item by item: what ``ldpipe discoveries`` prints.
 
-A discoveries store (``discovery/store.py``) has one file per released window. Dashboards and
-people ask the other way round: which items were found, in how many windows, since when, and
-how large their noisy counts were. :func:`found_items` folds the windows into that.
+A discoveries store (``infra/storage/discovery_store.py``) has one file per released window.
+Dashboards and people ask the other way round: which items were found, in how many windows,
+since when, and how large their noisy counts were. :func:`found_items` folds the windows into that.
 
->>> from ldpipe.discovery.server import Discovery
+>>> from ldpipe.schemas.discovery.discovered import Discovery
 >>> def window(i, found):
 ...     return DiscoveryWindow("words", f"w{i}", 100.0 * i, 20.0, 1.0, 2.0, 1e-9, "replace-one",
 ...                            tuple(Discovery(item, n, 1, bytes(16)) for item, n in found))
@@ -22,7 +22,7 @@ from typing import Any
 
 from ldpipe.discovery.runtime import discovery_store_directory
 from ldpipe.discovery.sfp_service import sfp_store_directory
-from ldpipe.discovery.store import DiscoveryWindow
+from ldpipe.infra.storage.discovery_store import DiscoveryWindow
 from ldpipe.schemas.config import UseCase
 
 __all__ = ["FoundItem", "found_items", "store_directory"]

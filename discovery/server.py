@@ -13,7 +13,7 @@ For each release record (``schemas/discovery/layers.py``) the server
 
 and returns the valid ones as :class:`Discovery` (item, noisy count, tag key id, tag), counting
 the others by reason and naming each (:class:`Refusal`, so a service can dead-letter it). It
-never raises on bad data. ``discovery/store.py`` records them.
+never raises on bad data. ``infra/storage/discovery_store.py`` records them.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from ldpipe.schemas.discovery.discovered import Discovery
 from ldpipe.schemas.discovery.exceptions import DiscoveryError, DiscoveryRejection
 from ldpipe.schemas.discovery.item import normalize_item
 from ldpipe.schemas.discovery.layers import (
@@ -36,19 +37,9 @@ from ldpipe.schemas.discovery.layers import (
 from ldpipe.schemas.discovery.tags import TagKey
 from ldpipe.schemas.envelope import BytesLike, EnvelopeError, PrivateKeyLookup, open_envelope
 
-__all__ = ["Discovery", "DiscoveryServer", "Refusal", "ServerResult"]
+__all__ = ["DiscoveryServer", "Refusal", "ServerResult"]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Discovery:
-    """One discovered item of one window: the item and its bucket's noisy count."""
-
-    item: str
-    noisy_count: int
-    tag_key_id: int
-    tag: bytes
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ contiguous and the header says how many there are. Per complete window (numbered
    ``ldpipe.layer`` (``release``, ``envelope`` or ``item``: whose rule it broke),
    ``ldpipe.source`` (``topic:partition:offset``) and its own ``ldpipe.release`` if it had one;
    then wait until they are delivered;
-4. :meth:`~ldpipe.discovery.store.DiscoveryStore.append` of the window's discoveries, with the
-   release's T, b, epsilon, delta — refused if the window is recorded already;
+4. :meth:`~ldpipe.infra.storage.discovery_store.DiscoveryStore.append` of the window's
+   discoveries, with the release's T, b, epsilon, delta — refused if the window is recorded already;
 5. commit the consumer offset after the window.
 
 Records that belong to no window are refused as they come, dead-lettered the same way: a record
@@ -45,7 +45,6 @@ from ldpipe.discovery.runtime import (
     load_tag_keys,
 )
 from ldpipe.discovery.server import DiscoveryServer
-from ldpipe.discovery.store import DiscoveryStore, DiscoveryWindow, window_file_name
 from ldpipe.infra.runtime.kafka import (
     EXACTLY_ONCE_CONSUMER,
     KafkaSettings,
@@ -54,6 +53,7 @@ from ldpipe.infra.runtime.kafka import (
     require_topics,
 )
 from ldpipe.infra.runtime.observability import Readiness
+from ldpipe.infra.storage.discovery_store import DiscoveryStore, DiscoveryWindow, window_file_name
 from ldpipe.schemas.config import UseCase
 from ldpipe.schemas.discovery.exceptions import (
     DiscoveryExistsError,

@@ -2,11 +2,11 @@
 
 The word reports of an SFP use case are aggregated as the use case itself and the fragment
 reports as ``<name>.fragments`` (``discovery/sfp_wire.py``), by the ordinary aggregators. This
-module reads the segments of both from the sketch store (``aggregator/store.py``), sums each
-time window's segments, splits the fragments sketch into Apple's
+module reads the segments of both from the sketch store (``infra/storage/sketch_store.py``), sums
+each time window's segments, splits the fragments sketch into Apple's
 ``M_l``, runs :func:`ldpipe.discovery.sfp.discover` and records the words found in the use case's
-discoveries store (``discovery/store.py``, ``protocol = "sfp"``), where ``ldpipe query`` picks
-them up (GCMS §6.2 joint use: the word sketch is the use case's frequency sketch).
+discoveries store (``infra/storage/discovery_store.py``, ``protocol = "sfp"``), where ``ldpipe
+query`` picks them up (GCMS §6.2 joint use: the word sketch is the use case's frequency sketch).
 
 Reconstruction is post-processing of ε-LDP reports: it costs no privacy, and it may run as
 often as wanted. A window still filling is reconstructed again when it has more reports: the
@@ -24,12 +24,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ldpipe.aggregator.snapshot import mechanism_params
-from ldpipe.aggregator.store import SegmentInfo, SketchStore
-from ldpipe.discovery.server import Discovery
 from ldpipe.discovery.sfp import SfpDiscovery, discover
 from ldpipe.discovery.sfp_wire import fragment_wire_mechanism, wire_sketches
-from ldpipe.discovery.store import DiscoveryStore, DiscoveryWindow
+from ldpipe.infra.storage.discovery_store import (
+    DiscoveryStore,
+    DiscoveryWindow,
+    open_discovery_store,
+)
+from ldpipe.infra.storage.protocol import SegmentReader
+from ldpipe.infra.storage.segments import SegmentInfo
+from ldpipe.infra.storage.sketch_store import open_sketch_store
 from ldpipe.schemas.config import PipelineConfig, UseCase
+from ldpipe.schemas.discovery.discovered import Discovery
 from ldpipe.schemas.discovery.exceptions import DiscoveryExistsError, DiscoveryServiceError
 from ldpipe.schemas.discovery.sfp_words import SfpParams
 from ldpipe.schemas.mechanisms import Sketch, SketchMechanism
@@ -105,14 +111,12 @@ def _pair(config: PipelineConfig, use_case: UseCase) -> tuple[UseCase, UseCase]:
 class _Sealed:
     """One use case's store and the headers of its segments of the configured epoch."""
 
-    store: SketchStore
+    store: SegmentReader
     segments: list[SegmentInfo]
 
 
 def _sealed(use_case: UseCase, what: str) -> _Sealed:
-    store = SketchStore(
-        use_case.store.uri, use_case.name, storage_options=use_case.store.storage_options
-    )
+    store = open_sketch_store(use_case)
     found = store.segments()
     if not found:
         raise DiscoveryServiceError(
@@ -186,7 +190,7 @@ def reconstruct(
     word_params = _identity(params.word_oracle())
     frag_params = _identity(fragment_wire_mechanism(params))
     cut = threshold if threshold is not None else (word_uc.sfp.threshold if word_uc.sfp else None)
-    store = DiscoveryStore(sfp_store_directory(word_uc)) if record else None
+    store = open_discovery_store(word_uc) if record else None
     results = []
     for lo, hi in ranges:
         word = _epoch_sketch(word_files, word_uc, lo, hi, word_params)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from ldpipe.aggregator.snapshot import mechanism_params
-from ldpipe.aggregator.store import SegmentData, SketchStore
+from ldpipe.infra.storage.segments import SegmentData
+from ldpipe.infra.storage.sketch_store import SketchStore, open_sketch_store
 from ldpipe.schemas.config import UseCase
 from ldpipe.schemas.mechanisms import Sketch
 
@@ -24,7 +25,7 @@ def seal_windows(
     """Commit one segment per ``(window_start, window_end, sketch)`` of ``epoch`` (default:
     the configured one), advancing the shuffled topic's partitions to ``offsets`` (from the
     store's current offsets, so successive calls chain like one writer's commits)."""
-    target = SketchStore(store or use_case.store.uri, use_case.name)
+    target = open_sketch_store(use_case, store)
     epoch = use_case.epoch if epoch is None else epoch
     mechanism = use_case.epoch_set().mechanisms[epoch]
     segments = [

@@ -157,7 +157,9 @@ EXPECTED = (
     ),
     Expect("ldpipe params --epsilon 4", (r'"epsilon":', r'"f1":')),
     # the guides' blocks that read README's store (docs/query.md, docs/calibrate.md)
-    Expect("load_merged(open_store(uc))", (r"'reports': 100000", r"epoch 1: 100,000 reports")),
+    Expect(
+        "load_merged(open_sketch_store(uc))", (r"'reports': 100000", r"epoch 1: 100,000 reports")
+    ),
     Expect(
         "--serve --metrics-port 9102",
         (r'"name": ?"emoji"', r'"reports": ?100000', r'"item": ?"NINJA"', r'"z": ?-?\d'),

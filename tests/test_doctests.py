@@ -24,6 +24,8 @@ import pytest
         "ldpipe.producers.client",
         "ldpipe.infra.runtime.secret_refs",
         "ldpipe.infra.runtime.observability",
+        "ldpipe.infra.storage.sketch_store",
+        "ldpipe.schemas.discovery.discovered",
     ],
 )
 def test_docstring_examples(module: str) -> None:

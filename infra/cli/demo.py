@@ -35,12 +35,7 @@ from confluent_kafka import Producer
 
 from ldpipe.aggregator.query import query_use_case
 from ldpipe.discovery.client import DiscoveryClient
-from ldpipe.discovery.runtime import (
-    discovery_config,
-    discovery_store_directory,
-    release_parameters,
-)
-from ldpipe.discovery.store import DiscoveryStore
+from ldpipe.discovery.runtime import discovery_config, release_parameters
 from ldpipe.infra.cli.demo_env import demo_broker, progress
 from ldpipe.infra.cli.demo_front_door import (
     IDENTITIES,
@@ -61,6 +56,7 @@ from ldpipe.infra.gateway.rules import discovery_use_case
 from ldpipe.infra.runtime.dead_letters import count_dead_letters, read_dead_letters
 from ldpipe.infra.runtime.kafka import produce
 from ldpipe.infra.runtime.ledger_io import read_ledger
+from ldpipe.infra.storage.discovery_store import open_discovery_store
 from ldpipe.producers.client import DeviceClient
 from ldpipe.producers.datasets import Population, dictionary_population
 from ldpipe.producers.loadgen import Stream
@@ -550,7 +546,7 @@ def _wait_for_discovery(pipe: LocalPipeline, reports: int) -> None:
     pipe.wait_for_count(
         released, reports, "the discovery shuffler's windows", stall=STALL_SECONDS, poll=1.0
     )
-    store = DiscoveryStore(discovery_store_directory(uc))
+    store = open_discovery_store(uc)
     pipe.wait_for_count(
         lambda: len(store.windows(uc.name)),
         len(shuffled),
@@ -565,7 +561,7 @@ def _discovered(use_case: UseCase, truth: dict[str, int]) -> list[dict[str, Any]
     rules = discovery_config(use_case).rules
     dictionary = set(use_case.dictionary_items or ())
     dictionary |= {normalize_item(item, rules) for item in dictionary}
-    store = DiscoveryStore(discovery_store_directory(use_case))
+    store = open_discovery_store(use_case)
     noisy: dict[str, int] = {}
     for window in store.iter_windows(use_case.name):
         for found in window.discoveries:

@@ -22,6 +22,7 @@ import tomllib
 from dataclasses import dataclass
 from typing import Any
 
+from ldpipe.infra.storage.engine import engine_errors, is_engine_panic
 from ldpipe.schemas.errors import LdpipeError
 
 __all__ = ["Failure", "ThreadFailures", "explain", "install_thread_hook"]
@@ -69,11 +70,6 @@ def _loaded(module: str, *names: str) -> tuple[type[BaseException], ...]:
     return tuple(getattr(found, name) for name in names if hasattr(found, name))
 
 
-def _is_panic(exc: BaseException) -> bool:
-    """A Rust panic surfacing through pyo3 (``pyo3_runtime.PanicException``, a BaseException)."""
-    return type(exc).__name__ == "PanicException"
-
-
 def _kafka(exc: BaseException) -> Failure | None:
     kafka = _loaded("confluent_kafka", "KafkaException")
     if not kafka or not isinstance(exc, kafka):
@@ -88,13 +84,12 @@ def _kafka(exc: BaseException) -> Failure | None:
 
 
 def _store(exc: BaseException) -> Failure | None:
-    """delta-rs's and Arrow's errors: the sketch store (a table) is unreadable or damaged."""
-    foreign = _loaded("deltalake.exceptions", "DeltaError") + _loaded(
-        "pyarrow.lib", "ArrowException"
-    )
-    if not (foreign and isinstance(exc, foreign)) and not _is_panic(exc):
+    """The table engine's and Arrow's errors that escaped the sketch store's own translation
+    (``StoreDamagedError``, which says the same): a table is unreadable or damaged."""
+    foreign = engine_errors() + _loaded("pyarrow.lib", "ArrowException")
+    if not (foreign and isinstance(exc, foreign)) and not is_engine_panic(exc):
         return None
-    what = "delta-rs panicked" if _is_panic(exc) else "a table could not be read"
+    what = "delta-rs panicked" if is_engine_panic(exc) else "a table could not be read"
     return Failure(
         f"{what}: {_first_line(exc)} ({_kind(exc)}); if it is a sketch store, `ldpipe store "
         f"verify --config FILE` checks it: restore its missing or damaged files from a backup, "

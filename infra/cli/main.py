@@ -22,6 +22,7 @@ from importlib import metadata
 from types import ModuleType
 
 from ldpipe.infra.cli.failures import ThreadFailures, explain, install_thread_hook
+from ldpipe.infra.storage.engine import engine_loaded
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 
@@ -306,7 +307,7 @@ def entry() -> None:
     exception``, delta-io/delta-rs#2184), turning a finished command into a SIGABRT; every
     output is flushed first, and nothing of ours runs at exit."""
     code = main()
-    if "deltalake" in sys.modules:
+    if engine_loaded():
         logging.shutdown()
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(BrokenPipeError, ValueError):  # a reader left, or closed

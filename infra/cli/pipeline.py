@@ -23,13 +23,13 @@ from typing import Any
 import httpx
 from confluent_kafka import Consumer, TopicPartition
 
-from ldpipe.aggregator.store import SketchStore
 from ldpipe.discovery.client import DiscoveryClient
 from ldpipe.discovery.runtime import discovery_config, save_tag_key
 from ldpipe.infra.cli.init import ISSUER_KEYS
 from ldpipe.infra.runtime.epochs_io import load_epochs
 from ldpipe.infra.runtime.kafka import KafkaSettings, ensure_topics
 from ldpipe.infra.runtime.topics import config_topics
+from ldpipe.infra.storage.sketch_store import SketchStore, open_sketch_store
 from ldpipe.producers.client import DeviceClient
 from ldpipe.schemas.config import PipelineConfig, UseCase, load_config
 from ldpipe.schemas.discovery.tags import TagKey
@@ -442,7 +442,7 @@ class LocalPipeline:
 
     def store(self, use_case: str | None = None) -> SketchStore:
         uc = self.use_case if use_case is None else self.config.use_case(use_case)
-        return SketchStore(uc.store.uri, uc.name, storage_options=uc.store.storage_options)
+        return open_sketch_store(uc)
 
     def aggregated(self, use_case: str | None = None) -> int:
         """Reports in the sealed segments of the use case's sketch store."""

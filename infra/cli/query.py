@@ -21,11 +21,11 @@ from ldpipe.aggregator.exceptions import NoCommitYetError
 from ldpipe.aggregator.http_api import serve
 from ldpipe.aggregator.metrics import QUERY_LABELS, QueryMetrics
 from ldpipe.aggregator.query import QueryResult, no_data_result, query_use_case
-from ldpipe.aggregator.store import StoreError
 from ldpipe.infra.cli.argtypes import interval_seconds, non_negative_int, port, positive_int
 from ldpipe.infra.cli.calibrate_options import add_calibrate_args, check_calibrate_args
 from ldpipe.infra.cli.common import stop_on_signals
 from ldpipe.infra.runtime.observability import Readiness, service_registry
+from ldpipe.infra.storage.sketch_store import StoreError
 from ldpipe.schemas.config import UseCase, load_config, select_use_case
 from ldpipe.schemas.errors import LdpipeError
 from ldpipe.schemas.mechanisms.columns import CellCache

@@ -21,8 +21,8 @@ from typing import Any
 from confluent_kafka import Consumer, TopicPartition
 
 from ldpipe.aggregator.service import Aggregator, AggregatorOptions
-from ldpipe.aggregator.store import SketchStore
 from ldpipe.infra.cli.common import add_service_args, service_context, stop_on_signals
+from ldpipe.infra.storage.sketch_store import open_sketch_store
 from ldpipe.schemas.keys import KeyRing
 
 __all__ = ["add_parser", "run"]
@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     live = ctx.use_case.store.uri
     if uri.rstrip("/") == (live if "://" in live else str(Path(live).resolve())).rstrip("/"):
         raise ValueError(f"--store {uri} is the live sketch store; a replay writes to its own")
-    store = SketchStore(uri, ctx.use_case.name, storage_options=ctx.use_case.store.storage_options)
+    store = open_sketch_store(ctx.use_case, uri)
     if store.version() is not None and not args.resume:
         raise ValueError(
             f"--store {uri} already holds a replay of {ctx.use_case.name}; give a new store, or "

@@ -21,8 +21,8 @@ from ldpipe.aggregator.maintenance import (
     retain,
     verify,
 )
-from ldpipe.aggregator.query import open_store
-from ldpipe.aggregator.store import SketchStore
+from ldpipe.infra.storage.protocol import SegmentStore
+from ldpipe.infra.storage.sketch_store import open_sketch_store
 from ldpipe.schemas.config import UseCase, load_config, select_use_case
 
 __all__ = ["add_parser", "run"]
@@ -84,7 +84,7 @@ def _stamp(seconds: int) -> str:
     return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%MZ")
 
 
-def _list(use_case: UseCase, store: SketchStore, as_json: bool) -> int:
+def _list(use_case: UseCase, store: SegmentStore, as_json: bool) -> int:
     segments = store.segments()
     windows: dict[tuple[int, str, int, int], list[int]] = defaultdict(lambda: [0, 0])
     for s in segments:
@@ -115,7 +115,7 @@ def _list(use_case: UseCase, store: SketchStore, as_json: bool) -> int:
     return 0
 
 
-def _change(store: SketchStore, args: argparse.Namespace, use_case: UseCase) -> int:
+def _change(store: SegmentStore, args: argparse.Namespace, use_case: UseCase) -> int:
     if args.action == "compact":
         planned = plan_compaction(store.segments())
     else:
@@ -148,7 +148,7 @@ def _change(store: SketchStore, args: argparse.Namespace, use_case: UseCase) -> 
     return 1 if failed else 0
 
 
-def _verify(store: SketchStore, as_json: bool) -> int:
+def _verify(store: SegmentStore, as_json: bool) -> int:
     problems = verify(store)
     if as_json:
         json.dump({"store": store.uri, "problems": [str(p) for p in problems]}, sys.stdout)
@@ -162,7 +162,7 @@ def _verify(store: SketchStore, as_json: bool) -> int:
 
 def run(args: argparse.Namespace) -> int:
     use_case = select_use_case(load_config(args.config), args.use_case)
-    store = open_store(use_case, args.store)
+    store = open_sketch_store(use_case, args.store)
     if args.action == "list":
         return _list(use_case, store, args.json)
     if args.action == "verify":

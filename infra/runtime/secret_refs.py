@@ -5,8 +5,8 @@ where the setting is used, so a password sits neither in the configuration file 
 trailing newline stripped (Docker and Kubernetes secret files, systemd ``LoadCredential``).
 Only a whole value is a reference; ``$${...}`` is the literal ``${...}``. Kafka settings
 (``[kafka.extra]`` and ``-X``) are resolved in ``ldpipe.infra.runtime.kafka.KafkaSettings``, the
-store's ``storage_options`` in ``ldpipe.aggregator.store.SketchStore``. Errors name the setting and
-the reference, never a value (``docs/configuration.md#secrets``).
+store's ``storage_options`` in ``ldpipe.infra.storage.sketch_store.SketchStore``. Errors name the
+setting and the reference, never a value (``docs/configuration.md#secrets``).
 
 >>> import tempfile
 >>> with tempfile.TemporaryDirectory() as run:

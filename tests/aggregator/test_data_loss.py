@@ -18,8 +18,8 @@ from prometheus_client import CollectorRegistry
 
 from ldpipe.aggregator.exceptions import AggregatorError
 from ldpipe.aggregator.service import Aggregator, AggregatorOptions, DataLoss, find_data_loss
-from ldpipe.aggregator.store import SketchStore
 from ldpipe.infra.runtime.kafka import KafkaSettings
+from ldpipe.infra.storage.sketch_store import SketchStore
 from ldpipe.schemas.config import UseCase, parse_config
 from ldpipe.schemas.keys import KeyPair, KeyRing
 from tests.fake_kafka import StubMessage, StubProducer

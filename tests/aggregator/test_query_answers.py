@@ -23,9 +23,9 @@ from prometheus_client import CollectorRegistry
 from ldpipe.aggregator.exceptions import NoCommitYetError
 from ldpipe.aggregator.metrics import QueryMetrics
 from ldpipe.aggregator.query import _membership, interval, query_use_case
-from ldpipe.aggregator.store import SketchStore
 from ldpipe.infra.cli.main import main
 from ldpipe.infra.cli.query import NO_DATA, export_gauges
+from ldpipe.infra.storage.sketch_store import open_sketch_store
 from ldpipe.schemas.config import UseCase, load_config
 from ldpipe.schemas.mechanisms import build_mechanism
 from tests.aggregator.test_http_api import COUNTS, EMOJI, ROOT, call, sketch_of, write_config
@@ -74,7 +74,7 @@ def test_a_store_created_but_not_yet_committed_to_is_no_data_yet(
     query in between is "no data yet" (a serving worker stays not ready), not an empty answer."""
     config = write_config(tmp_path, EMOJI.replace('"store"', f'"{tmp_path / "store"}"'))
     use_case = load_config(config).use_case("emoji")
-    store = SketchStore(use_case.store.uri, use_case.name)
+    store = open_sketch_store(use_case)
     store._ensure_table()
     assert store.version() == 0
     with pytest.raises(NoCommitYetError, match="has no commits yet"):

@@ -13,8 +13,8 @@ from typing import Any
 from confluent_kafka import TopicPartition
 
 from ldpipe.aggregator.service import Aggregator, AggregatorOptions
-from ldpipe.aggregator.store import SketchStore
 from ldpipe.infra.runtime.kafka import KafkaSettings
+from ldpipe.infra.storage.sketch_store import open_sketch_store
 from ldpipe.schemas.config import parse_config
 from ldpipe.schemas.keys import KeyPair, KeyRing
 
@@ -50,6 +50,6 @@ def test_a_revocation_mid_batch_commits_the_processed_positions(tmp_path: Path) 
     agg.offsets = {0: 10, 1: 20}  # what the member has processed
     consumer = MidBatchConsumer({0: 15, 1: 25})  # what librdkafka has dequeued
     agg._on_revoke(consumer, [TopicPartition(TOPIC, 1)])  # type: ignore[arg-type]
-    store = SketchStore(tmp_path / "store", "emoji")
+    store = open_sketch_store(uc, tmp_path / "store")
     assert store.committed_offsets(TOPIC, [0, 1]) == {0: 10, 1: 20}
     assert consumer.unassigned == [1] and agg.owned == {0}

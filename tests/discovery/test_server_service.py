@@ -25,8 +25,8 @@ from ldpipe.discovery.aux_service import RELEASE_HEADER, ReleaseHeader
 from ldpipe.discovery.client import DiscoveryClient
 from ldpipe.discovery.runtime import discovery_config, save_tag_key
 from ldpipe.discovery.server_service import DEAD_LETTER_STAGE, DiscoveryRecorder
-from ldpipe.discovery.store import DiscoveryStore
 from ldpipe.infra.runtime.kafka import KafkaSettings
+from ldpipe.infra.storage.discovery_store import DiscoveryStore
 from ldpipe.schemas.config import UseCase, load_config
 from ldpipe.schemas.config_checks import ConfigError
 from ldpipe.schemas.discovery.exceptions import DiscoveryServiceError

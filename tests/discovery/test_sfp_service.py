@@ -30,11 +30,11 @@ import pytest
 
 from ldpipe.aggregator.exceptions import QueryError
 from ldpipe.aggregator.query import discovered_items, query_use_case
-from ldpipe.aggregator.store import SketchStore
 from ldpipe.discovery.sfp import SfpReports, randomize_words
 from ldpipe.discovery.sfp_service import SfpWindowResult, reconstruct, sfp_store_directory
 from ldpipe.discovery.sfp_wire import stack_fragments
-from ldpipe.discovery.store import DiscoveryStore
+from ldpipe.infra.storage.discovery_store import DiscoveryStore, open_discovery_store
+from ldpipe.infra.storage.sketch_store import open_sketch_store
 from ldpipe.schemas.config import PipelineConfig, UseCase, parse_config
 from ldpipe.schemas.discovery.exceptions import DiscoveryServiceError
 from ldpipe.schemas.discovery.sfp_words import SfpParams, decode_word, encode_word
@@ -200,7 +200,7 @@ def test_the_merged_windows_find_the_planted_words(
 def test_the_store_records_sfp_windows(reconstructed: Reconstructed) -> None:
     word = reconstructed.config.use_case("newwords")
     params = word.sfp_params
-    store = DiscoveryStore(sfp_store_directory(word))
+    store = open_discovery_store(word)
     assert sfp_store_directory(word) == word.snapshot.directory / "discoveries"
     assert sfp_store_directory(reconstructed.config.use_case("newwords.fragments")) == (
         sfp_store_directory(word)
@@ -239,7 +239,7 @@ def test_reruns_are_idempotent_and_late_segments_add_a_file(
     (tmp_path / "words.txt").write_text("hello\n", encoding="utf-8")
     config = config_in(tmp_path)
     word = config.use_case("newwords")
-    store = DiscoveryStore(sfp_store_directory(word))
+    store = open_discovery_store(word)
     seal_reports(config, devices, share=(0.0, 0.8))  # the aggregators mid-window
     (early,) = reconstruct(config, word, merge=True)
     assert early.word_reports == early.fragment_reports == int(0.8 * N)
@@ -261,7 +261,7 @@ def test_reruns_are_idempotent_and_late_segments_add_a_file(
     ]
     assert set(discovered_items(word)) == FOUND  # each word once, whatever the files
     # per writer: both windows sealed, then a second segment of the second window
-    spans = [s.span for s in SketchStore(word.store.uri, word.name).segments()]
+    spans = [s.span for s in open_sketch_store(word).segments()]
     assert spans == [WINDOWS[0]] * WRITERS + [WINDOWS[1]] * 2 * WRITERS
 
 
@@ -346,7 +346,7 @@ def test_no_sealed_windows_names_the_aggregator_to_run(tmp_path: Path, devices: 
         reconstruct(config, word)
     seal_reports(config, devices)
     fragments = config.use_case("newwords.fragments")
-    shutil.rmtree(SketchStore(fragments.store.uri, fragments.name).uri)  # the word half only
+    shutil.rmtree(open_sketch_store(fragments).uri)  # the word half only
     with pytest.raises(
         DiscoveryServiceError,
         match=r"no sealed fragment windows in .*store/newwords.fragments yet; run the aggregator "

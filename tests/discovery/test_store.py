@@ -1,4 +1,5 @@
-"""The discoveries store (discovery/store.py): append-only Parquet files, one per window."""
+"""The discoveries store (infra/storage/discovery_store.py): append-only Parquet files, one per
+window."""
 
 from __future__ import annotations
 
@@ -9,8 +10,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ldpipe.discovery.server import Discovery
-from ldpipe.discovery.store import DiscoveryStore, DiscoveryWindow, read_window, window_file_name
+from ldpipe.infra.storage.discovery_store import (
+    DiscoveryStore,
+    DiscoveryWindow,
+    read_window,
+    window_file_name,
+)
+from ldpipe.schemas.discovery.discovered import Discovery
 from ldpipe.schemas.discovery.exceptions import DiscoveryExistsError, DiscoveryStoreError
 
 

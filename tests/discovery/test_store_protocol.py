@@ -1,4 +1,5 @@
-"""The discoveries store's ``protocol`` field (``discovery/store.py``): "aux" or "sfp".
+"""The discoveries store's ``protocol`` field (``infra/storage/discovery_store.py``): "aux" or
+"sfp".
 
 Files written before SFP ran on the pipeline carry no ``protocol`` in their metadata; they are
 aux-server releases and must keep reading as such. An unknown protocol is refused both ways.
@@ -14,8 +15,7 @@ import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.parquet as pq  # type: ignore[import-untyped]
 import pytest
 
-from ldpipe.discovery.server import Discovery
-from ldpipe.discovery.store import (
+from ldpipe.infra.storage.discovery_store import (
     PROTOCOLS,
     STORE_FORMAT,
     STORE_VERSION,
@@ -24,6 +24,7 @@ from ldpipe.discovery.store import (
     read_window,
     window_file_name,
 )
+from ldpipe.schemas.discovery.discovered import Discovery
 from ldpipe.schemas.discovery.exceptions import DiscoveryStoreError
 from ldpipe.schemas.discovery.tags import TAG_LENGTH
 

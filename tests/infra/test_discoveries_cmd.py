@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from ldpipe.discovery.found import found_items
-from ldpipe.discovery.server import Discovery
-from ldpipe.discovery.store import DiscoveryStore, DiscoveryWindow
 from ldpipe.infra.cli.main import main
+from ldpipe.infra.storage.discovery_store import DiscoveryStore, DiscoveryWindow
+from ldpipe.schemas.discovery.discovered import Discovery
 
 CONFIG = """
 [[use_case]]

@@ -13,11 +13,12 @@ from typing import Any
 
 import pytest
 
-import ldpipe.aggregator.store as store_module
-from ldpipe.aggregator.store import SegmentData, SketchStore
+import ldpipe.infra.storage.sketch_store as store_module
 from ldpipe.infra.cli.main import main
 from ldpipe.infra.runtime.kafka import KafkaSettings, parse_extra
 from ldpipe.infra.runtime.secret_refs import is_reference, resolve, resolve_all
+from ldpipe.infra.storage.segments import SegmentData
+from ldpipe.infra.storage.sketch_store import SketchStore
 from ldpipe.schemas.config import parse_config
 from ldpipe.schemas.config_checks import ConfigError
 from ldpipe.schemas.errors import LdpipeError

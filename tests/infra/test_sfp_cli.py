@@ -18,9 +18,9 @@ import pytest
 from ldpipe.discovery.sfp import randomize_words
 from ldpipe.discovery.sfp_service import sfp_store_directory
 from ldpipe.discovery.sfp_wire import stack_fragments
-from ldpipe.discovery.store import DiscoveryStore
 from ldpipe.infra.cli import produce as produce_cmd
 from ldpipe.infra.cli.main import main
+from ldpipe.infra.storage.discovery_store import DiscoveryStore
 from ldpipe.schemas.config import PipelineConfig, UseCase, load_config
 from ldpipe.schemas.epochs import EpochSet
 from ldpipe.schemas.keys import KeyPair, write_public_key

@@ -9,7 +9,7 @@ import pytest
 
 from ldpipe.infra.cli.main import main
 from ldpipe.schemas.config import load_config
-from tests.aggregator.test_store import sketch
+from tests.infra.test_sketch_store import sketch
 from tests.store_helpers import seal_windows
 
 CONFIG = """

@@ -12,9 +12,10 @@ from pathlib import Path
 import numpy as np
 from confluent_kafka import Producer
 
-from ldpipe.aggregator.query import load_merged, open_store
+from ldpipe.aggregator.query import load_merged
 from ldpipe.aggregator.windows import decode_batch
 from ldpipe.infra.cli.pipeline import LocalPipeline, PipelineSettings
+from ldpipe.infra.storage.sketch_store import open_sketch_store
 from ldpipe.producers.datasets import Population, dictionary_population
 from ldpipe.schemas.config import UseCase
 from ldpipe.schemas.envelope import (
@@ -112,7 +113,7 @@ def offline_sketch(pipe: LocalPipeline, values: list[bytes]) -> tuple[Sketch, in
 
 def live_sketch(use_case: UseCase, store: str | None = None) -> Sketch:
     """Every segment of the use case's sketch store, summed (each report is in one)."""
-    merged, _ = load_merged(open_store(use_case, store))
+    merged, _ = load_merged(open_sketch_store(use_case, store))
     assert len(merged) == 1, merged
     return next(iter(merged.values())).sketch
 

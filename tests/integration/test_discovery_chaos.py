@@ -30,12 +30,11 @@ import numpy as np
 import pytest
 
 from ldpipe.aggregator.query import discovered_items
-from ldpipe.discovery.runtime import discovery_store_directory
-from ldpipe.discovery.store import DiscoveryStore
 from ldpipe.infra.cli.pipeline import LocalPipeline
 from ldpipe.infra.runtime.dead_letters import count_dead_letters
 from ldpipe.infra.runtime.kafka import KafkaSettings, read_to_end
 from ldpipe.infra.runtime.ledger_io import read_ledger
+from ldpipe.infra.storage.discovery_store import open_discovery_store
 from ldpipe.schemas.headers import WINDOW_HEADER, parse_window_header
 from ldpipe.schemas.privacy.ledger import DiscoveryRelease, WindowRecord
 from tests.integration.pipeline_helpers import make_pipeline, publish, wait_dead
@@ -100,7 +99,7 @@ def test_kill_nine_of_every_discovery_service_ends_in_exact_accounting(
     victims += [rng.choice(SERVICES) for _ in range(BURSTS - len(victims))]
     rng.shuffle(victims)
     kills: Counter[str] = Counter()
-    store = DiscoveryStore(discovery_store_directory(uc))
+    store = open_discovery_store(uc)
 
     def windows() -> list[WindowRecord]:
         records = read_ledger(pipe.kafka, f"{uc.name}.discovery")

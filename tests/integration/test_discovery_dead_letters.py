@@ -14,10 +14,10 @@ from confluent_kafka import Producer
 from ldpipe.discovery.aux import AuxServer
 from ldpipe.discovery.aux_service import RELEASE_HEADER, ReleaseHeader
 from ldpipe.discovery.client import DiscoveryClient
-from ldpipe.discovery.runtime import discovery_config, discovery_store_directory
-from ldpipe.discovery.store import DiscoveryStore
+from ldpipe.discovery.runtime import discovery_config
 from ldpipe.infra.runtime.dead_letters import count_dead_letters
 from ldpipe.infra.runtime.kafka import KafkaSettings, read_to_end
+from ldpipe.infra.storage.discovery_store import open_discovery_store
 from ldpipe.schemas.discovery.layers import ReleasedBucket
 from ldpipe.schemas.discovery.privacy import ReleaseParameters
 from ldpipe.schemas.keys import KeyRing
@@ -65,7 +65,7 @@ def test_refused_release_records_reach_the_dead_letter_topic(
         producer.produce(topics.released, value=value, key=b"0:0-7", headers=headers)
     assert producer.flush(30) == 0
 
-    store = DiscoveryStore(discovery_store_directory(uc))
+    store = open_discovery_store(uc)
     pipe.start("discovery-server", ["discovery-server"])
     try:
         pipe.wait_until(lambda: store.windows(uc.name), 60, "the window in the store", poll=0.5)

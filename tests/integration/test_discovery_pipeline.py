@@ -12,12 +12,11 @@ import numpy as np
 import pytest
 
 from ldpipe.aggregator.query import discovered_items, query_use_case
-from ldpipe.discovery.runtime import discovery_store_directory
-from ldpipe.discovery.store import DiscoveryStore
 from ldpipe.infra.cli.main import main
 from ldpipe.infra.cli.pipeline import LocalPipeline
 from ldpipe.infra.runtime.kafka import KafkaSettings
 from ldpipe.infra.runtime.ledger_io import read_ledger
+from ldpipe.infra.storage.discovery_store import open_discovery_store
 from ldpipe.producers.datasets import dictionary_population
 from ldpipe.schemas.privacy.ledger import DiscoveryRelease
 from tests.integration.pipeline_helpers import make_pipeline, publish
@@ -51,7 +50,7 @@ def test_planted_words_are_discovered_and_estimated(
     encoded = discovery.encode_many(items)
     assert all(isinstance(report, bytes) for report in encoded)
     keys = [rng.bytes(16) for _ in items]  # one client token per device, for both reports
-    store = DiscoveryStore(discovery_store_directory(uc))
+    store = open_discovery_store(uc)
 
     def discovered() -> bool:
         return set(PLANTED) <= set(discovered_items(uc))

@@ -12,9 +12,9 @@ import pytest
 
 from ldpipe.aggregator.query import query_use_case
 from ldpipe.aggregator.service import Aggregator, AggregatorOptions
-from ldpipe.aggregator.store import SketchStore
 from ldpipe.infra.runtime.dead_letters import count_dead_letters
 from ldpipe.infra.runtime.kafka import KafkaSettings
+from ldpipe.infra.storage.sketch_store import open_sketch_store
 from ldpipe.schemas.envelope import EnvelopeHeader, seal
 from ldpipe.schemas.keys import KeyPair, KeyRing
 from ldpipe.schemas.outer import seal_outer
@@ -200,7 +200,7 @@ def test_replay_rebuilds_the_live_sketch_bit_for_bit(broker: KafkaSettings, tmp_
     )
     # same committed offsets, and the live store was not touched
     topic, parts = pipe.use_case.topics.shuffled, range(pipe.use_case.topics.partitions)
-    replayed = SketchStore(tmp_path / "replay", pipe.use_case.name)
+    replayed = open_sketch_store(pipe.use_case, tmp_path / "replay")
     assert replayed.committed_offsets(topic, parts) == live.committed_offsets(topic, parts)
     assert live.version() == version
 

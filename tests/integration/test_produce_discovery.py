@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from ldpipe.discovery.runtime import discovery_store_directory
-from ldpipe.discovery.store import DiscoveryStore
 from ldpipe.infra.cli.main import main
 from ldpipe.infra.runtime.kafka import KafkaSettings, read_to_end
+from ldpipe.infra.storage.discovery_store import open_discovery_store
 from tests.integration.pipeline_helpers import make_pipeline
 
 N = 3000
@@ -36,7 +35,7 @@ def test_produce_sends_discovery_reports_that_the_services_open(
     # one client token per device, shared by its two reports
     assert {m.key() for m in reports} == {m.key() for m in hidden}
 
-    store = DiscoveryStore(discovery_store_directory(uc))
+    store = open_discovery_store(uc)
     pipe.start_discovery()
     try:
         pipe.wait_until(lambda: store.windows(uc.name), 120, "the discovery server's window")

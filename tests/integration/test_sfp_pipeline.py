@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 from ldpipe.aggregator.query import discovered_items, query_use_case
-from ldpipe.discovery.sfp_service import reconstruct, sfp_store_directory
-from ldpipe.discovery.store import DiscoveryStore
+from ldpipe.discovery.sfp_service import reconstruct
 from ldpipe.infra.runtime.kafka import KafkaSettings
+from ldpipe.infra.storage.discovery_store import open_discovery_store
 from ldpipe.producers.datasets import Population
 from ldpipe.producers.loadgen import produce_population
 from ldpipe.producers.sfp_client import SfpDeviceClient
@@ -84,7 +84,7 @@ def test_planted_words_are_found_by_the_puzzle_and_estimated(
     found = {row["item"] for row in window["words"]}
     assert set(PLANTED) <= found, window
     assert window["recorded"] is not None
-    store = DiscoveryStore(sfp_store_directory(uc))
+    store = open_discovery_store(uc)
     (recorded,) = list(store.iter_windows(uc.name))
     assert recorded.protocol == "sfp" and recorded.delta == 0.0
     assert math.isclose(recorded.epsilon, 2.0 + 6.0, rel_tol=1e-9)

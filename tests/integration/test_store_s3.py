@@ -2,7 +2,7 @@
 
 The store's protocol (atomic commits, offsets as application transactions, refusal of a stale
 or racing commit, compaction) is the same code as on a local directory
-(tests/aggregator/test_store.py); here it runs against S3, where atomicity rests on the
+(tests/infra/test_sketch_store.py); here it runs against S3, where atomicity rests on the
 object store's conditional put. The end-to-end test runs the real pipeline with its store on
 S3 and checks the sealed sketch bit for bit against an offline recompute.
 """
@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from ldpipe.aggregator.maintenance import compact, verify
-from ldpipe.aggregator.store import SketchStore, StaleCommitError
 from ldpipe.infra.runtime.dead_letters import count_dead_letters
 from ldpipe.infra.runtime.kafka import KafkaSettings
-from tests.aggregator.test_store import T, same, segment, total
+from ldpipe.infra.storage.sketch_store import SketchStore, StaleCommitError
+from tests.infra.test_sketch_store import T, same, segment, total
 from tests.integration.pipeline_helpers import (
     assert_same_sketch,
     live_sketch,

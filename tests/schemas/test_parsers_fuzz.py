@@ -935,7 +935,9 @@ def test_config_ocms_huge_m_is_refused_quickly() -> None:
         """
         import resource, sys
         resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
-        from ldpipe.schemas.config import ConfigError, ShuffleConfig, SnapshotConfig, parse_config
+        from ldpipe.schemas.config import parse_config
+        from ldpipe.schemas.config_checks import ConfigError
+        from ldpipe.schemas.config_tables import ShuffleConfig, SnapshotConfig
         try:
             parse_config(sys.argv[1])
         except ConfigError:

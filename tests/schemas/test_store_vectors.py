@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
-from ldpipe.aggregator.store import SketchStore
+from ldpipe.infra.storage.sketch_store import SketchStore
 
 VECTORS = Path(__file__).resolve().parents[2] / "schemas" / "vectors"
 EXPECTED = json.loads((VECTORS / "store.json").read_text())

@@ -1,6 +1,6 @@
 """Write ``schemas/vectors/store/`` (a small sketch store) and ``schemas/vectors/store.json``.
 
-The table is written by the reference implementation (``aggregator/store.py``), in three
+The table is written by the reference implementation (``infra/storage/sketch_store.py``), in three
 commits: two segments of two windows advancing partitions 0 and 1, then a late segment of the
 first window advancing partition 0 again. ``store.json`` holds what any reader must find in it,
 computed here from the counters themselves (drawn from a SHA-256 counter stream, so the
@@ -28,7 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from ldpipe.aggregator.store import SegmentData, SketchStore
+from ldpipe.infra.storage.segments import SegmentData
+from ldpipe.infra.storage.sketch_store import SketchStore
 from ldpipe.schemas.mechanisms import Sketch
 
 # the vectors live beside the specifications they illustrate (and ship in the wheel with them)

@@ -14,7 +14,14 @@ as the version of the application id ``<topic>:<partition>``. A writer commits o
 such version is still the one it started from (:class:`StaleCommitError` otherwise: another
 writer took the partition over and committed), and Delta refuses a concurrent commit that sets
 the same application id, so of two writers racing on a partition exactly one wins. Why Delta
-and not a manifest of our own: ``docs/store.md``; the table's layout: ``schemas/store.md``.
+and not a manifest of our own: ``docs/store.md``; the table's layout: ``schemas/store.md``
+(its rows: ``segments.py``).
+
+This module is the only one that speaks to delta-rs (with ``segments.py``, which names none of
+its types): a reader holds a :class:`TableVersion` (one version, read once), not a Delta table,
+and delta-rs's failures come out as :class:`StoreDamagedError`. Services build a store from
+their use case with :func:`open_sketch_store` and depend on the
+:class:`~ldpipe.infra.storage.protocol.SegmentStore` protocol.
 
 >>> import tempfile
 >>> from ldpipe.schemas.mechanisms import Sketch
@@ -29,12 +36,13 @@ and not a manifest of our own: ``docs/store.md``; the table's layout: ``schemas/
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
@@ -49,55 +57,34 @@ from deltalake.fs import DeltaStorageHandler
 from deltalake.transaction import AddAction, RemoveAction
 
 from ldpipe.infra.runtime.secret_refs import resolve_all
+from ldpipe.infra.storage.engine import is_engine_panic
+from ldpipe.infra.storage.segments import (
+    HEADER_COLUMNS,
+    HEADER_ROW,
+    SCHEMA,
+    SegmentData,
+    SegmentInfo,
+    decode_header,
+    encode_segments,
+    rows_per_group,
+)
+from ldpipe.schemas.config import UseCase
 from ldpipe.schemas.errors import LdpipeError
 from ldpipe.schemas.mechanisms import Sketch
 
 __all__ = [
-    "LEVELS",
-    "SCHEMA",
-    "SegmentData",
-    "SegmentInfo",
     "SketchStore",
     "StaleCommitError",
+    "StoreDamagedError",
     "StoreError",
+    "TableVersion",
     "app_id",
+    "open_sketch_store",
 ]
 
 log = logging.getLogger(__name__)
 
-#: what a segment's window is: as aggregated, or rolled up to a UTC day or month
-LEVELS: Final = ("window", "day", "month")
-_HEADER_ROW: Final = -1  # the row holding a segment's metadata; sketch rows are 0 .. k-1
-_ROW_GROUP_BYTES: Final = 8 << 20  # ~8 MiB of counters per Parquet row group
 _COMMIT_ATTEMPTS: Final = 20
-
-SCHEMA: Final = pa.schema(
-    [
-        # every row
-        pa.field("segment", pa.string(), nullable=False),
-        pa.field("epoch", pa.int32(), nullable=False),
-        pa.field("level", pa.string(), nullable=False),
-        pa.field("window_start", pa.int64(), nullable=False),
-        pa.field("window_end", pa.int64(), nullable=False),
-        pa.field("row", pa.int32(), nullable=False),
-        pa.field("counts", pa.list_(pa.field("item", pa.int64(), nullable=False)), nullable=False),
-        pa.field("row_total", pa.int64(), nullable=False),
-        # the header row only (null in sketch rows)
-        pa.field("writer", pa.string()),
-        pa.field("mechanism", pa.string()),
-        pa.field("params", pa.string()),  # JSON: rebuilds the mechanism
-        pa.field("k", pa.int32()),
-        pa.field("m", pa.int32()),
-        pa.field("n", pa.int64()),  # reports in the segment
-        pa.field("covers", pa.string()),  # JSON [[topic, partition, start, end], ...]
-        pa.field("sources", pa.int64()),  # segments summed into this one (1 when aggregated)
-        pa.field("created_at", pa.float64()),
-    ]
-)
-_HEADER_COLUMNS: Final = [
-    "segment", "epoch", "level", "window_start", "window_end", "writer", "mechanism", "params",
-    "k", "m", "n", "covers", "sources", "created_at",
-]  # fmt: skip
 
 
 class StoreError(LdpipeError):
@@ -110,54 +97,34 @@ class StaleCommitError(StoreError):
     no report counts twice. The writer must drop what it holds and resume from the store."""
 
 
-def app_id(topic: str, partition: int) -> str:
-    """The Delta application id whose version is ``partition``'s next offset to count."""
-    return f"{topic}:{partition}"
-
-
-@dataclass(frozen=True, eq=False)
-class SegmentData:
-    """A sketch to commit: one epoch's counts over ``[window_start, window_end)``."""
-
-    epoch: int
-    window_start: int
-    window_end: int
-    mechanism: str
-    params: Mapping[str, Any]
-    sketch: Sketch
-    level: str = "window"
-    sources: int = 1
-    segment: str | None = None  # its id; default a random UUID (hex)
-
-    def __post_init__(self) -> None:
-        if self.level not in LEVELS:
-            raise ValueError(f"level must be one of {LEVELS}, got {self.level!r}")
-        if self.window_end <= self.window_start:
-            raise ValueError(f"empty window [{self.window_start}, {self.window_end})")
+class StoreDamagedError(StoreError):
+    """delta-rs (or Arrow under it) failed to read or write the table: a garbled log, a missing
+    or damaged Parquet file, an unreachable bucket, a panic. The seam's translation of the
+    engine's own errors, so no caller needs to know them; the message names the store and the
+    fix (``ldpipe store verify``, a backup, ``ldpipe replay``)."""
 
 
 @dataclass(frozen=True)
-class SegmentInfo:
-    """A committed segment's header: what it is and what it covers (its counts stay on disk)."""
+class TableVersion:
+    """One version of a use case's table, read once: the segments listed, the sums read and the
+    offsets asked of it agree, whatever is committed meanwhile (Delta's snapshot isolation).
+    ``number`` is the Delta version (0: the table was created, nothing committed yet)."""
 
-    segment: str
-    epoch: int
-    level: str
-    window_start: int
-    window_end: int
-    writer: str
-    mechanism: str
-    params: dict[str, Any]
-    k: int
-    m: int
-    n: int
-    covers: tuple[tuple[str, int, int, int], ...]
-    sources: int
-    created_at: float
+    number: int
+    handle: Any = field(repr=False, compare=False)  # delta-rs's table: only this module opens it
 
-    @property
-    def span(self) -> tuple[int, int]:
-        return (self.window_start, self.window_end)
+
+def open_sketch_store(use_case: UseCase, uri: str | Path | None = None) -> SketchStore:
+    """``use_case``'s sketch store: ``[use_case.store] uri`` (or ``uri``: another store root, a
+    replay's) with its ``storage_options``. Every service and command builds its store here."""
+    return SketchStore(
+        uri or use_case.store.uri, use_case.name, storage_options=use_case.store.storage_options
+    )
+
+
+def app_id(topic: str, partition: int) -> str:
+    """The Delta application id whose version is ``partition``'s next offset to count."""
+    return f"{topic}:{partition}"
 
 
 class SketchStore:
@@ -187,37 +154,72 @@ class SketchStore:
         self._fs: Any = None
 
     # ---- the table ----------------------------------------------------------------------
-    def table(self) -> DeltaTable | None:
-        """The table at its newest version (None before the first commit)."""
-        try:
-            return DeltaTable(self.uri, storage_options=self._options)
-        except TableNotFoundError:
-            return None
-        except (OSError, DeltaError) as exc:
-            raise self.unreadable(exc) from exc
+    def head(self) -> TableVersion | None:
+        """The table at its newest version, read once (None: no table yet)."""
+        table = self._table()
+        return None if table is None else TableVersion(table.version(), table)
 
-    def unreadable(self, exc: BaseException) -> StoreError:
+    def _table(self) -> DeltaTable | None:
+        with self._engine():
+            try:
+                return DeltaTable(self.uri, storage_options=self._options)
+            except TableNotFoundError:
+                return None
+            except OSError as exc:
+                raise self.unreadable(exc) from exc
+
+    def unreadable(self, exc: BaseException) -> StoreDamagedError:
         """A read of the table that failed (a garbled log, a missing or damaged Parquet file,
         an unreachable bucket), as one line naming the store and the fix."""
         lines = str(exc).strip().splitlines()  # delta-rs may append a Rust backtrace
         what = lines[0].strip() if lines else type(exc).__name__
-        return StoreError(
+        return StoreDamagedError(
             f"cannot read the sketch store {self.uri}: {what}; `ldpipe store verify` checks "
             f"it: restore its damaged or missing files from a backup, or move it away and "
             f"rebuild it with `ldpipe replay`"
         )
 
-    def version(self) -> int | None:
-        table = self.table()
-        return None if table is None else table.version()
+    def unwritable(self, exc: BaseException) -> StoreDamagedError:
+        """A write to the table that failed in delta-rs, as one line naming the store and what
+        to check."""
+        lines = str(exc).strip().splitlines()
+        what = lines[0].strip() if lines else type(exc).__name__
+        return StoreDamagedError(
+            f"cannot write to the sketch store {self.uri}: {what}; check that it is reachable "
+            f"and writable (its uri, storage_options and credentials), then run `ldpipe store "
+            f"verify`"
+        )
 
-    def committed_offsets(self, topic: str, partitions: Iterable[int]) -> dict[int, int | None]:
-        """The next offset to count of every partition (None: never committed)."""
-        table = self.table()
-        return {
-            p: None if table is None else table.transaction_version(app_id(topic, p))
-            for p in partitions
-        }
+    @contextlib.contextmanager
+    def _engine(self, *, writing: bool = False) -> Iterator[None]:
+        """delta-rs's and Arrow's failures inside (its panics too), as
+        :class:`StoreDamagedError`; ours and everything else pass."""
+        translate = self.unwritable if writing else self.unreadable
+        try:
+            yield
+        except (DeltaError, pa.ArrowException) as exc:
+            raise translate(exc) from exc
+        except BaseException as exc:
+            if is_engine_panic(exc):
+                raise translate(exc) from exc
+            raise
+
+    def version(self) -> int | None:
+        """The newest version's number (None: no table yet)."""
+        head = self.head()
+        return None if head is None else head.number
+
+    def committed_offsets(
+        self, topic: str, partitions: Iterable[int], *, at: TableVersion | None = None
+    ) -> dict[int, int | None]:
+        """The next offset to count of every partition (None: never committed), at version
+        ``at`` (default: the newest)."""
+        table = at.handle if at is not None else self._table()
+        with self._engine():
+            return {
+                p: None if table is None else table.transaction_version(app_id(topic, p))
+                for p in partitions
+            }
 
     # ---- writing ------------------------------------------------------------------------
     def commit(
@@ -240,8 +242,18 @@ class SketchStore:
         a file no version refers to, which readers never see and ``vacuum`` deletes), then one
         Delta commit adds it with the partitions' new offsets.
         """
+        with self._engine(writing=True):
+            return self._commit(segments, positions, writer, crash_point)
+
+    def _commit(
+        self,
+        segments: Sequence[SegmentData],
+        positions: Mapping[tuple[str, int], tuple[int | None, int]],
+        writer: str,
+        crash_point: Callable[[str], None] | None,
+    ) -> int:
         self._ensure_table()
-        data = _segments_table(segments, positions, writer)
+        data = encode_segments(segments, positions, writer)
         added = self._write_file(data, segments) if data.num_rows else []
         if crash_point is not None:
             crash_point("written")
@@ -252,7 +264,7 @@ class SketchStore:
             max_commit_retries=_COMMIT_ATTEMPTS,
         )
         for attempt in range(_COMMIT_ATTEMPTS):
-            table = self.table()
+            table = self._table()
             assert table is not None
             try:
                 self._check_bases(table, positions, writer)
@@ -277,7 +289,7 @@ class SketchStore:
     def _ensure_table(self) -> None:
         """Create the (empty) table on first use; a concurrent creator may win."""
         for _ in range(3):
-            if self.table() is not None:
+            if self._table() is not None:
                 return
             try:
                 write_deltalake(
@@ -288,7 +300,7 @@ class SketchStore:
                 )
                 return
             except Exception as exc:  # another writer created it first: use theirs
-                if self.table() is None:
+                if self._table() is None:
                     raise StoreError(f"cannot create the sketch store {self.uri}: {exc}") from exc
                 return
 
@@ -307,7 +319,7 @@ class SketchStore:
             name,
             filesystem=fs,
             compression="zstd",
-            row_group_size=_rows_per_group(segments),
+            row_group_size=rows_per_group(segments),
         )
         size = fs.get_file_info(name).size
         stats = json.dumps({"numRecords": data.num_rows})
@@ -351,31 +363,32 @@ class SketchStore:
         :class:`StoreError`, and nothing changes — run it again."""
         if merged is not None and not (start <= merged.window_start < merged.window_end <= end):
             raise ValueError("the merged segment must lie within the range it replaces")
-        table = self.table()
-        if table is None:
+        head = self.head()
+        if head is None:
             raise StoreError(f"no sketch store at {self.uri}")
-        now = {s.segment for s in self.segments(epoch=epoch, start=start, end=end, table=table)}
+        now = {s.segment for s in self.segments(epoch=epoch, start=start, end=end, at=head)}
         if now != set(expected):
             raise StoreError(f"{self.uri}: the segments in [{start}, {end}) changed; run again")
-        data = _segments_table([merged] if merged else [], {}, writer)
+        data = encode_segments([merged] if merged else [], {}, writer)
         predicate = (
             f"epoch = {int(epoch)} AND window_start >= {int(start)} AND window_end <= {int(end)}"
         )
-        try:
-            write_deltalake(
-                table,
-                data,
-                mode="overwrite",
-                predicate=predicate,
-                storage_options=self._options,
-                writer_properties=_writer_properties([merged] if merged else []),
-                commit_properties=CommitProperties(custom_metadata={"ldpipe.writer": writer}),
-            )
-        except CommitFailedError as exc:
-            raise StoreError(
-                f"{self.uri}: a segment was committed into [{start}, {end}) of epoch {epoch} "
-                f"while it was being compacted; nothing changed, run it again ({exc})"
-            ) from exc
+        with self._engine(writing=True):  # a conflict is ours to name, any other failure not
+            try:
+                write_deltalake(
+                    head.handle,
+                    data,
+                    mode="overwrite",
+                    predicate=predicate,
+                    storage_options=self._options,
+                    writer_properties=_writer_properties([merged] if merged else []),
+                    commit_properties=CommitProperties(custom_metadata={"ldpipe.writer": writer}),
+                )
+            except CommitFailedError as exc:
+                raise StoreError(
+                    f"{self.uri}: a segment was committed into [{start}, {end}) of epoch {epoch} "
+                    f"while it was being compacted; nothing changed, run it again ({exc})"
+                ) from exc
         written = self.version()
         assert written is not None
         return written
@@ -387,13 +400,14 @@ class SketchStore:
         epoch: int | None = None,
         start: int | None = None,
         end: int | None = None,
-        table: DeltaTable | None = None,
+        at: TableVersion | None = None,
     ) -> list[SegmentInfo]:
-        """Headers of the segments (of ``epoch``) lying within ``[start, end)``, sorted."""
-        table = table or self.table()
+        """Headers of the segments (of ``epoch``) lying within ``[start, end)``, sorted, at
+        version ``at`` (default: the newest)."""
+        table = at.handle if at is not None else self._table()
         if table is None:
             return []
-        condition = pc.field("row") == _HEADER_ROW
+        condition = pc.field("row") == HEADER_ROW
         if epoch is not None:
             condition &= pc.field("epoch") == epoch
         if start is not None:
@@ -402,17 +416,18 @@ class SketchStore:
             condition &= pc.field("window_end") <= end
         try:
             dataset = table.to_pyarrow_dataset()
-            rows = dataset.to_table(filter=condition, columns=_HEADER_COLUMNS)
+            rows = dataset.to_table(filter=condition, columns=HEADER_COLUMNS)
         except (OSError, DeltaError, pa.ArrowException) as exc:
             raise self.unreadable(exc) from exc
-        found = [_info(row) for row in rows.to_pylist()]
+        found = [decode_header(row) for row in rows.to_pylist()]
         return sorted(found, key=lambda s: (s.epoch, s.window_start, s.window_end, s.segment))
 
     def read_sum(
-        self, segments: Sequence[SegmentInfo], *, table: DeltaTable | None = None
+        self, segments: Sequence[SegmentInfo], *, at: TableVersion | None = None
     ) -> Sketch:
-        """The sum of ``segments`` (one epoch, one shape), streamed: one k x m accumulator and
-        one Parquet row group in memory, whatever the number of segments."""
+        """The sum of ``segments`` (one epoch, one shape) at version ``at`` (default: the
+        newest), streamed: one k x m accumulator and one Parquet row group in memory, whatever
+        the number of segments."""
         if not segments:
             raise ValueError("no segments to sum")
         first = segments[0]
@@ -423,7 +438,7 @@ class SketchStore:
                     f"disagree on their mechanism ({first.mechanism} {first.params} vs "
                     f"{s.mechanism} {s.params}); the table is corrupt — ldpipe store verify"
                 )
-        table = table or self.table()
+        table = at.handle if at is not None else self._table()
         if table is None:
             raise StoreError(f"no sketch store at {self.uri}")
         counts = np.zeros((first.k, first.m), dtype=np.int64)
@@ -455,7 +470,9 @@ class SketchStore:
         ahead (about a sketch's worth of buffers at Apple's shapes); this holds one small batch.
         A file with no row of them is skipped (its ``segment`` column read alone).
         """
-        for path in pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist():
+        with self._engine():
+            paths = pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist()
+        for path in paths:
             try:
                 yield from self._file_rows(path, wanted)
             except (OSError, pa.ArrowException) as exc:
@@ -484,99 +501,37 @@ class SketchStore:
             return pa.OSFile(str(Path(self.uri) / path), "rb")
         return self._filesystem().open_input_file(path)
 
+    def sketch_rows(self, *, at: TableVersion | None = None) -> Iterator[Any]:
+        """Every segment's sketch rows (not the headers) at version ``at`` (default: the newest),
+        as Arrow record batches of the columns ``segment, row, counts, row_total``: what
+        ``ldpipe store verify`` checks against the headers."""
+        table = at.handle if at is not None else self._table()
+        if table is None:
+            return
+        columns = ["segment", "row", "counts", "row_total"]
+        try:
+            dataset = table.to_pyarrow_dataset()
+            yield from dataset.to_batches(filter=pc.field("row") >= 0, columns=columns)
+        except (OSError, DeltaError, pa.ArrowException) as exc:
+            raise self.unreadable(exc) from exc
+
     def vacuum(self, retention_hours: int = 168) -> list[str]:
         """Delete the files no version newer than ``retention_hours`` refers to."""
-        table = self.table()
+        table = self._table()
         if table is None:
             return []
-        return list(
-            table.vacuum(
-                retention_hours=retention_hours,
-                dry_run=False,
-                enforce_retention_duration=False,
+        with self._engine(writing=True):
+            return list(
+                table.vacuum(
+                    retention_hours=retention_hours,
+                    dry_run=False,
+                    enforce_retention_duration=False,
+                )
             )
-        )
 
 
 # ---- encoding ----------------------------------------------------------------------------------
-def _rows_per_group(segments: Sequence[SegmentData]) -> int:
-    widest = max((s.sketch.shape[1] for s in segments), default=1)
-    return max(1, _ROW_GROUP_BYTES // (8 * widest))
-
-
 def _writer_properties(segments: Sequence[SegmentData]) -> WriterProperties:
-    return WriterProperties(compression="ZSTD", max_row_group_size=_rows_per_group(segments))
+    return WriterProperties(compression="ZSTD", max_row_group_size=rows_per_group(segments))
 
 
-def _segments_table(
-    segments: Sequence[SegmentData],
-    positions: Mapping[tuple[str, int], tuple[int | None, int]],
-    writer: str,
-) -> Any:
-    """Header rows first (one row group answers a listing), then each segment's non-zero rows."""
-    covers = json.dumps(
-        [
-            [t, p, -1 if base is None else base, end]
-            for (t, p), (base, end) in sorted(positions.items())
-        ],
-        separators=(",", ":"),
-    )
-    now = time.time()
-    ids = [s.segment or uuid.uuid4().hex for s in segments]
-    headers = {name: [] for name in SCHEMA.names}  # type: dict[str, list[Any]]
-    for sid, s in zip(ids, segments, strict=True):
-        k, m = s.sketch.shape
-        for name, value in (
-            ("segment", sid), ("epoch", s.epoch), ("level", s.level),
-            ("window_start", s.window_start), ("window_end", s.window_end),
-            ("row", _HEADER_ROW), ("counts", []), ("row_total", 0), ("writer", writer),
-            ("mechanism", s.mechanism), ("params", json.dumps(s.params, sort_keys=True)),
-            ("k", k), ("m", m), ("n", s.sketch.n), ("covers", covers),
-            ("sources", s.sources), ("created_at", now),
-        ):  # fmt: skip
-            headers[name].append(value)
-    batches = [pa.RecordBatch.from_pydict(headers, schema=SCHEMA)]
-    for sid, s in zip(ids, segments, strict=True):
-        batches.append(_rows_batch(sid, s))
-    return pa.Table.from_batches(batches, schema=SCHEMA)
-
-
-def _rows_batch(sid: str, s: SegmentData) -> Any:
-    counts, totals = s.sketch.counts, s.sketch.row_totals
-    _k, m = counts.shape
-    keep = np.flatnonzero(counts.any(axis=1) | (totals != 0)).astype(np.int32)
-    values = pa.array(np.ascontiguousarray(counts[keep]).reshape(-1), type=pa.int64())
-    offsets = pa.array(np.arange(len(keep) + 1, dtype=np.int32) * np.int32(m), type=pa.int32())
-    n = len(keep)
-    columns = {
-        "segment": pa.array([sid] * n, type=pa.string()),
-        "epoch": pa.array(np.full(n, s.epoch, dtype=np.int32)),
-        "level": pa.array([s.level] * n, type=pa.string()),
-        "window_start": pa.array(np.full(n, s.window_start, dtype=np.int64)),
-        "window_end": pa.array(np.full(n, s.window_end, dtype=np.int64)),
-        "row": pa.array(keep),
-        "counts": pa.ListArray.from_arrays(offsets, values, type=SCHEMA.field("counts").type),
-        "row_total": pa.array(np.ascontiguousarray(totals[keep]), type=pa.int64()),
-    }
-    for name in SCHEMA.names[len(columns) :]:
-        columns[name] = pa.nulls(n, type=SCHEMA.field(name).type)
-    return pa.RecordBatch.from_pydict(columns, schema=SCHEMA)
-
-
-def _info(row: Mapping[str, Any]) -> SegmentInfo:
-    return SegmentInfo(
-        segment=row["segment"],
-        epoch=row["epoch"],
-        level=row["level"],
-        window_start=row["window_start"],
-        window_end=row["window_end"],
-        writer=row["writer"],
-        mechanism=row["mechanism"],
-        params=json.loads(row["params"]),
-        k=row["k"],
-        m=row["m"],
-        n=row["n"],
-        covers=tuple((t, p, start, end) for t, p, start, end in json.loads(row["covers"])),
-        sources=row["sources"],
-        created_at=row["created_at"],
-    )

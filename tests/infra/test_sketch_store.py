@@ -13,7 +13,8 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from ldpipe.aggregator.maintenance import compact, plan_retention, retain, verify
-from ldpipe.aggregator.store import SegmentData, SketchStore, StaleCommitError, StoreError
+from ldpipe.infra.storage.segments import SegmentData
+from ldpipe.infra.storage.sketch_store import SketchStore, StaleCommitError, StoreError
 from ldpipe.schemas.config_tables import StoreConfig
 from ldpipe.schemas.mechanisms import Sketch
 
@@ -48,7 +49,7 @@ def same(a: Sketch, b: Sketch) -> None:
 
 def test_a_commit_stores_its_segments_and_offsets(tmp_path: Path) -> None:
     store = SketchStore(tmp_path, "emoji")
-    assert store.table() is None and store.segments() == []
+    assert store.head() is None and store.segments() == []
     a, b = segment(1), segment(2, HOUR, 2 * HOUR)
     store.commit([a, b], {(T, 0): (None, 10), (T, 1): (None, 7)}, writer="m1")
     assert store.committed_offsets(T, [0, 1, 2]) == {0: 10, 1: 7, 2: None}
@@ -157,7 +158,7 @@ def test_a_segment_committed_during_compaction_makes_it_change_nothing(tmp_path:
     store = SketchStore(tmp_path, "emoji")
     store.commit([segment(1), segment(2, HOUR, 2 * HOUR)], {}, writer="m")
     store.commit([segment(3)], {}, writer="m")
-    table = store.table()  # the compactor's view
+    table = store.head()  # the compactor's view
     expected = [s.segment for s in store.segments(end=HOUR)]
     merged = SegmentData(0, 0, HOUR, "cms", PARAMS, total(sketch(1), sketch(3)))
     store.commit([segment(4)], {}, writer="late")  # a late segment lands meanwhile
@@ -165,11 +166,11 @@ def test_a_segment_committed_during_compaction_makes_it_change_nothing(tmp_path:
     with pytest.raises(StoreError, match="changed; run again"):
         store.replace(0, 0, HOUR, merged, writer="c", expected=expected)
     # and when the check passes but Delta sees the concurrent add, it refuses too
-    late = store.table()
+    late = store.head()
     ids = [s.segment for s in store.segments(end=HOUR)]
     store.commit([segment(5)], {}, writer="later")
     stale = SketchStore(tmp_path, "emoji")
-    stale.table = lambda: late  # type: ignore[method-assign]
+    stale.head = lambda: late  # type: ignore[method-assign]
     stale.segments = lambda **_: [s for s in store.segments() if s.segment in ids]  # type: ignore[method-assign]
     with pytest.raises(StoreError, match="while it was being compacted"):
         stale.replace(0, 0, HOUR, merged, writer="c", expected=ids)

@@ -1,0 +1,37 @@
+"""The table engine under the sketch store (delta-rs, the ``deltalake`` package), as far as code
+outside the storage package needs to know it, without importing it (``ldpipe --help`` loads no
+heavy library): whether it is loaded, and which of its exceptions mean a table could not be read.
+
+The sketch store (``sketch_store.py``) translates the engine's failures into
+``StoreDamagedError`` where it calls it; :func:`engine_errors` is the command line's last
+resort (``infra/cli/failures.py``) for any that escape, and :func:`engine_loaded` tells
+``main`` to end the process without tearing the interpreter down (delta-io/delta-rs#2184).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Final
+
+__all__ = ["ENGINE", "engine_errors", "engine_loaded", "is_engine_panic"]
+
+#: the Python package of the table engine
+ENGINE: Final = "deltalake"
+
+
+def engine_loaded() -> bool:
+    """Whether this process imported the table engine (its runtime threads then exist)."""
+    return ENGINE in sys.modules
+
+
+def engine_errors() -> tuple[type[BaseException], ...]:
+    """The engine's base exception class if it is imported already (else none can be raised)."""
+    found = sys.modules.get(f"{ENGINE}.exceptions")
+    error = getattr(found, "DeltaError", None) if found is not None else None
+    return (error,) if isinstance(error, type) and issubclass(error, BaseException) else ()
+
+
+def is_engine_panic(exc: BaseException) -> bool:
+    """A Rust panic surfacing through pyo3 (``pyo3_runtime.PanicException``, a BaseException
+    that Python code cannot name before one is raised): matched by its class name."""
+    return type(exc).__name__ == "PanicException"

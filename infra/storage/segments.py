@@ -1,0 +1,191 @@
+"""The sketch store's rows: the Delta table's schema, a segment to commit and a committed one's
+header, and their encoding into Arrow (one header row, then the sketch's non-zero rows).
+
+Split from ``sketch_store.py`` (which reads and commits them); ``schemas/store.md`` is the
+layout these functions write, and ``tests/vectors/make_store_vectors.py`` its vectors.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import numpy as np
+import pyarrow as pa  # type: ignore[import-untyped]
+
+from ldpipe.schemas.mechanisms import Sketch
+
+__all__ = [
+    "HEADER_COLUMNS",
+    "HEADER_ROW",
+    "LEVELS",
+    "SCHEMA",
+    "SegmentData",
+    "SegmentInfo",
+    "decode_header",
+    "encode_segments",
+    "rows_per_group",
+]
+
+#: what a segment's window is: as aggregated, or rolled up to a UTC day or month
+LEVELS: Final = ("window", "day", "month")
+HEADER_ROW: Final = -1  # the row holding a segment's metadata; sketch rows are 0 .. k-1
+_ROW_GROUP_BYTES: Final = 8 << 20  # ~8 MiB of counters per Parquet row group
+
+SCHEMA: Final = pa.schema(
+    [
+        # every row
+        pa.field("segment", pa.string(), nullable=False),
+        pa.field("epoch", pa.int32(), nullable=False),
+        pa.field("level", pa.string(), nullable=False),
+        pa.field("window_start", pa.int64(), nullable=False),
+        pa.field("window_end", pa.int64(), nullable=False),
+        pa.field("row", pa.int32(), nullable=False),
+        pa.field("counts", pa.list_(pa.field("item", pa.int64(), nullable=False)), nullable=False),
+        pa.field("row_total", pa.int64(), nullable=False),
+        # the header row only (null in sketch rows)
+        pa.field("writer", pa.string()),
+        pa.field("mechanism", pa.string()),
+        pa.field("params", pa.string()),  # JSON: rebuilds the mechanism
+        pa.field("k", pa.int32()),
+        pa.field("m", pa.int32()),
+        pa.field("n", pa.int64()),  # reports in the segment
+        pa.field("covers", pa.string()),  # JSON [[topic, partition, start, end], ...]
+        pa.field("sources", pa.int64()),  # segments summed into this one (1 when aggregated)
+        pa.field("created_at", pa.float64()),
+    ]
+)
+HEADER_COLUMNS: Final = [
+    "segment", "epoch", "level", "window_start", "window_end", "writer", "mechanism", "params",
+    "k", "m", "n", "covers", "sources", "created_at",
+]  # fmt: skip
+
+
+@dataclass(frozen=True, eq=False)
+class SegmentData:
+    """A sketch to commit: one epoch's counts over ``[window_start, window_end)``."""
+
+    epoch: int
+    window_start: int
+    window_end: int
+    mechanism: str
+    params: Mapping[str, Any]
+    sketch: Sketch
+    level: str = "window"
+    sources: int = 1
+    segment: str | None = None  # its id; default a random UUID (hex)
+
+    def __post_init__(self) -> None:
+        if self.level not in LEVELS:
+            raise ValueError(f"level must be one of {LEVELS}, got {self.level!r}")
+        if self.window_end <= self.window_start:
+            raise ValueError(f"empty window [{self.window_start}, {self.window_end})")
+
+
+@dataclass(frozen=True)
+class SegmentInfo:
+    """A committed segment's header: what it is and what it covers (its counts stay on disk)."""
+
+    segment: str
+    epoch: int
+    level: str
+    window_start: int
+    window_end: int
+    writer: str
+    mechanism: str
+    params: dict[str, Any]
+    k: int
+    m: int
+    n: int
+    covers: tuple[tuple[str, int, int, int], ...]
+    sources: int
+    created_at: float
+
+    @property
+    def span(self) -> tuple[int, int]:
+        return (self.window_start, self.window_end)
+
+
+def rows_per_group(segments: Sequence[SegmentData]) -> int:
+    """Sketch rows per Parquet row group: about 8 MiB of counters of the widest sketch."""
+    widest = max((s.sketch.shape[1] for s in segments), default=1)
+    return max(1, _ROW_GROUP_BYTES // (8 * widest))
+
+
+def encode_segments(
+    segments: Sequence[SegmentData],
+    positions: Mapping[tuple[str, int], tuple[int | None, int]],
+    writer: str,
+) -> Any:
+    """Header rows first (one row group answers a listing), then each segment's non-zero rows."""
+    covers = json.dumps(
+        [
+            [t, p, -1 if base is None else base, end]
+            for (t, p), (base, end) in sorted(positions.items())
+        ],
+        separators=(",", ":"),
+    )
+    now = time.time()
+    ids = [s.segment or uuid.uuid4().hex for s in segments]
+    headers = {name: [] for name in SCHEMA.names}  # type: dict[str, list[Any]]
+    for sid, s in zip(ids, segments, strict=True):
+        k, m = s.sketch.shape
+        for name, value in (
+            ("segment", sid), ("epoch", s.epoch), ("level", s.level),
+            ("window_start", s.window_start), ("window_end", s.window_end),
+            ("row", HEADER_ROW), ("counts", []), ("row_total", 0), ("writer", writer),
+            ("mechanism", s.mechanism), ("params", json.dumps(s.params, sort_keys=True)),
+            ("k", k), ("m", m), ("n", s.sketch.n), ("covers", covers),
+            ("sources", s.sources), ("created_at", now),
+        ):  # fmt: skip
+            headers[name].append(value)
+    batches = [pa.RecordBatch.from_pydict(headers, schema=SCHEMA)]
+    for sid, s in zip(ids, segments, strict=True):
+        batches.append(_rows_batch(sid, s))
+    return pa.Table.from_batches(batches, schema=SCHEMA)
+
+
+def _rows_batch(sid: str, s: SegmentData) -> Any:
+    counts, totals = s.sketch.counts, s.sketch.row_totals
+    _k, m = counts.shape
+    keep = np.flatnonzero(counts.any(axis=1) | (totals != 0)).astype(np.int32)
+    values = pa.array(np.ascontiguousarray(counts[keep]).reshape(-1), type=pa.int64())
+    offsets = pa.array(np.arange(len(keep) + 1, dtype=np.int32) * np.int32(m), type=pa.int32())
+    n = len(keep)
+    columns = {
+        "segment": pa.array([sid] * n, type=pa.string()),
+        "epoch": pa.array(np.full(n, s.epoch, dtype=np.int32)),
+        "level": pa.array([s.level] * n, type=pa.string()),
+        "window_start": pa.array(np.full(n, s.window_start, dtype=np.int64)),
+        "window_end": pa.array(np.full(n, s.window_end, dtype=np.int64)),
+        "row": pa.array(keep),
+        "counts": pa.ListArray.from_arrays(offsets, values, type=SCHEMA.field("counts").type),
+        "row_total": pa.array(np.ascontiguousarray(totals[keep]), type=pa.int64()),
+    }
+    for name in SCHEMA.names[len(columns) :]:
+        columns[name] = pa.nulls(n, type=SCHEMA.field(name).type)
+    return pa.RecordBatch.from_pydict(columns, schema=SCHEMA)
+
+
+def decode_header(row: Mapping[str, Any]) -> SegmentInfo:
+    """A segment's header row (the columns :data:`HEADER_COLUMNS`) as its :class:`SegmentInfo`."""
+    return SegmentInfo(
+        segment=row["segment"],
+        epoch=row["epoch"],
+        level=row["level"],
+        window_start=row["window_start"],
+        window_end=row["window_end"],
+        writer=row["writer"],
+        mechanism=row["mechanism"],
+        params=json.loads(row["params"]),
+        k=row["k"],
+        m=row["m"],
+        n=row["n"],
+        covers=tuple((t, p, start, end) for t, p, start, end in json.loads(row["covers"])),
+        sources=row["sources"],
+        created_at=row["created_at"],
+    )

@@ -31,11 +31,11 @@ import numpy as np
 import numpy.typing as npt
 
 from ldpipe.aggregator.exceptions import NoCommitYetError, QueryError
-from ldpipe.aggregator.snapshot import MergedSketch, WindowSketch
+from ldpipe.aggregator.snapshot_contents import MergedSketch, WindowSketch
 from ldpipe.aggregator.store import SketchStore
-from ldpipe.discovery.found import store_directory
 from ldpipe.discovery.store import DiscoveryStore
 from ldpipe.schemas.config import UseCase
+from ldpipe.schemas.discovery_settings import store_directory
 from ldpipe.schemas.hashing import HashFamily, item_keys
 from ldpipe.schemas.mechanisms import Mechanism, SketchMechanism
 from ldpipe.schemas.mechanisms.calibrate import (

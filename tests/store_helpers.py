@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from ldpipe.aggregator.snapshot import mechanism_params
 from ldpipe.aggregator.store import SegmentData, SketchStore
 from ldpipe.schemas.config import UseCase
 from ldpipe.schemas.mechanisms import Sketch
+from ldpipe.schemas.mechanisms.params import mechanism_params
 
 __all__ = ["seal_windows"]
 

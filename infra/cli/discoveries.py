@@ -16,9 +16,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ldpipe.discovery.found import found_items, store_directory
+from ldpipe.discovery.found import found_items
 from ldpipe.discovery.store import DiscoveryStore, DiscoveryWindow
 from ldpipe.schemas.config import ConfigError, PipelineConfig, UseCase, load_config
+from ldpipe.schemas.discovery_settings import store_directory
 
 __all__ = ["add_parser", "run"]
 

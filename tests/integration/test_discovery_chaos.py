@@ -30,12 +30,12 @@ import numpy as np
 import pytest
 
 from ldpipe.aggregator.query import discovered_items
-from ldpipe.discovery.runtime import discovery_store_directory
 from ldpipe.discovery.store import DiscoveryStore
 from ldpipe.infra.cli.pipeline import LocalPipeline
 from ldpipe.infra.runtime.dead_letters import count_dead_letters
 from ldpipe.infra.runtime.kafka import KafkaSettings, read_to_end
 from ldpipe.infra.runtime.ledger_io import read_ledger
+from ldpipe.schemas.discovery_settings import discovery_store_directory
 from ldpipe.schemas.headers import WINDOW_HEADER, parse_window_header
 from ldpipe.schemas.privacy.ledger import DiscoveryRelease, WindowRecord
 from tests.integration.pipeline_helpers import make_pipeline, publish, wait_dead

@@ -23,13 +23,13 @@ import pytest
 
 from ldpipe.discovery.aux import AuxServer
 from ldpipe.discovery.noise import SeededRandomSource
-from ldpipe.discovery.runtime import discovery_config, save_tag_key
 from ldpipe.discovery.server import DiscoveryServer
 from ldpipe.infra.runtime.kafka import KafkaSettings, TopicSpec, ensure_topics, read_to_end
 from ldpipe.producers.device import DeviceError, GatewayDevice
 from ldpipe.schemas.config import load_config
 from ldpipe.schemas.discovery.privacy import ReleaseParameters
 from ldpipe.schemas.discovery.tags import TagKey
+from ldpipe.schemas.discovery_settings import discovery_config, save_tag_key
 from ldpipe.schemas.envelope import open_envelope
 from ldpipe.schemas.keys import KeyPair, KeyRing, write_public_key
 from ldpipe.schemas.outer import open_outer

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from ldpipe.discovery.runtime import discovery_store_directory
 from ldpipe.discovery.store import DiscoveryStore
 from ldpipe.infra.cli.main import main
 from ldpipe.infra.runtime.kafka import KafkaSettings, read_to_end
+from ldpipe.schemas.discovery_settings import discovery_store_directory
 from tests.integration.pipeline_helpers import make_pipeline
 
 N = 3000

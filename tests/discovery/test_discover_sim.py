@@ -196,6 +196,11 @@ def test_score_definitions(
         "ldpipe.discovery.store",
         "ldpipe.producers.discovery_evaluation",
         "ldpipe.discovery.found",
+        "ldpipe.schemas.discovery_settings",
+        "ldpipe.schemas.discovery.sfp_device",
+        "ldpipe.schemas.discovery.sfp_puzzle",
+        "ldpipe.schemas.discovery.sfp_wire",
+        "ldpipe.producers.sfp_sim",
     ],
 )
 def test_docstring_examples(module: str) -> None:

@@ -31,11 +31,12 @@ import numpy as np
 import numpy.typing as npt
 
 from ldpipe.aggregator.exceptions import NoCommitYetError, QueryError
-from ldpipe.aggregator.snapshot import MergedSketch, WindowSketch
-from ldpipe.infra.storage.discovery_store import discoveries_directory, open_discovery_store
+from ldpipe.aggregator.snapshot_contents import MergedSketch, WindowSketch
+from ldpipe.infra.storage.discovery_store import open_discovery_store
 from ldpipe.infra.storage.protocol import SegmentReader
 from ldpipe.infra.storage.sketch_store import open_sketch_store
 from ldpipe.schemas.config import UseCase
+from ldpipe.schemas.discovery_settings import store_directory
 from ldpipe.schemas.hashing import HashFamily, item_keys
 from ldpipe.schemas.mechanisms import Mechanism, SketchMechanism
 from ldpipe.schemas.mechanisms.calibrate import (
@@ -477,7 +478,7 @@ def discovered_items(use_case: UseCase) -> tuple[str, ...]:
     dictionary items: the frequency sketch was built from every device's report, whatever its
     item.
     """
-    if discoveries_directory(use_case) is None or (
+    if store_directory(use_case) is None or (
         use_case.sfp is None and use_case.mechanism_name == "oue"
     ):
         return ()

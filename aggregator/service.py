@@ -57,15 +57,9 @@ from ldpipe.aggregator.dedupe import SeenReports, envelope_digest
 from ldpipe.aggregator.exceptions import AggregatorError
 from ldpipe.aggregator.metrics import AggregatorMetrics
 from ldpipe.aggregator.sealing import OpenSpans, WindowKey, due_windows
-from ldpipe.aggregator.snapshot import (
-    SnapshotFile,
-    WindowSketch,
-    latest_snapshot,
-    mechanism_params,
-    next_sequence,
-    prune,
-    write_snapshot,
-)
+from ldpipe.aggregator.snapshot import next_sequence, write_snapshot
+from ldpipe.aggregator.snapshot_contents import SnapshotFile, WindowSketch
+from ldpipe.aggregator.snapshot_files import latest_snapshot, prune
 from ldpipe.aggregator.windows import DecodedBatch, WindowedSketches, decode_epochs
 from ldpipe.infra.runtime.epochs_io import read_epochs
 from ldpipe.infra.runtime.kafka import (
@@ -94,6 +88,7 @@ from ldpipe.schemas.envelope import (
 )
 from ldpipe.schemas.headers import dead_letter_headers, oversized_letter
 from ldpipe.schemas.mechanisms import Reports
+from ldpipe.schemas.mechanisms.params import mechanism_params
 
 __all__ = ["Aggregator", "AggregatorOptions", "DataLoss", "find_data_loss", "log_bounds"]
 

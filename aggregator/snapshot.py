@@ -6,25 +6,25 @@ per window. On restart the aggregator seeks to the offsets of its latest valid s
 sketches count every report exactly once without trusting Kafka's committed offsets. The byte
 layout, the checksum and the write protocol are specified in ``schemas/snapshot.md``.
 
+This module is the file: its names, writing and reading. What a file holds is
+``aggregator/snapshot_contents.py``; finding a writer's newest valid file and pruning old ones
+``aggregator/snapshot_files.py``.
+
 >>> import tempfile
 >>> from ldpipe.schemas.mechanisms import Sketch
 >>> window = WindowSketch("emoji", "cms", {"k": 2, "m": 3}, 0, 0, 3600, Sketch.zeros(2, 3))
 >>> snapshot = SnapshotFile("agg-0", 1, {("ldp.emoji.shuffled", 0): 42}, (window,))
 >>> with tempfile.TemporaryDirectory() as directory:
-...     path = write_snapshot(directory, snapshot)
-...     latest_snapshot(directory).offsets
+...     read_snapshot(write_snapshot(directory, snapshot)).offsets
 {('ldp.emoji.shuffled', 0): 42}
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import hmac
-import itertools
 import json
 import logging
-import math
 import os
 import re
 import secrets
@@ -39,31 +39,27 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa  # type: ignore[import-untyped]
 
+from ldpipe.aggregator.snapshot_contents import (
+    WRITER_PATTERN,
+    PartitionKey,
+    SnapshotFile,
+    WindowSketch,
+)
 from ldpipe.schemas.durable import fsync_directory, publish_immutable
 from ldpipe.schemas.errors import SnapshotError, SnapshotExistsError
-from ldpipe.schemas.mechanisms import MECHANISMS, Mechanism, Sketch
+from ldpipe.schemas.mechanisms import Sketch
+from ldpipe.schemas.mechanisms.params import canonical_json
 
 __all__ = [
     "DEFAULT_COMPRESSION",
     "FORMAT_VERSION",
     "Compression",
-    "MergedSketch",
-    "PartitionKey",
-    "SnapshotFile",
     "SnapshotIdentityError",
     "SnapshotRef",
-    "SnapshotScan",
-    "WindowSketch",
-    "latest_snapshot",
-    "latest_snapshots",
+    "check_snapshot",
     "list_snapshots",
-    "mechanism_params",
-    "merge_windows",
     "next_sequence",
-    "prune",
     "read_snapshot",
-    "scan_snapshots",
-    "snapshot_name",
     "write_snapshot",
     "writer_instance",
 ]
@@ -71,7 +67,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 Compression = Literal["none", "lz4", "zstd"]
-PartitionKey = tuple[str, int]  # (topic, partition)
 
 FORMAT_VERSION: Final = 1
 # zstd: 8-15x smaller than raw int64 at CMS-like counts for ~0.7 s more CPU per 512 MiB window
@@ -84,13 +79,9 @@ _MIN_FILE_SIZE = 32
 _ALGORITHM = b"sha256:"
 _ZERO_DIGEST = b"0" * 64
 _KEY = "ldpipe."
-_WRITER = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
-_WRITER_RE = re.compile(_WRITER)
-_NAME_RE = re.compile(rf"(?P<writer>{_WRITER})-(?P<sequence>[0-9]{{12,}})\.arrow")
+_NAME_RE = re.compile(rf"(?P<writer>{WRITER_PATTERN})-(?P<sequence>[0-9]{{12,}})\.arrow")
 # a writer named "<anything>-<i>of<N>" is instance i of N: it owns the partitions p % N == i
 _INSTANCE_RE = re.compile(r".*-(?P<instance>[0-9]{1,9})of(?P<instances>[0-9]{1,9})")
-_TEMP_RE = re.compile(rf"\.{_WRITER}-[0-9]{{12,}}\.arrow\.[0-9]+\.[0-9a-f]+\.tmp")
-_MAX_CELLS = 2**31 - 1  # list<int64> offsets are int32
 _SCHEMA = pa.schema(
     [
         pa.field("counts", pa.list_(pa.field("item", pa.int64(), nullable=False)), nullable=False),
@@ -105,172 +96,6 @@ class SnapshotIdentityError(SnapshotError):
     renamed by hand; readers refuse it like a corrupt file, recovery stops on it."""
 
 
-# ---- value objects -----------------------------------------------------------------------------
-@dataclass(frozen=True, eq=False)
-class WindowSketch:
-    """The sketch of one use case, parameter epoch and time window ``[window_start, window_end)``.
-
-    ``params`` is a JSON object (normalized on construction: tuples become lists): the
-    mechanism's ``params()`` plus whatever rebuilds it, as :func:`mechanism_params` gives.
-    Sketches read back from a file are read-only views; ``sketch.copy()`` to accumulate further.
-    """
-
-    use_case: str
-    mechanism: str
-    params: dict[str, Any]
-    epoch: int
-    window_start: int  # unix seconds, inclusive
-    window_end: int  # unix seconds, exclusive
-    sketch: Sketch
-
-    def __post_init__(self) -> None:
-        _require(bool(self.use_case) and isinstance(self.use_case, str), "use_case must be text")
-        _require(bool(self.mechanism) and isinstance(self.mechanism, str), "mechanism must be text")
-        _require(isinstance(self.params, Mapping), f"params must be a dict, got {self.params!r}")
-        object.__setattr__(self, "params", _normalize_json(dict(self.params), "params"))
-        _require_int("epoch", self.epoch, 0)
-        _require_int("window_start", self.window_start, None)
-        _require_int("window_end", self.window_end, self.window_start + 1)
-        counts, totals = self.sketch.counts, self.sketch.row_totals
-        _require(
-            counts.dtype in (np.int64, np.int32) and counts.ndim == 2 and min(counts.shape) >= 1,
-            f"sketch counts must be a non-empty int64 (or int32) matrix, got "
-            f"{counts.dtype}{counts.shape}",
-        )
-        k, m = self.sketch.shape
-        _require(
-            totals.dtype == np.int64 and totals.shape == (k,),
-            f"row_totals must be int64 of shape ({k},), got {totals.dtype}{totals.shape}",
-        )
-        _require(k * m <= _MAX_CELLS, f"a sketch holds at most 2^31 - 1 cells, got {k} x {m}")
-        for name, size in (("k", k), ("m", m)):
-            _require(
-                self.params.get(name, size) == size,
-                f"params say {name}={self.params.get(name)} but the sketch has {name}={size}",
-            )
-
-    @classmethod
-    def from_mechanism(
-        cls,
-        use_case: str,
-        mechanism: Mechanism,
-        sketch: Sketch,
-        *,
-        epoch: int,
-        window_start: int,
-        window_end: int,
-    ) -> WindowSketch:
-        """A window whose ``params`` rebuild ``mechanism`` (see :meth:`build_mechanism`)."""
-        mechanism.check_sketch(sketch)
-        params = mechanism_params(mechanism)
-        return cls(use_case, mechanism.name, params, epoch, window_start, window_end, sketch)
-
-    @property
-    def key(self) -> tuple[str, int, int, int]:
-        """``(use_case, epoch, window_start, window_end)``: unique within a snapshot."""
-        return (self.use_case, self.epoch, self.window_start, self.window_end)
-
-    def build_mechanism(self) -> Mechanism:
-        """Rebuild the mechanism from ``params``; refuse params that rebuild to something else."""
-        cls = MECHANISMS.get(self.mechanism)
-        if cls is None:
-            raise SnapshotError(f"unknown mechanism {self.mechanism!r}; cannot rebuild it")
-        accepted = {f.name for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
-        options = {
-            name: tuple(value) if isinstance(value, list) else value
-            for name, value in self.params.items()
-            if name in accepted
-        }
-        factory: Callable[..., Mechanism] = cls
-        mechanism = factory(**options)
-        rebuilt = _normalize_json(mechanism.params(), "params")
-        for name, value in rebuilt.items():
-            if not _same_value(value, self.params.get(name)):
-                raise SnapshotError(
-                    f"{self.mechanism} rebuilt from {self.key} has {name}={value!r}, "
-                    f"not the stored {self.params.get(name)!r}"
-                )
-        return mechanism
-
-
-@dataclass(frozen=True, eq=False)
-class SnapshotFile:
-    """One snapshot file: a writer's consumed position and the windows it holds.
-
-    ``offsets[(topic, partition)]`` is the next offset to read of every partition the writer
-    covers (all of them, also those with no reports yet); recovery seeks there once per process.
-    ``sequence`` grows with every file of one ``writer`` (:func:`next_sequence`).
-    """
-
-    writer: str
-    sequence: int
-    offsets: dict[PartitionKey, int]
-    windows: tuple[WindowSketch, ...] = ()
-    created_at: float = field(default_factory=time.time)
-    source: Path | None = field(default=None, compare=False, repr=False)  # set when read
-    # digests of the last reports the writer accepted, oldest first (aggregator/dedupe.py)
-    seen: npt.NDArray[np.uint64] = field(
-        default_factory=lambda: np.zeros(0, dtype=np.uint64), repr=False
-    )
-    # the writer's own JSON state besides windows and offsets (an aggregator's checkpoint: the
-    # store offsets its windows start from, and where each window's records lie)
-    state: dict[str, Any] = field(default_factory=dict, repr=False)
-
-    def __post_init__(self) -> None:
-        _require(isinstance(self.state, Mapping), f"state must be a dict, got {self.state!r}")
-        object.__setattr__(self, "state", _normalize_json(dict(self.state), "state"))
-        _require(
-            isinstance(self.writer, str) and _WRITER_RE.fullmatch(self.writer) is not None,
-            f"writer must match {_WRITER} (it names files), got {self.writer!r}",
-        )
-        _require_int("sequence", self.sequence, 0)
-        offsets: dict[PartitionKey, int] = {}
-        for key, offset in dict(self.offsets).items():
-            _require(
-                isinstance(key, tuple)
-                and len(key) == 2
-                and isinstance(key[0], str)
-                and bool(key[0]),
-                f"offsets are keyed by (topic, partition), got {key!r}",
-            )
-            _require_int("partition", key[1], 0)
-            _require_int(f"next offset of {key[0]}[{key[1]}]", offset, 0)
-            offsets[(key[0], int(key[1]))] = int(offset)
-        object.__setattr__(self, "offsets", offsets)
-        windows = tuple(self.windows)
-        _require(all(isinstance(w, WindowSketch) for w in windows), "windows must be WindowSketch")
-        keys = [w.key for w in windows]
-        _require(len(set(keys)) == len(keys), "two windows share (use_case, epoch, start, end)")
-        object.__setattr__(self, "windows", windows)
-        _require(
-            isinstance(self.created_at, int | float) and math.isfinite(self.created_at),
-            f"created_at must be a finite unix time, got {self.created_at!r}",
-        )
-        object.__setattr__(self, "created_at", float(self.created_at))
-        seen = np.asarray(self.seen)
-        _require(
-            seen.ndim == 1 and seen.dtype == np.uint64,
-            f"seen must be a 1-D uint64 array, got {seen.dtype}{seen.shape}",
-        )
-        object.__setattr__(self, "seen", seen)
-
-    @property
-    def name(self) -> str:
-        """The immutable file name, ``{writer}-{sequence:012d}.arrow``."""
-        return snapshot_name(self.writer, self.sequence)
-
-    @property
-    def partitions(self) -> frozenset[PartitionKey]:
-        return frozenset(self.offsets)
-
-    def window(
-        self, use_case: str, epoch: int, window_start: int, window_end: int
-    ) -> WindowSketch | None:
-        """The window with this key, or None."""
-        key = (use_case, epoch, window_start, window_end)
-        return next((w for w in self.windows if w.key == key), None)
-
-
 @dataclass(frozen=True, order=True)
 class SnapshotRef:
     """A snapshot file found by name (not yet read or verified)."""
@@ -278,29 +103,6 @@ class SnapshotRef:
     writer: str
     sequence: int
     path: Path = field(compare=False)
-
-
-@dataclass(frozen=True, eq=False)
-class MergedSketch:
-    """The sum of one use case's windows of one epoch across writers (:func:`merge_windows`)."""
-
-    use_case: str
-    epoch: int
-    mechanism: str
-    params: dict[str, Any]
-    sketch: Sketch
-    windows: tuple[tuple[int, int], ...]  # the distinct [start, end) summed, sorted
-    writers: tuple[str, ...]  # the writers that contributed, sorted
-
-
-def mechanism_params(mechanism: Mechanism) -> dict[str, Any]:
-    """``mechanism.params()`` plus every constructor argument, as JSON: enough to rebuild it."""
-    init = {f.name: getattr(mechanism, f.name) for f in dataclasses.fields(mechanism) if f.init}  # type: ignore[arg-type]
-    return _normalize_json({**init, **mechanism.params()}, "params")
-
-
-def snapshot_name(writer: str, sequence: int) -> str:
-    return f"{writer}-{sequence:012d}.arrow"
 
 
 def writer_instance(writer: str) -> tuple[int, int] | None:
@@ -466,6 +268,12 @@ def read_snapshot(
     into memory. ``verify=False`` skips the SHA-256 pass (structural checks still run).
     """
     return _read(Path(path), mmap=mmap, verify=verify, windows=True)
+
+
+def check_snapshot(path: str | os.PathLike[str]) -> None:
+    """Check a file's checksum, metadata and schema without decoding its windows (what
+    ``prune`` needs); raises :class:`SnapshotError` like :func:`read_snapshot`."""
+    _read(Path(path), mmap=True, verify=True, windows=False)
 
 
 def _read(source: Path, *, mmap: bool, verify: bool, windows: bool) -> SnapshotFile:
@@ -675,14 +483,14 @@ def _encode_metadata(snapshot: SnapshotFile, checksum: bytes) -> dict[bytes, byt
         "format_version": str(FORMAT_VERSION).encode(),
         "writer": snapshot.writer.encode(),
         "sequence": str(snapshot.sequence).encode(),
-        "created_at": _dumps(snapshot.created_at),
-        "offsets": _dumps(offsets),
-        "windows": _dumps(windows),
+        "created_at": canonical_json(snapshot.created_at),
+        "offsets": canonical_json(offsets),
+        "windows": canonical_json(windows),
         "seen": str(len(snapshot.seen)).encode(),
         "checksum": checksum,
     }
     if snapshot.state:
-        fields["state"] = _dumps(snapshot.state)
+        fields["state"] = canonical_json(snapshot.state)
     return {(_KEY + key).encode(): value for key, value in fields.items()}
 
 
@@ -749,245 +557,12 @@ def next_sequence(directory: str | os.PathLike[str], writer: str) -> int:
     return 1 if newest is None else newest + 1
 
 
-def latest_snapshot(
-    directory: str | os.PathLike[str],
-    writer: str | None = None,
-    *,
-    mmap: bool = True,
-    foreign: Literal["skip", "raise"] = "skip",
-) -> SnapshotFile | None:
-    """The newest valid snapshot of ``writer``, falling back past invalid files; None if none.
-
-    ``writer=None`` is for a directory of one writer; with several it raises ``ValueError``
-    (use :func:`latest_snapshots`). A file that is not what its name says
-    (:class:`SnapshotIdentityError`: copied or renamed by hand) is skipped like a corrupt one,
-    or with ``foreign="raise"`` (what recovery uses) raised: newest first, the walk stops there.
-    """
-    refs = list_snapshots(directory)
-    if writer is None:
-        writers = sorted({ref.writer for ref in refs})
-        if len(writers) > 1:
-            raise ValueError(
-                f"{directory} holds snapshots of writers {', '.join(writers)}; pass writer= "
-                "or use latest_snapshots()"
-            )
-    else:
-        refs = [ref for ref in refs if ref.writer == writer]
-    return _newest_valid(refs, mmap=mmap, foreign=foreign)[0]
-
-
-@dataclass(frozen=True)
-class SnapshotScan:
-    """Every writer of a directory (by file name): its newest valid snapshot, and the files
-    refused on the way to it (newest first), each with the reason (``"<path>: ..."``)."""
-
-    directory: Path
-    latest: dict[str, SnapshotFile]
-    refused: dict[str, tuple[tuple[Path, str], ...]]
-
-    @property
-    def writers(self) -> list[str]:
-        """Every writer with a file in the directory, valid or not, sorted."""
-        return sorted({*self.latest, *self.refused})
-
-    @property
-    def missing(self) -> dict[str, tuple[tuple[Path, str], ...]]:
-        """Writers with files but no valid one: their files, each with why it was refused."""
-        return {w: files for w, files in sorted(self.refused.items()) if w not in self.latest}
-
-
-def scan_snapshots(directory: str | os.PathLike[str], *, mmap: bool = True) -> SnapshotScan:
-    """The newest valid snapshot of every writer in ``directory``, and what was refused.
-
-    A writer whose every file is refused (corrupt, truncated, or not what its name says) is in
-    ``missing``: summing the others would silently drop its reports, so a query worker must
-    treat it as an error (``aggregator/query.py``).
-    """
-    latest: dict[str, SnapshotFile] = {}
-    refused: dict[str, tuple[tuple[Path, str], ...]] = {}
-    for writer, refs in itertools.groupby(list_snapshots(directory), key=lambda r: r.writer):
-        snapshot, skipped = _newest_valid(list(refs), mmap=mmap)
-        if snapshot is not None:
-            latest[writer] = snapshot
-        if skipped:
-            refused[writer] = tuple(skipped)
-        if snapshot is None and skipped:
-            logger.warning(
-                "writer %s has no valid snapshot in %s: all %d of its files were refused",
-                writer,
-                directory,
-                len(skipped),
-            )
-    return SnapshotScan(Path(directory), latest, refused)
-
-
-def latest_snapshots(
-    directory: str | os.PathLike[str], *, mmap: bool = True
-) -> dict[str, SnapshotFile]:
-    """The newest valid snapshot of every writer in ``directory`` that has one.
-
-    Writers with no valid file are left out (with a warning): a query worker must use
-    :func:`scan_snapshots`, which reports them.
-    """
-    return scan_snapshots(directory, mmap=mmap).latest
-
-
-def prune(
-    directory: str | os.PathLike[str], keep: int = 2, *, temp_max_age: float = 3600.0
-) -> list[Path]:
-    """Delete old snapshots of each writer, keeping its ``keep`` newest and its newest valid one.
-
-    Only files older than the newest valid one can go, so a corrupt newest file never costs the
-    last good state; a writer with no valid file keeps everything. Validity here is checksum,
-    metadata and schema, checked newest first and only for writers with more than ``keep``
-    files (so a prune after every write costs one hash of the newest file). Temp files older than
-    ``temp_max_age`` seconds (left by crashes) are deleted too. Returns the deleted paths.
-    """
-    if not _is_int(keep) or keep < 1:
-        raise ValueError(f"keep must be an integer >= 1, got {keep!r}")
-    folder = Path(directory)
-    removed: list[Path] = []
-    for writer, group in itertools.groupby(list_snapshots(folder), key=lambda r: r.writer):
-        newest_first = sorted(group, reverse=True)
-        if len(newest_first) <= keep:
-            continue
-        valid_at = next((i for i, ref in enumerate(newest_first) if _is_valid(ref.path)), None)
-        if valid_at is None:
-            logger.warning("prune: writer %s has no valid snapshot in %s; kept all", writer, folder)
-            continue
-        for ref in newest_first[max(keep, valid_at + 1) :]:
-            ref.path.unlink(missing_ok=True)
-            removed.append(ref.path)
-    now = time.time()
-    if folder.is_dir():
-        with os.scandir(folder) as entries:
-            for entry in entries:
-                if _TEMP_RE.fullmatch(entry.name) and now - entry.stat().st_mtime > temp_max_age:
-                    Path(entry.path).unlink(missing_ok=True)
-                    removed.append(Path(entry.path))
-    if removed:
-        fsync_directory(folder)
-        logger.info("prune: deleted %d files from %s", len(removed), folder)
-    return removed
-
-
 def _newest_sequence(folder: Path, writer: str) -> int | None:
     sequences = [ref.sequence for ref in list_snapshots(folder) if ref.writer == writer]
     return max(sequences, default=None)
 
 
-def _newest_valid(
-    refs: list[SnapshotRef], *, mmap: bool, foreign: Literal["skip", "raise"] = "skip"
-) -> tuple[SnapshotFile | None, list[tuple[Path, str]]]:
-    """The newest readable file of ``refs`` and the files refused before it (newest first)."""
-    refused: list[tuple[Path, str]] = []
-    for ref in sorted(refs, reverse=True):
-        try:
-            return read_snapshot(ref.path, mmap=mmap), refused
-        except SnapshotError as exc:  # the message names the file
-            if foreign == "raise" and isinstance(exc, SnapshotIdentityError):
-                raise
-            logger.warning("skipping invalid snapshot, falling back to the previous one: %s", exc)
-            refused.append((ref.path, str(exc)))
-        except FileNotFoundError:
-            logger.debug("snapshot %s vanished (pruned) while reading", ref.path)
-    return None, refused
-
-
-def _is_valid(path: Path) -> bool:
-    """Intact (checksum, metadata, schema): enough for ``prune``, without decompressing."""
-    try:
-        _read(path, mmap=True, verify=True, windows=False)
-    except (SnapshotError, FileNotFoundError) as exc:
-        logger.warning("invalid snapshot %s: %s", path, exc)
-        return False
-    return True
-
-
-# ---- merging -----------------------------------------------------------------------------------
-def merge_windows(
-    files: Iterable[SnapshotFile], use_case: str, start: int, end: int
-) -> dict[int, MergedSketch]:
-    """Sum ``use_case``'s windows lying within ``[start, end)`` across writers, per epoch.
-
-    Writers must cover disjoint partitions (else their sketches count the same reports twice:
-    :class:`SnapshotError`). Several files of one writer may be given: for each window the one
-    of the highest sequence is used (a window's later state supersedes its earlier one). Within
-    an epoch all windows must share mechanism and params and the distinct windows must not
-    overlap in time (an hourly and a daily sketch of the same hours would double count).
-    """
-    snapshots = list(files)
-    _check_disjoint(snapshots)
-    chosen: dict[tuple[str, int, int, int], tuple[int, WindowSketch]] = {}
-    for snapshot in snapshots:
-        for window in snapshot.windows:
-            if window.use_case != use_case or window.window_start < start:
-                continue
-            if window.window_end > end:
-                continue
-            key = (snapshot.writer, window.epoch, window.window_start, window.window_end)
-            if key not in chosen or chosen[key][0] < snapshot.sequence:
-                chosen[key] = (snapshot.sequence, window)
-    by_epoch: dict[int, list[tuple[str, WindowSketch]]] = {}
-    for (writer, epoch, _, _), (_, window) in sorted(chosen.items(), key=lambda kv: kv[0]):
-        by_epoch.setdefault(epoch, []).append((writer, window))
-    return {epoch: _merge_epoch(use_case, epoch, members) for epoch, members in by_epoch.items()}
-
-
-def _check_disjoint(snapshots: list[SnapshotFile]) -> None:
-    owners: dict[PartitionKey, str] = {}
-    seen: set[tuple[str, int]] = set()
-    for snapshot in snapshots:
-        ident = (snapshot.writer, snapshot.sequence)
-        if ident in seen:
-            raise SnapshotError(f"snapshot {snapshot.name} given twice; it would count twice")
-        seen.add(ident)
-        for partition in snapshot.offsets:
-            owner = owners.setdefault(partition, snapshot.writer)
-            if owner != snapshot.writer:
-                raise SnapshotError(
-                    f"partition {partition[0]}[{partition[1]}] is covered by writers {owner!r} "
-                    f"and {snapshot.writer!r}: their sketches overlap and cannot be summed"
-                )
-
-
-def _merge_epoch(
-    use_case: str, epoch: int, members: list[tuple[str, WindowSketch]]
-) -> MergedSketch:
-    first = members[0][1]
-    for writer, window in members[1:]:
-        if window.mechanism != first.mechanism or window.params != first.params:
-            raise SnapshotError(
-                f"{use_case} epoch {epoch}: writer {writer!r} has {window.mechanism} "
-                f"{window.params} but another window has {first.mechanism} {first.params}"
-            )
-    spans = sorted({(w.window_start, w.window_end) for _, w in members})
-    for (_, end0), (start1, _) in itertools.pairwise(spans):
-        if start1 < end0:
-            raise SnapshotError(
-                f"{use_case} epoch {epoch}: windows {spans} overlap in time; summing them would "
-                "count reports twice"
-            )
-    total = first.sketch.copy()
-    for _, window in members[1:]:
-        total += window.sketch
-    return MergedSketch(
-        use_case,
-        epoch,
-        first.mechanism,
-        first.params,
-        total,
-        tuple(spans),
-        tuple(sorted({writer for writer, _ in members})),
-    )
-
-
 # ---- small helpers -----------------------------------------------------------------------------
-def _require(condition: bool, message: str) -> None:
-    if not condition:
-        raise ValueError(message)
-
-
 def _expect(condition: bool, source: Path, message: str) -> None:
     if not condition:
         raise SnapshotError(f"{source}: {message}")
@@ -995,46 +570,3 @@ def _expect(condition: bool, source: Path, message: str) -> None:
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int | np.integer) and not isinstance(value, bool)
-
-
-def _require_int(name: str, value: object, minimum: int | None) -> None:
-    _require(
-        _is_int(value) and (minimum is None or int(value) >= minimum),  # type: ignore[call-overload]
-        f"{name} must be an integer"
-        + ("" if minimum is None else f" >= {minimum}")
-        + f", got {value!r}",
-    )
-
-
-def _dumps(value: Any) -> bytes:
-    return json.dumps(
-        value,
-        sort_keys=True,
-        separators=(",", ":"),
-        ensure_ascii=True,
-        allow_nan=False,
-        default=_json_scalar,
-    ).encode("ascii")
-
-
-def _json_scalar(value: Any) -> Any:
-    if isinstance(value, np.generic):
-        return value.item()
-    raise TypeError(f"{type(value).__name__} {value!r} is not JSON")
-
-
-def _normalize_json(value: dict[str, Any], name: str) -> dict[str, Any]:
-    try:
-        normalized = json.loads(_dumps(value))
-    except (TypeError, ValueError) as exc:
-        raise ValueError(
-            f"{name} must be JSON (finite numbers, text, lists, dicts): {exc}"
-        ) from exc
-    assert isinstance(normalized, dict)
-    return normalized
-
-
-def _same_value(a: Any, b: Any) -> bool:
-    if isinstance(a, float) and isinstance(b, int | float) and not isinstance(b, bool):
-        return math.isclose(a, b, rel_tol=1e-12, abs_tol=0.0)
-    return bool(a == b)

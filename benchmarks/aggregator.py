@@ -74,13 +74,8 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from ldpipe.aggregator.dedupe import SeenReports
 from ldpipe.aggregator.service import Aggregator, AggregatorOptions
-from ldpipe.aggregator.snapshot import (
-    DEFAULT_COMPRESSION,
-    Compression,
-    SnapshotFile,
-    WindowSketch,
-    write_snapshot,
-)
+from ldpipe.aggregator.snapshot import DEFAULT_COMPRESSION, Compression, write_snapshot
+from ldpipe.aggregator.snapshot_contents import SnapshotFile, WindowSketch
 from ldpipe.aggregator.windows import WindowedSketches, decode_epochs
 from ldpipe.infra.cli.pipeline import LocalPipeline, PipelineSettings
 from ldpipe.infra.runtime.broker import EmbeddedBroker

@@ -38,11 +38,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.mechanisms import best_time
 from ldpipe.discovery.aux import AuxServer
-from ldpipe.discovery.client import DiscoveryClient
 from ldpipe.discovery.server import DiscoveryServer
 from ldpipe.producers.client import DeviceClient
 from ldpipe.producers.datasets import load_population
 from ldpipe.schemas.config import parse_config
+from ldpipe.schemas.discovery.client import DiscoveryClient
 from ldpipe.schemas.discovery.layers import DiscoveryConfig, parse_release
 from ldpipe.schemas.discovery.privacy import parameters_for
 from ldpipe.schemas.discovery.tags import TagKey

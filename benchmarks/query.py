@@ -111,11 +111,10 @@ from benchmarks.common import machine_facts, progress
 from ldpipe.aggregator.snapshot import (
     DEFAULT_COMPRESSION,
     Compression,
-    SnapshotFile,
-    WindowSketch,
     read_snapshot,
     write_snapshot,
 )
+from ldpipe.aggregator.snapshot_contents import SnapshotFile, WindowSketch
 from ldpipe.schemas.mechanisms import (
     CountMeanSketch,
     HadamardCountMeanSketch,

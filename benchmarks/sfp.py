@@ -8,10 +8,10 @@
    report and a fragment report and seals both (two HPKE envelopes). The baseline in the same
    run is a plain frequency device with the same word oracle (``DeviceClient.reports``: one
    report, one envelope). HPKE sealing dominates both, so the ratio should be about 2.
-2. **Puzzle** (``ldpipe.discovery.sfp.discover`` on sketches of Apple's ε = 2, ε′ = 6, m = m′ =
-   1,024): the baseline is its floor, the candidate sweep's hash values alone: ``family.hash_row``
-   of every (piece, fragment) key, row by row as the sweep goes. The ratio says what the gathers,
-   thresholds, puzzle and word check add to that floor.
+2. **Puzzle** (``ldpipe.schemas.discovery.sfp_puzzle.discover`` on sketches of Apple's ε = 2, ε′ =
+6, m = m′ =    1,024): the baseline is its floor, the candidate sweep's hash values alone:
+``family.hash_row``    of every (piece, fragment) key, row by row as the sweep goes. The ratio says
+what the gathers,    thresholds, puzzle and word check add to that floor.
 
 Best of ``--repeats`` runs for the device part, one run of each for the puzzle (tens of seconds
 at Apple's k′). On a shared 2-core machine absolute times are noisy; compare the ratios.
@@ -32,16 +32,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.mechanisms import best_time
-from ldpipe.discovery.sfp import (
-    _fragment_candidates,
-    discover,
-    new_sketches,
-    randomize_words,
-)
-from ldpipe.discovery.sfp import accumulate as sfp_accumulate
 from ldpipe.producers.client import DeviceClient
 from ldpipe.producers.sfp_client import SfpDeviceClient
 from ldpipe.schemas.config import parse_config
+from ldpipe.schemas.discovery.sfp_device import randomize_words
+from ldpipe.schemas.discovery.sfp_puzzle import _fragment_candidates, discover, new_sketches
+from ldpipe.schemas.discovery.sfp_puzzle import accumulate as sfp_accumulate
 from ldpipe.schemas.discovery.sfp_words import SfpParams
 from ldpipe.schemas.keys import KeyPair
 

@@ -42,13 +42,8 @@ import numpy.typing as npt
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ldpipe.aggregator.snapshot import (
-    Compression,
-    SnapshotFile,
-    WindowSketch,
-    read_snapshot,
-    write_snapshot,
-)
+from ldpipe.aggregator.snapshot import Compression, read_snapshot, write_snapshot
+from ldpipe.aggregator.snapshot_contents import SnapshotFile, WindowSketch
 from ldpipe.schemas.mechanisms import Sketch, build_mechanism
 
 K, M, EPSILON = 65536, 1024, 4.0

@@ -50,7 +50,6 @@ from ldpipe.discovery.assembly import AssembledWindow, Rejected, WindowAssembler
 from ldpipe.discovery.aux import AuxRelease, AuxServer
 from ldpipe.discovery.metrics import AuxMetrics
 from ldpipe.discovery.noise import RandomSource
-from ldpipe.discovery.runtime import discovery_config, discovery_settings, release_parameters
 from ldpipe.infra.runtime.kafka import (
     EXACTLY_ONCE_CONSUMER,
     KafkaSettings,
@@ -63,6 +62,11 @@ from ldpipe.infra.runtime.observability import Readiness
 from ldpipe.schemas.config import UseCase
 from ldpipe.schemas.discovery.exceptions import DiscoveryServiceError
 from ldpipe.schemas.discovery.privacy import Neighbours, release_guarantee
+from ldpipe.schemas.discovery_settings import (
+    discovery_config,
+    discovery_settings,
+    release_parameters,
+)
 from ldpipe.schemas.headers import RELEASE_HEADER, dead_letter_headers
 from ldpipe.schemas.keys import KeyRing
 from ldpipe.schemas.privacy.ledger import (

@@ -17,15 +17,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
-from ldpipe.discovery.runtime import discovery_store_directory
-from ldpipe.discovery.sfp_service import sfp_store_directory
 from ldpipe.infra.storage.discovery_store import DiscoveryWindow
-from ldpipe.schemas.config import UseCase
 
-__all__ = ["FoundItem", "found_items", "store_directory"]
+__all__ = ["FoundItem", "found_items"]
 
 
 @dataclass(frozen=True)
@@ -73,13 +69,3 @@ def found_items(windows: Iterable[DiscoveryWindow]) -> list[FoundItem]:
     return sorted(
         items.values(), key=lambda f: (-f.windows, -f.total_noisy_count, -f.last_seen, f.item)
     )
-
-
-def store_directory(use_case: UseCase) -> Path | None:
-    """Where ``use_case``'s discoveries are recorded; ``None`` if it discovers nothing (neither
-    ``[use_case.discovery]`` nor ``[use_case.sfp]``)."""
-    if use_case.sfp is not None:
-        return sfp_store_directory(use_case)
-    if use_case.discovery is not None:
-        return discovery_store_directory(use_case)
-    return None

@@ -38,12 +38,6 @@ from prometheus_client import CollectorRegistry
 
 from ldpipe.discovery.aux_service import ReleaseHeader
 from ldpipe.discovery.metrics import ServerMetrics
-from ldpipe.discovery.runtime import (
-    discovery_config,
-    discovery_settings,
-    discovery_store_directory,
-    load_tag_keys,
-)
 from ldpipe.discovery.server import DiscoveryServer
 from ldpipe.infra.runtime.kafka import (
     EXACTLY_ONCE_CONSUMER,
@@ -59,6 +53,12 @@ from ldpipe.schemas.discovery.exceptions import (
     DiscoveryExistsError,
     DiscoveryRejection,
     DiscoveryServiceError,
+)
+from ldpipe.schemas.discovery_settings import (
+    discovery_config,
+    discovery_settings,
+    discovery_store_directory,
+    load_tag_keys,
 )
 from ldpipe.schemas.envelope import EnvelopeRejection
 from ldpipe.schemas.headers import RELEASE_HEADER, dead_letter_headers, header_value

@@ -1,12 +1,13 @@
 """SFP's server side on the pipeline: the puzzle (Apple Alg. 10) over the sealed sketches.
 
 The word reports of an SFP use case are aggregated as the use case itself and the fragment
-reports as ``<name>.fragments`` (``discovery/sfp_wire.py``), by the ordinary aggregators. This
-module reads the segments of both from the sketch store (``infra/storage/sketch_store.py``), sums
-each time window's segments, splits the fragments sketch into Apple's
-``M_l``, runs :func:`ldpipe.discovery.sfp.discover` and records the words found in the use case's
-discoveries store (``infra/storage/discovery_store.py``, ``protocol = "sfp"``), where ``ldpipe
-query`` picks them up (GCMS §6.2 joint use: the word sketch is the use case's frequency sketch).
+reports as ``<name>.fragments`` (``schemas/discovery/sfp_wire.py``), by the ordinary
+aggregators. This module reads the segments of both from the sketch store
+(``infra/storage/sketch_store.py``), sums each time window's segments, splits the fragments
+sketch into Apple's ``M_l``, runs :func:`ldpipe.schemas.discovery.sfp_puzzle.discover` and
+records the words found in the use case's discoveries store (``infra/storage/discovery_store.py``,
+``protocol = "sfp"``), where ``ldpipe query`` picks them up (GCMS §6.2 joint use: the word sketch
+is the use case's frequency sketch).
 
 Reconstruction is post-processing of ε-LDP reports: it costs no privacy, and it may run as
 often as wanted. A window still filling is reconstructed again when it has more reports: the
@@ -23,9 +24,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ldpipe.aggregator.snapshot import mechanism_params
-from ldpipe.discovery.sfp import SfpDiscovery, discover
-from ldpipe.discovery.sfp_wire import fragment_wire_mechanism, wire_sketches
 from ldpipe.infra.storage.discovery_store import (
     DiscoveryStore,
     DiscoveryWindow,
@@ -37,10 +35,13 @@ from ldpipe.infra.storage.sketch_store import open_sketch_store
 from ldpipe.schemas.config import PipelineConfig, UseCase
 from ldpipe.schemas.discovery.discovered import Discovery
 from ldpipe.schemas.discovery.exceptions import DiscoveryExistsError, DiscoveryServiceError
+from ldpipe.schemas.discovery.sfp_puzzle import SfpDiscovery, discover
+from ldpipe.schemas.discovery.sfp_wire import fragment_wire_mechanism, wire_sketches
 from ldpipe.schemas.discovery.sfp_words import SfpParams
 from ldpipe.schemas.mechanisms import Sketch, SketchMechanism
+from ldpipe.schemas.mechanisms.params import mechanism_params
 
-__all__ = ["SfpSettingsMismatchError", "SfpWindowResult", "reconstruct", "sfp_store_directory"]
+__all__ = ["SfpSettingsMismatchError", "SfpWindowResult", "reconstruct"]
 
 log = logging.getLogger(__name__)
 
@@ -82,17 +83,6 @@ class SfpWindowResult:
             ],
             "recorded": None if self.recorded is None else str(self.recorded),
         }
-
-
-def sfp_store_directory(use_case: UseCase) -> Path:
-    """Where SFP discoveries go: ``[use_case.sfp] store``, else ``<snapshot dir>/discoveries``
-    (the word use case's, whichever half is given)."""
-    if use_case.sfp is None:
-        raise DiscoveryServiceError(f"use case {use_case.name!r} is not an SFP use case")
-    if use_case.sfp.store is not None:
-        return use_case.sfp.store
-    directory = use_case.snapshot.directory
-    return (directory.parent if use_case.derived else directory) / "discoveries"
 
 
 def _pair(config: PipelineConfig, use_case: UseCase) -> tuple[UseCase, UseCase]:

@@ -2,8 +2,8 @@
 
 A device of a use case with ``[use_case.discovery]`` sends, besides its frequency report, one
 discovery report of the same item: the item sealed to the server (the use case's public key),
-tagged with the tag key, sealed again to the aux server (``discovery/client.py``). Both go out
-under the device's one client token, each to its own shuffler.
+tagged with the tag key, sealed again to the aux server (``schemas/discovery/client.py``). Both go
+out under the device's one client token, each to its own shuffler.
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ldpipe.discovery.client import DiscoveryClient
-from ldpipe.discovery.runtime import discovery_config, load_tag_key
 from ldpipe.producers.loadgen import Stream
 from ldpipe.schemas.config import UseCase
 from ldpipe.schemas.config_checks import ConfigError
+from ldpipe.schemas.discovery.client import DiscoveryClient
 from ldpipe.schemas.discovery.exceptions import DiscoveryError
+from ldpipe.schemas.discovery_settings import discovery_config, load_tag_key
 from ldpipe.schemas.keys import PublicKey, load_public_key
 
 __all__ = ["discovery_stream"]

@@ -2,7 +2,7 @@
 
 Both are sealed like any report (``schemas/envelope.md``) for their own use case: the word
 report for the SFP use case itself (its sketch is the word oracle), the fragment report for
-``<name>.fragments`` with the position in the row (``discovery/sfp_wire.py``). The two are
+``<name>.fragments`` with the position in the row (``schemas/discovery/sfp_wire.py``). The two are
 randomized independently, at ε and ε′, so a device spends ε + ε′ per collection.
 
 >>> from ldpipe.schemas.config import parse_config
@@ -26,12 +26,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ldpipe.discovery.sfp import encode_words, perturb_fragments
-from ldpipe.discovery.sfp_wire import fragment_wire_mechanism, stack_fragments
 from ldpipe.producers.client import DeviceClient
 from ldpipe.producers.loadgen import Stream
 from ldpipe.schemas.config import PipelineConfig, UseCase
 from ldpipe.schemas.config_checks import ConfigError
+from ldpipe.schemas.discovery.sfp_device import encode_words, perturb_fragments
+from ldpipe.schemas.discovery.sfp_wire import fragment_wire_mechanism, stack_fragments
 from ldpipe.schemas.discovery.sfp_words import SfpParams, encode_word
 from ldpipe.schemas.hashing import item_keys
 from ldpipe.schemas.keys import PublicKey

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from ldpipe.aggregator.snapshot import mechanism_params
 from ldpipe.infra.storage.segments import SegmentData
 from ldpipe.infra.storage.sketch_store import SketchStore, open_sketch_store
 from ldpipe.schemas.config import UseCase
 from ldpipe.schemas.mechanisms import Sketch
+from ldpipe.schemas.mechanisms.params import mechanism_params
 
 __all__ = ["seal_windows"]
 

@@ -9,10 +9,10 @@ a-z, at most 10 characters; the number dropped is printed and recorded), weighte
 ``wordfreq.word_frequency(word, "en")``; ``--n`` devices draw one word each (multinomial,
 fixed ``--seed``) into a ``ldpipe.producers.datasets.Population``. Both protocols see the same
 population, through the same in-memory simulators ``ldpipe discover-sim`` runs:
-``ldpipe.discovery.aux_sim.simulate`` (aux server, real HPKE unless ``--skip-encryption``) and
-``ldpipe.discovery.sfp.simulate_request`` (SFP, Apple's 3/4 : 1/4 split of epsilon between the
-fragment and word reports). Scores follow ``discovery/evaluation.py``: an item is relevant when
-its true count is at least the protocol's own threshold (aux: T; SFP: its word threshold).
+``ldpipe.infra.cli.aux_sim.simulate`` (aux server, real HPKE unless ``--skip-encryption``) and
+``ldpipe.producers.sfp_sim.simulate_request`` (SFP, Apple's 3/4 : 1/4 split of epsilon between the
+fragment and word reports). Scores follow ``producers/discovery_evaluation.py``: an item is relevant
+when its true count is at least the protocol's own threshold (aux: T; SFP: its word threshold).
 
 Usage (from the repository root)::
 
@@ -46,9 +46,11 @@ try:
 except ImportError:  # pragma: no cover - evaluation-only extra
     sys.exit("this experiment needs the evaluation-only extra: pip install wordfreq matplotlib")
 
-from ldpipe.discovery import aux_sim, sfp  # noqa: E402
-from ldpipe.discovery.evaluation import DiscoverySimRequest, DiscoverySimResult  # noqa: E402
+from ldpipe.infra.cli import aux_sim  # noqa: E402
+from ldpipe.producers import sfp_sim  # noqa: E402
 from ldpipe.producers.datasets import Population  # noqa: E402
+from ldpipe.producers.discovery_evaluation import DiscoverySimRequest, DiscoverySimResult  # noqa: E402
+from ldpipe.schemas.discovery.sfp_words import SfpParams  # noqa: E402
 
 SFP_WORD = re.compile(r"[a-z]{1,10}")
 
@@ -167,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{info['distinct_words_drawn']} distinct drawn",
         file=sys.stderr,
     )
-    sfp_params = sfp.SfpParams(fragment_k=args.sfp_fragment_k)
+    sfp_params = SfpParams(fragment_k=args.sfp_fragment_k)
     rows: list[dict[str, Any]] = []
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
@@ -186,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
                 if protocol == "aux":
                     result = aux_sim.simulate(request)
                 else:
-                    result = sfp.simulate_request(request, params=sfp_params)
+                    result = sfp_sim.simulate_request(request, params=sfp_params)
                 r = row(result, time.perf_counter() - began)
                 rows.append(r)
                 print(

@@ -34,8 +34,6 @@ import numpy as np
 from confluent_kafka import Producer
 
 from ldpipe.aggregator.query import query_use_case
-from ldpipe.discovery.client import DiscoveryClient
-from ldpipe.discovery.runtime import discovery_config, release_parameters
 from ldpipe.infra.cli.demo_env import demo_broker, progress
 from ldpipe.infra.cli.demo_front_door import (
     IDENTITIES,
@@ -61,8 +59,13 @@ from ldpipe.producers.client import DeviceClient
 from ldpipe.producers.datasets import Population, dictionary_population
 from ldpipe.producers.loadgen import Stream
 from ldpipe.schemas.config import UseCase
+from ldpipe.schemas.discovery.client import DiscoveryClient
 from ldpipe.schemas.discovery.exceptions import DiscoveryRejection
 from ldpipe.schemas.discovery.item import normalize_item
+from ldpipe.schemas.discovery_settings import (
+    discovery_config,
+    release_parameters,
+)
 from ldpipe.schemas.privacy.ledger import WindowRecord
 
 __all__ = ["add_parser", "run"]

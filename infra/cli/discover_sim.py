@@ -1,10 +1,11 @@
 """``ldpipe discover-sim``: run a discovery protocol over a simulated population, in memory.
 
-``--protocol aux`` runs the aux-server protocol (``discovery/aux_sim.py``); ``--protocol sfp``
-runs Apple's SFP through ``ldpipe.discovery.sfp.simulate_request``. Both take a
-``ldpipe.discovery.evaluation.DiscoverySimRequest`` and print the same JSON (``docs/discovery.md``).
-SFP refuses a population it cannot spell at all and warns (one line on stderr, counts in the
-JSON's ``params.spelling``) about items it cannot discover as they are (``docs/sfp.md``).
+``--protocol aux`` runs the aux-server protocol (``infra/cli/aux_sim.py``); ``--protocol sfp``
+runs Apple's SFP through ``ldpipe.producers.sfp_sim.simulate_request``. Both take a
+``ldpipe.producers.discovery_evaluation.DiscoverySimRequest`` and print the same JSON
+(``docs/discovery.md``). SFP refuses a population it cannot spell at all and warns (one line on
+stderr, counts in the JSON's ``params.spelling``) about items it cannot discover as they are
+(``docs/sfp.md``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,11 @@ import sys
 import warnings
 from typing import Any, TextIO
 
-from ldpipe.discovery.evaluation import DiscoverySimRequest, DiscoverySimResult, format_table
+from ldpipe.producers.discovery_evaluation import (
+    DiscoverySimRequest,
+    DiscoverySimResult,
+    format_table,
+)
 from ldpipe.schemas.discovery.item import MAX_ITEM_BYTES, ItemRules
 from ldpipe.schemas.discovery.privacy import NEIGHBOURS
 
@@ -85,10 +90,10 @@ def _simulate(request: DiscoverySimRequest) -> DiscoverySimResult:
 
 def _dispatch(request: DiscoverySimRequest) -> DiscoverySimResult:
     if request.protocol == "aux":
-        from ldpipe.discovery import aux_sim
+        from ldpipe.infra.cli import aux_sim
 
         return aux_sim.simulate(request)
-    sfp: Any = importlib.import_module("ldpipe.discovery.sfp")
+    sfp: Any = importlib.import_module("ldpipe.producers.sfp_sim")
     result: DiscoverySimResult = sfp.simulate_request(request)
     return result
 

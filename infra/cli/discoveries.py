@@ -20,10 +20,10 @@ from ldpipe.discovery.found import found_items
 from ldpipe.infra.storage.discovery_store import (
     DiscoveryStore,
     DiscoveryWindow,
-    discoveries_directory,
 )
 from ldpipe.schemas.config import PipelineConfig, UseCase, load_config
 from ldpipe.schemas.config_checks import ConfigError
+from ldpipe.schemas.discovery_settings import store_directory
 
 __all__ = ["add_parser", "run"]
 
@@ -47,11 +47,11 @@ def add_parser(sub: Any) -> None:
 def discovering_use_cases(config: PipelineConfig, name: str | None) -> list[UseCase]:
     """The use cases that record discoveries (the one named, which must be one)."""
     if name is None:
-        return [uc for uc in config.declared if discoveries_directory(uc) is not None]
+        return [uc for uc in config.declared if store_directory(uc) is not None]
     use_case = config.use_case(name)
     if use_case.sfp is not None and use_case.derived:
         use_case = config.use_case(use_case.sfp.word_use_case)  # SFP records under its word half
-    if discoveries_directory(use_case) is None:
+    if store_directory(use_case) is None:
         raise ConfigError(
             f"use case {name!r} discovers nothing: add a [use_case.discovery] table (aux "
             f"protocol) or a [use_case.sfp] table (docs/discovery.md, docs/sfp.md)"
@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _read(use_case: UseCase, args: argparse.Namespace) -> dict[str, Any]:
-    directory = args.store or discoveries_directory(use_case)
+    directory = args.store or store_directory(use_case)
     assert directory is not None
     windows = [
         w

@@ -18,11 +18,11 @@ import argparse
 import dataclasses
 from typing import Any
 
-from ldpipe.discovery.runtime import discovery_config, discovery_settings
 from ldpipe.infra.cli.shuffler import add_shuffler_parser, run_shuffler
 from ldpipe.schemas.config import UseCase
 from ldpipe.schemas.config_tables import Topics
 from ldpipe.schemas.discovery.layers import ITEM_FIXED_LENGTH, OUTER_FIXED_LENGTH
+from ldpipe.schemas.discovery_settings import discovery_config, discovery_settings
 from ldpipe.schemas.envelope import ENC_LENGTH, ENVELOPE_VERSION, FIXED_HEADER_LENGTH, TAG_LENGTH
 from ldpipe.shuffler.inner import InnerCheck
 

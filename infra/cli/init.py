@@ -25,10 +25,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from ldpipe.discovery.runtime import TAG_KEY_SUFFIX, save_tag_key
 from ldpipe.schemas.config import load_config
 from ldpipe.schemas.config_schema import schema_text
 from ldpipe.schemas.discovery.tags import TagKey
+from ldpipe.schemas.discovery_settings import TAG_KEY_SUFFIX, save_tag_key
 from ldpipe.schemas.keys import KeyPair, save_key_pair
 
 __all__ = ["ISSUER_KEYS", "STARTER_KEYS", "Ports", "add_parser", "init", "run", "steps"]

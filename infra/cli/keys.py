@@ -18,8 +18,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ldpipe.discovery.runtime import TAG_KEY_SUFFIX, save_tag_key
 from ldpipe.schemas.discovery.tags import TagKey
+from ldpipe.schemas.discovery_settings import TAG_KEY_SUFFIX, save_tag_key
 from ldpipe.schemas.errors import KeyFileError
 from ldpipe.schemas.keys import KEY_ROLES, KeyPair, save_key_pair
 

@@ -23,8 +23,6 @@ from typing import Any
 import httpx
 from confluent_kafka import Consumer, TopicPartition
 
-from ldpipe.discovery.client import DiscoveryClient
-from ldpipe.discovery.runtime import discovery_config, save_tag_key
 from ldpipe.infra.cli.init import ISSUER_KEYS
 from ldpipe.infra.runtime.epochs_io import load_epochs
 from ldpipe.infra.runtime.kafka import KafkaSettings, ensure_topics
@@ -32,7 +30,9 @@ from ldpipe.infra.runtime.topics import config_topics
 from ldpipe.infra.storage.sketch_store import SketchStore, open_sketch_store
 from ldpipe.producers.client import DeviceClient
 from ldpipe.schemas.config import PipelineConfig, UseCase, load_config
+from ldpipe.schemas.discovery.client import DiscoveryClient
 from ldpipe.schemas.discovery.tags import TagKey
+from ldpipe.schemas.discovery_settings import discovery_config, save_tag_key
 from ldpipe.schemas.errors import LdpipeError
 from ldpipe.schemas.keys import KeyPair, PublicKey, save_key_pair
 

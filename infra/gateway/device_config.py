@@ -138,7 +138,7 @@ def discovery_device_config(
     uc: UseCase, rules: UseCaseRules, gateway: GatewayConfig
 ) -> DeviceConfig:
     """The document of ``<uc>.discovery`` (``rules = UseCaseRules.discovery_of(uc)``): what a
-    device needs to make GCMS §5.1's report (``discovery/client.py``): the server's key (the
+    device needs to make GCMS §5.1's report (``schemas/discovery/client.py``): the server's key (the
     inner layer), the aux server's key (the outer payload), the discovery epoch and item rules.
     Never the tag key, nor its id: the key must stay out of the aux server's hands
     (``docs/discovery.md``, "The tag key") and this document is served to anyone, so a device

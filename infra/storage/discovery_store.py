@@ -14,7 +14,7 @@ directory is fsynced. Readers see no file or the whole file.
 
 It sits in the storage floor, below the services, because the discovery server and the SFP
 service write it and the query worker reads it: each opens a use case's store with
-:func:`open_discovery_store` (its directory: :func:`discoveries_directory`).
+:func:`open_discovery_store` (its directory: ``schemas/discovery_settings.py`` ``store_directory``).
 
 >>> import tempfile
 >>> window = DiscoveryWindow("words", "0:0-1000", 1.7e9, 21.0, 1.0, 2.0, 1e-9, "replace-one",
@@ -50,6 +50,7 @@ from ldpipe.schemas.discovery.discovered import Discovery
 from ldpipe.schemas.discovery.exceptions import DiscoveryExistsError, DiscoveryStoreError
 from ldpipe.schemas.discovery.layers import MAX_DISCOVERY_USE_CASE_LENGTH
 from ldpipe.schemas.discovery.tags import TAG_LENGTH
+from ldpipe.schemas.discovery_settings import store_directory
 from ldpipe.schemas.durable import fsync_directory, publish_immutable
 
 __all__ = [
@@ -59,7 +60,6 @@ __all__ = [
     "DiscoveryStore",
     "DiscoveryWindow",
     "WindowRef",
-    "discoveries_directory",
     "open_discovery_store",
     "window_file_name",
 ]
@@ -217,29 +217,11 @@ class DiscoveryStore:
             yield read_window(ref.path)
 
 
-def discoveries_directory(use_case: UseCase) -> Path | None:
-    """Where ``use_case``'s discoveries are recorded; None if it discovers nothing.
-
-    An SFP use case (either half): ``[use_case.sfp] store``, else the word use case's
-    ``<snapshot directory>/discoveries``; an aux one: ``[use_case.discovery] store``, else
-    ``<snapshot directory>/discoveries`` (``schemas/discovery.md``, "Discoveries store").
-    """
-    if use_case.sfp is not None:
-        if use_case.sfp.store is not None:
-            return use_case.sfp.store
-        directory = use_case.snapshot.directory
-        return (directory.parent if use_case.derived else directory) / "discoveries"
-    if use_case.discovery is not None:
-        if use_case.discovery.store is not None:
-            return use_case.discovery.store
-        return use_case.snapshot.directory / "discoveries"
-    return None
-
-
 def open_discovery_store(use_case: UseCase) -> DiscoveryStore:
-    """``use_case``'s discoveries store (:func:`discoveries_directory`): every reader and writer
-    of a use case's discoveries opens it here. ``ConfigError`` if the use case discovers nothing."""
-    directory = discoveries_directory(use_case)
+    """``use_case``'s discoveries store (its directory: ``store_directory`` of
+    ``schemas/discovery_settings.py``): every reader and writer of a use case's discoveries opens
+    it here. ``ConfigError`` if the use case discovers nothing."""
+    directory = store_directory(use_case)
     if directory is None:
         raise ConfigError(
             f"use_case.{use_case.name}: discovers nothing, so it has no discoveries store; add a "

@@ -11,7 +11,7 @@ per report whatever the kind:
 * an SFP fragments use case (Alg. 9's ``(l, alpha)``): ``SfpFragmentReports``, a uniform
   position and the fragment randomized at ε′ with the fragment oracle, stacked into the row
   ``l k' + j`` of the one sketch the pipeline keeps (``docs/sfp.md``, "On the pipeline");
-* a discovery use case ``<uc>.discovery``: ``DiscoveryReports``, ``discovery/client.py``'s
+* a discovery use case ``<uc>.discovery``: ``DiscoveryReports``, ``schemas/discovery/client.py``'s
   report with the tag key the device was provisioned with.
 
 ``screen`` says which items a maker refuses before any token is spent (a discovery item empty
@@ -27,8 +27,8 @@ from typing import Protocol, Self
 
 import numpy as np
 
-from ldpipe.discovery.client import DiscoveryClient
 from ldpipe.producers.client import DeviceClient
+from ldpipe.schemas.discovery.client import DiscoveryClient
 from ldpipe.schemas.discovery.exceptions import DiscoveryError
 from ldpipe.schemas.discovery.item import normalize_item
 from ldpipe.schemas.discovery.layers import DiscoveryConfig
@@ -164,7 +164,7 @@ class SfpWordReports(_SfpReports):
 @dataclass(frozen=True)
 class SfpFragmentReports(_SfpReports):
     """Apple Alg. 9's fragment report (``l``, ``alpha``) of an SFP fragments use case, at ε′,
-    as the row ``l k' + j`` of the stacked sketch (``discovery/sfp_wire.py``)."""
+    as the row ``l k' + j`` of the stacked sketch (``schemas/discovery/sfp_wire.py``)."""
 
     @staticmethod
     def sealed_mechanism(params: SfpParams) -> SketchMechanism:
@@ -195,7 +195,7 @@ class SfpFragmentReports(_SfpReports):
 
 @dataclass(frozen=True)
 class DiscoveryReports:
-    """GCMS §5.1's discovery report (``discovery/client.py``) of ``<uc>.discovery``, its
+    """GCMS §5.1's discovery report (``schemas/discovery/client.py``) of ``<uc>.discovery``, its
     shuffler layer for use case ``use_case`` (``<uc>.discovery``)."""
 
     client: DiscoveryClient

@@ -1,6 +1,6 @@
 """SFP's settings and the bytes a device reports (Apple §4.3, Alg. 9): the word item, its puzzle
 piece and the fragment items. What devices, the configuration and the server must agree on; the
-puzzle itself (perturbation, sketches, Alg. 10) is ``discovery/sfp.py``.
+device's perturbation (Alg. 9) is ``sfp_device.py``, the puzzle (Alg. 10) ``sfp_puzzle.py``.
 
 * **word**: Unicode NFC, surrounding whitespace stripped, then (``lowercase=True``) ``str.lower``
   and NFC again; the first ``word_length`` code points kept, right-padded with ``pad``; UTF-8.
@@ -174,7 +174,7 @@ class SfpParams:
     def fragment_wire_oracle(self) -> SketchMechanism:
         """The fragments use case's mechanism on the pipeline: the fragment oracle's ε′, m′ and
         seed with ``positions x k'`` rows, one block of ``k'`` per position
-        (``discovery/sfp_wire.py``; ``docs/sfp.md``, "On the pipeline")."""
+        (``schemas/discovery/sfp_wire.py``; ``docs/sfp.md``, "On the pipeline")."""
         mech = build_mechanism(
             self.fragment_mechanism,
             epsilon=self.epsilon_fragment,

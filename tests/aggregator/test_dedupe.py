@@ -5,7 +5,8 @@ from pathlib import Path
 import numpy as np
 
 from ldpipe.aggregator.dedupe import SeenReports, envelope_digest
-from ldpipe.aggregator.snapshot import SnapshotFile, read_snapshot, write_snapshot
+from ldpipe.aggregator.snapshot import read_snapshot, write_snapshot
+from ldpipe.aggregator.snapshot_contents import SnapshotFile
 
 
 def test_copies_are_dropped_within_the_horizon() -> None:

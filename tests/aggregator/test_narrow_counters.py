@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ldpipe.aggregator.snapshot import SnapshotFile, WindowSketch, read_snapshot, write_snapshot
+from ldpipe.aggregator.snapshot import read_snapshot, write_snapshot
+from ldpipe.aggregator.snapshot_contents import SnapshotFile, WindowSketch
 from ldpipe.aggregator.windows import WindowedSketches, increment_bound
 from ldpipe.schemas.mechanisms import Mechanism, build_mechanism
 

@@ -9,9 +9,10 @@ from hypothesis import strategies as st
 
 from ldpipe.aggregator import query as query_module
 from ldpipe.aggregator.query import _epoch_estimates, top_order
-from ldpipe.aggregator.snapshot import MergedSketch, mechanism_params
+from ldpipe.aggregator.snapshot_contents import MergedSketch
 from ldpipe.schemas.mechanisms import Mechanism, build_mechanism
 from ldpipe.schemas.mechanisms.columns import CellCache
+from ldpipe.schemas.mechanisms.params import mechanism_params
 
 ITEMS = [f"item-{j}" for j in range(400)]
 

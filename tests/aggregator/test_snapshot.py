@@ -18,17 +18,13 @@ import pytest
 import ldpipe.aggregator.snapshot as snapshot_module
 from ldpipe.aggregator.snapshot import (
     Compression,
-    SnapshotFile,
-    WindowSketch,
-    latest_snapshot,
-    latest_snapshots,
     list_snapshots,
-    merge_windows,
     next_sequence,
-    prune,
     read_snapshot,
     write_snapshot,
 )
+from ldpipe.aggregator.snapshot_contents import SnapshotFile, WindowSketch
+from ldpipe.aggregator.snapshot_files import latest_snapshot, prune
 from ldpipe.schemas.errors import LdpipeError, SnapshotError, SnapshotExistsError
 from ldpipe.schemas.mechanisms import Sketch, build_mechanism
 
@@ -244,7 +240,8 @@ CRASH_SCRIPT = textwrap.dedent(
     import os, sys
     import numpy as np
     sys.path.insert(0, sys.argv[3])
-    from ldpipe.aggregator.snapshot import SnapshotFile, WindowSketch, write_snapshot
+    from ldpipe.aggregator.snapshot import write_snapshot
+    from ldpipe.aggregator.snapshot_contents import SnapshotFile, WindowSketch
     from ldpipe.schemas.mechanisms import Sketch
 
     counts = np.arange(12, dtype=np.int64).reshape(3, 4)
@@ -354,10 +351,6 @@ def test_listing_skips_other_files_and_latest_needs_a_writer(
         latest_snapshot(tmp_path)
     latest = latest_snapshot(tmp_path, "agg-1")
     assert latest is not None and latest.sequence == 5
-    assert {w: s.sequence for w, s in latest_snapshots(tmp_path).items()} == {
-        "agg-0": 2,
-        "agg-1": 5,
-    }
     assert latest_snapshot(tmp_path / "missing") is None
 
 
@@ -382,78 +375,6 @@ def test_prune_never_deletes_the_newest_valid_snapshot(
     assert latest is not None and latest.sequence == 3
     with pytest.raises(ValueError, match="keep"):
         prune(tmp_path, keep=0)
-
-
-# ---- merging ---------------------------------------------------------------------------------
-def test_merge_of_two_writers_is_the_sum(tmp_path: Path, rng: np.random.Generator) -> None:
-    def windows() -> tuple[WindowSketch, ...]:
-        return (
-            window(rng, epoch=1, start=0, end=HOUR),
-            window(rng, epoch=1, start=HOUR, end=2 * HOUR),
-            window(rng, epoch=2, start=2 * HOUR, end=3 * HOUR),
-            window(rng, epoch=2, start=3 * HOUR, end=4 * HOUR),  # outside [0, 3h)
-            window(rng, use_case="words", epoch=1, start=0, end=HOUR),  # other use case
-        )
-
-    a_old = snapshot(rng, "agg-a", 1, partitions=(0, 1), windows=windows()[:2])
-    a = snapshot(rng, "agg-a", 2, partitions=(0, 1), windows=windows()[1:])
-    b = snapshot(rng, "agg-b", 7, partitions=(2, 3), windows=windows())
-    for s in (a_old, a, b):
-        write_snapshot(tmp_path, s)
-    files = [read_snapshot(p.path) for p in list_snapshots(tmp_path)]
-
-    merged = merge_windows(files, "emoji", 0, 3 * HOUR)
-
-    assert sorted(merged) == [1, 2]
-    one = merged[1]
-    # hour 0 of agg-a only survives in its older file; hour 1 from the newer one supersedes
-    expected = (
-        a_old.windows[0].sketch.counts
-        + a.windows[0].sketch.counts
-        + b.windows[0].sketch.counts
-        + b.windows[1].sketch.counts
-    )
-    np.testing.assert_array_equal(one.sketch.counts, expected)
-    np.testing.assert_array_equal(
-        one.sketch.row_totals,
-        a_old.windows[0].sketch.row_totals
-        + a.windows[0].sketch.row_totals
-        + b.windows[0].sketch.row_totals
-        + b.windows[1].sketch.row_totals,
-    )
-    assert (one.windows, one.writers, one.params) == (
-        ((0, HOUR), (HOUR, 2 * HOUR)),
-        ("agg-a", "agg-b"),
-        a.windows[0].params,
-    )
-    two = merged[2]
-    np.testing.assert_array_equal(
-        two.sketch.counts, a.windows[1].sketch.counts + b.windows[2].sketch.counts
-    )
-    assert two.windows == ((2 * HOUR, 3 * HOUR),)
-    assert files[0].windows[0].sketch.counts.flags.writeable is False  # inputs untouched
-
-
-def test_merge_refuses_overlapping_partitions(rng: np.random.Generator) -> None:
-    a = snapshot(rng, "agg-a", 1, partitions=(0, 1))
-    b = snapshot(rng, "agg-b", 1, partitions=(1, 2))
-    with pytest.raises(SnapshotError, match=r"ldp.emoji.shuffled\[1\].*agg-a.*agg-b"):
-        merge_windows([a, b], "emoji", 0, HOUR)
-    with pytest.raises(SnapshotError, match="twice"):
-        merge_windows([a, a], "emoji", 0, HOUR)
-
-
-def test_merge_refuses_mismatched_params_and_overlapping_windows(
-    rng: np.random.Generator,
-) -> None:
-    a = snapshot(rng, "agg-a", 1, (0,), (window(rng, k=8, m=16),))
-    b = snapshot(rng, "agg-b", 1, (1,), (window(rng, k=8, m=32),))
-    with pytest.raises(SnapshotError, match="epoch 1"):
-        merge_windows([a, b], "emoji", 0, HOUR)
-    hourly_and_daily = (window(rng, end=HOUR), window(rng, end=86400))
-    c = snapshot(rng, "agg-c", 1, (2,), hourly_and_daily)
-    with pytest.raises(SnapshotError, match="overlap in time"):
-        merge_windows([c], "emoji", 0, 86400)
 
 
 # ---- format, validation, surface -------------------------------------------------------------

@@ -21,20 +21,15 @@ import ldpipe.aggregator.snapshot as snapshot_module
 from ldpipe.aggregator.dedupe import envelope_digest
 from ldpipe.aggregator.service import Aggregator, AggregatorOptions
 from ldpipe.aggregator.snapshot import (
-    SnapshotFile,
     SnapshotIdentityError,
-    WindowSketch,
-    latest_snapshot,
-    latest_snapshots,
     list_snapshots,
     next_sequence,
-    prune,
     read_snapshot,
-    scan_snapshots,
-    snapshot_name,
     write_snapshot,
     writer_instance,
 )
+from ldpipe.aggregator.snapshot_contents import SnapshotFile, WindowSketch, snapshot_name
+from ldpipe.aggregator.snapshot_files import latest_snapshot, prune
 from ldpipe.infra.runtime.kafka import KafkaSettings
 from ldpipe.schemas.config import UseCase, load_config
 from ldpipe.schemas.errors import SnapshotError
@@ -134,9 +129,8 @@ def test_a_file_copied_under_another_writers_name_is_refused(tmp_path: Path) -> 
     assert own is not None and (own.writer, own.sequence) == (A, 1)
     with pytest.raises(SnapshotIdentityError, match="copied or renamed"):
         latest_snapshot(tmp_path, A, foreign="raise")
-    scan = scan_snapshots(tmp_path)
-    assert {w: s.sequence for w, s in scan.latest.items()} == {A: 1, B: 3}
-    assert scan.refused == {A: ((copy, message),)} and scan.missing == {}
+    other = latest_snapshot(tmp_path, B)
+    assert other is not None and other.sequence == 3
 
 
 def test_a_renamed_sequence_is_refused(tmp_path: Path) -> None:
@@ -199,30 +193,11 @@ def test_a_truncated_snapshot_is_refused_with_a_warning_naming_it(
 
     with pytest.raises(SnapshotError, match=rf"^{path}: "):
         read_snapshot(path)
-    with caplog.at_level(logging.WARNING, logger="ldpipe.aggregator.snapshot"):
+    with caplog.at_level(logging.WARNING, logger="ldpipe.aggregator.snapshot_files"):
         latest = latest_snapshot(tmp_path, A)
     assert latest is not None and latest.sequence == 1
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and str(path) in warnings[0], warnings
-
-
-def test_a_writer_whose_every_file_is_refused_is_reported_missing(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    write(tmp_path, A, 1, (0, 2))
-    paths = [write(tmp_path, B, s, (1, 3)) for s in (1, 2)]
-    for path in paths:
-        data = bytearray(path.read_bytes())
-        data[len(data) // 2] ^= 0x10
-        path.write_bytes(data)
-
-    with caplog.at_level(logging.WARNING, logger="ldpipe.aggregator.snapshot"):
-        scan = scan_snapshots(tmp_path)
-    assert sorted(scan.latest) == [A] and scan.writers == [A, B]
-    assert [path for path, _ in scan.missing[B]] == paths[::-1]  # newest first
-    assert all(reason.startswith(f"{path}: ") for path, reason in scan.missing[B])
-    assert any(f"writer {B} has no valid snapshot" in r.getMessage() for r in caplog.records)
-    assert sorted(latest_snapshots(tmp_path)) == [A]  # the old API still just leaves it out
 
 
 # ---- taking partitions: the member's checkpoint ----------------------------------------------

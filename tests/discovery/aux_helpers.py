@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ldpipe.discovery.aux import AuxServer
-from ldpipe.discovery.client import DiscoveryClient
 from ldpipe.discovery.noise import RandomSource, SeededRandomSource
 from ldpipe.discovery.server import DiscoveryServer
+from ldpipe.schemas.discovery.client import DiscoveryClient
 from ldpipe.schemas.discovery.item import ItemRules
 from ldpipe.schemas.discovery.layers import DiscoveryConfig
 from ldpipe.schemas.discovery.privacy import ReleaseParameters

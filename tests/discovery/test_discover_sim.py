@@ -12,14 +12,14 @@ from typing import Any
 
 import pytest
 
-from ldpipe.discovery.evaluation import (
+from ldpipe.infra.cli.main import main
+from ldpipe.producers.discovery_evaluation import (
     DiscoveredItem,
     DiscoverySimRequest,
     DiscoverySimResult,
     TrialOutcome,
     score,
 )
-from ldpipe.infra.cli.main import main
 from ldpipe.schemas.discovery.privacy import parameters_for, release_guarantee
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -114,7 +114,7 @@ def test_text_output(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def _fake_sfp(simulate: Any) -> types.ModuleType:
-    module = types.ModuleType("ldpipe.discovery.sfp")
+    module = types.ModuleType("ldpipe.producers.sfp_sim")
     module.simulate_request = simulate  # type: ignore[attr-defined]
     return module
 
@@ -147,7 +147,7 @@ def test_sfp_dispatch_follows_the_contract(
             {"epsilon_word": 2},
         )
 
-    monkeypatch.setitem(sys.modules, "ldpipe.discovery.sfp", _fake_sfp(simulate))
+    monkeypatch.setitem(sys.modules, "ldpipe.producers.sfp_sim", _fake_sfp(simulate))
     code, out, _ = _run([*BASE, "--protocol", "sfp", "--epsilon", "8", "--json"], capsys)
     assert code == 0 and seen[0].protocol == "sfp" and seen[0].epsilon == 8
     assert out["protocol"] == "sfp" and out["delta"] is None and out["f1"] == 1.0
@@ -190,12 +190,17 @@ def test_score_definitions(
         "ldpipe.schemas.discovery.item",
         "ldpipe.schemas.discovery.tags",
         "ldpipe.schemas.discovery.layers",
-        "ldpipe.discovery.client",
+        "ldpipe.schemas.discovery.client",
         "ldpipe.discovery.noise",
         "ldpipe.schemas.discovery.privacy",
         "ldpipe.infra.storage.discovery_store",
-        "ldpipe.discovery.evaluation",
+        "ldpipe.producers.discovery_evaluation",
         "ldpipe.discovery.found",
+        "ldpipe.schemas.discovery_settings",
+        "ldpipe.schemas.discovery.sfp_device",
+        "ldpipe.schemas.discovery.sfp_puzzle",
+        "ldpipe.schemas.discovery.sfp_wire",
+        "ldpipe.producers.sfp_sim",
     ],
 )
 def test_docstring_examples(module: str) -> None:
@@ -209,14 +214,14 @@ def test_docstring_examples(module: str) -> None:
         "ldpipe.schemas.discovery.item",
         "ldpipe.schemas.discovery.tags",
         "ldpipe.schemas.discovery.layers",
-        "ldpipe.discovery.client",
+        "ldpipe.schemas.discovery.client",
         "ldpipe.discovery.aux",
         "ldpipe.discovery.server",
         "ldpipe.discovery.noise",
         "ldpipe.schemas.discovery.privacy",
         "ldpipe.infra.storage.discovery_store",
-        "ldpipe.discovery.evaluation",
-        "ldpipe.discovery.aux_sim",
+        "ldpipe.producers.discovery_evaluation",
+        "ldpipe.infra.cli.aux_sim",
         "ldpipe.schemas.discovery.exceptions",
     ],
 )

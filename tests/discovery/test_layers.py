@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ldpipe.discovery.aux import AuxServer
-from ldpipe.discovery.client import DiscoveryClient
 from ldpipe.discovery.server import DiscoveryServer
+from ldpipe.schemas.discovery.client import DiscoveryClient
 from ldpipe.schemas.discovery.exceptions import DiscoveryError, DiscoveryRejection
 from ldpipe.schemas.discovery.item import ItemRules
 from ldpipe.schemas.discovery.layers import (

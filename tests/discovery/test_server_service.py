@@ -22,17 +22,17 @@ from prometheus_client import CollectorRegistry
 
 from ldpipe.discovery.aux import AuxServer
 from ldpipe.discovery.aux_service import RELEASE_HEADER, ReleaseHeader
-from ldpipe.discovery.client import DiscoveryClient
-from ldpipe.discovery.runtime import discovery_config, save_tag_key
 from ldpipe.discovery.server_service import DEAD_LETTER_STAGE, DiscoveryRecorder
 from ldpipe.infra.runtime.kafka import KafkaSettings
 from ldpipe.infra.storage.discovery_store import DiscoveryStore
 from ldpipe.schemas.config import UseCase, load_config
 from ldpipe.schemas.config_checks import ConfigError
+from ldpipe.schemas.discovery.client import DiscoveryClient
 from ldpipe.schemas.discovery.exceptions import DiscoveryServiceError
 from ldpipe.schemas.discovery.layers import ReleasedBucket
 from ldpipe.schemas.discovery.privacy import ReleaseParameters
 from ldpipe.schemas.discovery.tags import TagKey
+from ldpipe.schemas.discovery_settings import discovery_config, save_tag_key
 from ldpipe.schemas.keys import KeyPair, KeyRing, save_key_pair
 from tests.discovery.aux_helpers import ZeroNoise
 

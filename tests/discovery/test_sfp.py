@@ -11,26 +11,22 @@ import hashlib
 import inspect
 import math
 import string
+import types
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-import ldpipe.discovery.sfp as sfp
-from ldpipe.discovery.evaluation import DiscoverySimRequest
-from ldpipe.discovery.sfp import (
-    accumulate,
-    discover,
-    encode_words,
-    new_sketches,
-    perturb_words,
-    randomize_words,
-    simulate,
-    simulate_request,
-)
+import ldpipe.producers.sfp_sim as sfp_sim
+import ldpipe.schemas.discovery.sfp_device as sfp_device
+import ldpipe.schemas.discovery.sfp_puzzle as sfp_puzzle
 from ldpipe.producers.datasets import Population
+from ldpipe.producers.discovery_evaluation import DiscoverySimRequest
+from ldpipe.producers.sfp_sim import simulate, simulate_request
 from ldpipe.schemas.discovery.item import ItemRules
+from ldpipe.schemas.discovery.sfp_device import encode_words, perturb_words, randomize_words
+from ldpipe.schemas.discovery.sfp_puzzle import accumulate, discover, new_sketches
 from ldpipe.schemas.discovery.sfp_words import (
     SfpParams,
     SketchName,
@@ -157,8 +153,8 @@ def test_hadamard_sketches_and_repeated_trials() -> None:
 
 
 def test_discover_sim_contract(tmp_path: Path) -> None:
-    """``simulate_request`` speaks ``discovery/evaluation.py``'s contract: a total epsilon split
-    6:2 as Apple's, a dataset spec, the shared scores and JSON."""
+    """``simulate_request`` speaks ``producers/discovery_evaluation.py``'s contract: a total epsilon
+    split 6:2 as Apple's, a dataset spec, the shared scores and JSON."""
     planted = {"badge": 3_000, "cafe": 2_500, "faded": 2_000}
     rng = np.random.default_rng(4)
     lines = [f"{word},{count}" for word, count in planted.items()]
@@ -208,7 +204,7 @@ def test_candidate_sweep_equals_each_sketchs_column_totals(
     oracle = params.fragment_oracle()
     keys = item_keys(fragment_item(p, a + b) for p in range(4) for a in "ab " for b in "ab ")
 
-    totals = sfp._position_totals(oracle, sketches.fragments, keys)
+    totals = sfp_puzzle._position_totals(oracle, sketches.fragments, keys)
     assert totals.shape == (params.positions, keys.size)
     for position, sketch in enumerate(sketches.fragments):
         np.testing.assert_array_equal(totals[position], oracle.column_totals(sketch, keys))
@@ -316,12 +312,13 @@ def test_simulate_refuses_bad_arguments() -> None:
         simulate(pop, epsilon_fragment=6, epsilon_word=math.inf, threshold=None, seed=1)
 
 
-def test_public_surface_is_all() -> None:
+@pytest.mark.parametrize("module", [sfp_device, sfp_puzzle, sfp_sim])
+def test_public_surface_is_all(module: types.ModuleType) -> None:
     defined = {
         name
-        for name, value in vars(sfp).items()
+        for name, value in vars(module).items()
         if not name.startswith("_")
         and (inspect.isclass(value) or inspect.isfunction(value))
-        and value.__module__ == sfp.__name__
+        and value.__module__ == module.__name__
     }
-    assert defined == set(sfp.__all__)
+    assert defined == set(module.__all__)

@@ -1,8 +1,8 @@
 """SFP reconstruction over the sketch store (``discovery/sfp_service.py``), without a broker.
 
 The pipeline's work is done by hand: 20,000 devices randomize their word with
-``ldpipe.discovery.sfp.randomize_words`` (Apple Alg. 9, §6.1 epsilons 2 and 6); the word reports are
-accumulated into the word use case's sketch and the stacked fragment reports
+``ldpipe.schemas.discovery.sfp_device.randomize_words`` (Apple Alg. 9, §6.1 epsilons 2 and 6); the
+word reports are accumulated into the word use case's sketch and the stacked fragment reports
 (``stack_fragments``) into the fragments use case's, split across two writers covering
 disjoint partitions and two hourly windows, and committed to the sketch store
 (``tests/store_helpers.py``), as two aggregators of each half would. Five planted words are
@@ -30,14 +30,15 @@ import pytest
 
 from ldpipe.aggregator.exceptions import QueryError
 from ldpipe.aggregator.query import discovered_items, query_use_case
-from ldpipe.discovery.sfp import SfpReports, randomize_words
-from ldpipe.discovery.sfp_service import SfpWindowResult, reconstruct, sfp_store_directory
-from ldpipe.discovery.sfp_wire import stack_fragments
+from ldpipe.discovery.sfp_service import SfpWindowResult, reconstruct
 from ldpipe.infra.storage.discovery_store import DiscoveryStore, open_discovery_store
 from ldpipe.infra.storage.sketch_store import open_sketch_store
 from ldpipe.schemas.config import PipelineConfig, UseCase, parse_config
 from ldpipe.schemas.discovery.exceptions import DiscoveryServiceError
+from ldpipe.schemas.discovery.sfp_device import SfpReports, randomize_words
+from ldpipe.schemas.discovery.sfp_wire import stack_fragments
 from ldpipe.schemas.discovery.sfp_words import SfpParams, decode_word, encode_word
+from ldpipe.schemas.discovery_settings import sfp_store_directory
 from ldpipe.schemas.mechanisms import Reports
 from tests.store_helpers import seal_windows
 

@@ -1,4 +1,5 @@
-"""SFP's fragment reports on the wire (``discovery/sfp_wire.py``, ``producers/sfp_client.py``).
+"""SFP's fragment reports on the wire (``schemas/discovery/sfp_wire.py``,
+``producers/sfp_client.py``).
 
 The pipeline carries position ``l`` in the row of a ``positions x k'`` sketch. These tests show
 that this is exactly Apple's per-position sketches ``M_l`` (Alg. 10 line 5), that what an
@@ -12,22 +13,17 @@ import numpy as np
 import pytest
 
 from ldpipe.aggregator.windows import decode_epochs
-from ldpipe.discovery.sfp import (
-    SfpParams,
-    accumulate,
-    encode_words,
-    new_sketches,
-    perturb_fragments,
-    randomize_words,
-)
-from ldpipe.discovery.sfp_wire import (
+from ldpipe.producers.sfp_client import SfpDeviceClient
+from ldpipe.schemas.config import parse_config
+from ldpipe.schemas.discovery.sfp_device import encode_words, perturb_fragments, randomize_words
+from ldpipe.schemas.discovery.sfp_puzzle import accumulate, new_sketches
+from ldpipe.schemas.discovery.sfp_wire import (
     fragment_wire_mechanism,
     split_fragments,
     stack_fragments,
     wire_sketches,
 )
-from ldpipe.producers.sfp_client import SfpDeviceClient
-from ldpipe.schemas.config import parse_config
+from ldpipe.schemas.discovery.sfp_words import SfpParams
 from ldpipe.schemas.keys import KeyPair, KeyRing
 from ldpipe.schemas.mechanisms import Sketch
 from ldpipe.schemas.payloads import PayloadCodec

@@ -1,4 +1,5 @@
-"""Tag key files (discovery/runtime.py), ``ldpipe keys tag`` (infra/cli/keys.py) and rotation.
+"""Tag key files (schemas/discovery_settings.py), ``ldpipe keys tag`` (infra/cli/keys.py) and
+rotation.
 
 * a tag key file round-trips; loading errors name the file and point at ``ldpipe keys tag``;
 * ``load_tag_keys`` reads files and directories of ``*.tag.json``, keeps a key found twice
@@ -17,12 +18,17 @@ from pathlib import Path
 
 import pytest
 
-from ldpipe.discovery.client import DiscoveryClient
-from ldpipe.discovery.runtime import TAG_KEY_SUFFIX, load_tag_key, load_tag_keys, save_tag_key
 from ldpipe.discovery.server import DiscoveryServer
 from ldpipe.infra.cli import main as cli
 from ldpipe.schemas.config_checks import ConfigError
+from ldpipe.schemas.discovery.client import DiscoveryClient
 from ldpipe.schemas.discovery.tags import TagKey
+from ldpipe.schemas.discovery_settings import (
+    TAG_KEY_SUFFIX,
+    load_tag_key,
+    load_tag_keys,
+    save_tag_key,
+)
 from ldpipe.schemas.errors import KeyFileError
 from ldpipe.schemas.keys import KeyRing
 from tests.discovery.aux_helpers import ZeroNoise, make_parties

@@ -16,10 +16,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ldpipe.discovery import sfp
-from ldpipe.discovery.sfp import SfpParams, check_spelling
 from ldpipe.infra.cli.main import main
+from ldpipe.producers import sfp_sim as sfp
 from ldpipe.producers.datasets import Population, load_population
+from ldpipe.producers.sfp_sim import check_spelling
+from ldpipe.schemas.discovery.sfp_words import SfpParams
 
 WORDS = Path(__file__).resolve().parents[2] / "infra" / "words.txt"
 MIXED = {  # 2 unspellable items (400 devices); 2 items that share their first 10 characters
@@ -118,7 +119,7 @@ def test_params_alphabet_and_lowercase_decide_what_is_spellable() -> None:
 def test_simulate_request_warns_with_a_python_warning(tmp_path: Path) -> None:
     path = tmp_path / "mixed.txt"
     path.write_text("".join(f"{w},{c}\n" for w, c in MIXED.items()), encoding="utf-8")
-    from ldpipe.discovery.evaluation import DiscoverySimRequest
+    from ldpipe.producers.discovery_evaluation import DiscoverySimRequest
 
     request = DiscoverySimRequest("sfp", f"file:{path}", None, 8.0, seed=1)
     small = SfpParams(fragment_k=64, piece_bits=4)

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ldpipe.discovery.runtime import load_tag_key
 from ldpipe.infra.cli.init import ISSUER_KEYS, STARTER_KEYS, Ports, init
 from ldpipe.infra.cli.main import main
 from ldpipe.infra.runtime.ohttp_asgi import load_gateway_keys
 from ldpipe.schemas.config import load_config
+from ldpipe.schemas.discovery_settings import load_tag_key
 from ldpipe.schemas.keys import KeyRing, load_public_key
 
 

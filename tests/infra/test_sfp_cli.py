@@ -15,13 +15,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ldpipe.discovery.sfp import randomize_words
-from ldpipe.discovery.sfp_service import sfp_store_directory
-from ldpipe.discovery.sfp_wire import stack_fragments
 from ldpipe.infra.cli import produce as produce_cmd
 from ldpipe.infra.cli.main import main
 from ldpipe.infra.storage.discovery_store import DiscoveryStore
 from ldpipe.schemas.config import PipelineConfig, UseCase, load_config
+from ldpipe.schemas.discovery.sfp_device import randomize_words
+from ldpipe.schemas.discovery.sfp_wire import stack_fragments
+from ldpipe.schemas.discovery_settings import sfp_store_directory
 from ldpipe.schemas.epochs import EpochSet
 from ldpipe.schemas.keys import KeyPair, write_public_key
 from ldpipe.schemas.mechanisms import Reports

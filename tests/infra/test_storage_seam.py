@@ -11,11 +11,8 @@ from typing import Any
 import pytest
 
 import ldpipe.infra.storage.sketch_store as store_module
-from ldpipe.discovery.runtime import discovery_store_directory
-from ldpipe.discovery.sfp_service import sfp_store_directory
 from ldpipe.infra.storage.discovery_store import (
     DiscoveryStore,
-    discoveries_directory,
     open_discovery_store,
 )
 from ldpipe.infra.storage.engine import engine_errors, engine_loaded, is_engine_panic
@@ -27,6 +24,11 @@ from ldpipe.infra.storage.sketch_store import (
 )
 from ldpipe.schemas.config import load_config
 from ldpipe.schemas.config_checks import ConfigError
+from ldpipe.schemas.discovery_settings import (
+    discovery_store_directory,
+    sfp_store_directory,
+    store_directory,
+)
 from tests.infra.test_sketch_store import T, segment
 
 INFRA = Path(__file__).resolve().parents[2] / "infra"
@@ -49,15 +51,15 @@ def test_the_sketch_store_opens_from_its_use_case_or_another_root(tmp_path: Path
 
 def test_the_discoveries_store_opens_where_each_service_records() -> None:
     words = load_config(INFRA / "discovery-example.toml").use_case("words")
-    assert discoveries_directory(words) == discovery_store_directory(words)
+    assert store_directory(words) == discovery_store_directory(words)
     assert open_discovery_store(words).directory == discovery_store_directory(words)
     sfp = load_config(INFRA / "sfp-example.toml")
     for half in ("newwords", "newwords.fragments"):  # either half: the word use case's store
         uc = sfp.use_case(half)
-        assert discoveries_directory(uc) == sfp_store_directory(uc)
+        assert store_directory(uc) == sfp_store_directory(uc)
         assert isinstance(open_discovery_store(uc), DiscoveryStore)
     emoji = load_config(INFRA / "example.toml").use_case("emoji")
-    assert discoveries_directory(emoji) is None
+    assert store_directory(emoji) is None
     with pytest.raises(ConfigError, match=r"^use_case.emoji: discovers nothing.*\[use_case.sfp\]"):
         open_discovery_store(emoji)
 

@@ -13,13 +13,13 @@ from confluent_kafka import Producer
 
 from ldpipe.discovery.aux import AuxServer
 from ldpipe.discovery.aux_service import RELEASE_HEADER, ReleaseHeader
-from ldpipe.discovery.client import DiscoveryClient
-from ldpipe.discovery.runtime import discovery_config
 from ldpipe.infra.runtime.dead_letters import count_dead_letters
 from ldpipe.infra.runtime.kafka import KafkaSettings, read_to_end
 from ldpipe.infra.storage.discovery_store import open_discovery_store
+from ldpipe.schemas.discovery.client import DiscoveryClient
 from ldpipe.schemas.discovery.layers import ReleasedBucket
 from ldpipe.schemas.discovery.privacy import ReleaseParameters
+from ldpipe.schemas.discovery_settings import discovery_config
 from ldpipe.schemas.keys import KeyRing
 from tests.discovery.aux_helpers import ZeroNoise
 from tests.integration.pipeline_helpers import make_pipeline

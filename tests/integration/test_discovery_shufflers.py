@@ -18,11 +18,11 @@ import numpy as np
 from confluent_kafka import Producer
 
 from ldpipe.aggregator.query import discovered_items
-from ldpipe.discovery.runtime import discovery_config
 from ldpipe.infra.cli.pipeline import LocalPipeline
 from ldpipe.infra.runtime.dead_letters import count_dead_letters
 from ldpipe.infra.runtime.kafka import KafkaSettings
 from ldpipe.infra.runtime.ledger_io import read_ledger
+from ldpipe.schemas.discovery_settings import discovery_config
 from ldpipe.schemas.envelope import ENC_LENGTH, TAG_LENGTH, parse_header, seal
 from ldpipe.schemas.keys import KeyPair, KeyRing
 from ldpipe.schemas.outer import open_outer, seal_outer

@@ -23,13 +23,13 @@ import pytest
 
 from ldpipe.discovery.aux import AuxServer
 from ldpipe.discovery.noise import SeededRandomSource
-from ldpipe.discovery.runtime import discovery_config, save_tag_key
 from ldpipe.discovery.server import DiscoveryServer
 from ldpipe.infra.runtime.kafka import KafkaSettings, TopicSpec, ensure_topics, read_to_end
 from ldpipe.producers.device import DeviceError, GatewayDevice
 from ldpipe.schemas.config import load_config
 from ldpipe.schemas.discovery.privacy import ReleaseParameters
 from ldpipe.schemas.discovery.tags import TagKey
+from ldpipe.schemas.discovery_settings import discovery_config, save_tag_key
 from ldpipe.schemas.envelope import open_envelope
 from ldpipe.schemas.keys import KeyPair, KeyRing, write_public_key
 from ldpipe.schemas.outer import open_outer
@@ -59,8 +59,7 @@ def _config(directory: Path, bootstrap: str, run: str) -> Path:
     write_public_key(AUX, directory / "aux.public.json")
     save_tag_key(TAG_KEY, directory / "words.tag.json")
     shuffle = (
-        'layers = "nested"\npublic_key = "shuffler.public.json"\n'
-        f"contribution_limit = {LIMIT}\n"
+        f'layers = "nested"\npublic_key = "shuffler.public.json"\ncontribution_limit = {LIMIT}\n'
     )
     text = f"""
 [kafka]
@@ -171,8 +170,10 @@ def test_an_sfp_pair_costs_two_tokens_and_reaches_both_topics(
     cfg = load_config(door.config)
     fragments_uc = cfg.use_case("newwords.fragments")
     params = cfg.use_case("newwords").sfp_params
-    for name, topic in (("newwords", f"sfp-words-{door.run}"), ("newwords.fragments",
-                                                                 f"sfp-fragments-{door.run}")):
+    for name, topic in (
+        ("newwords", f"sfp-words-{door.run}"),
+        ("newwords.fragments", f"sfp-fragments-{door.run}"),
+    ):
         records = read_to_end(broker, topic, group_id)
         assert len(records) == LIMIT
         codec = PayloadCodec.for_mechanism(cfg.use_case(name).mechanism)

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from ldpipe.aggregator.snapshot import list_snapshots, next_sequence, read_snapshot, snapshot_name
+from ldpipe.aggregator.snapshot import list_snapshots, next_sequence, read_snapshot
+from ldpipe.aggregator.snapshot_contents import snapshot_name
 from ldpipe.infra.cli.main import main
 from ldpipe.infra.cli.pipeline import LocalPipeline
 from ldpipe.infra.runtime.kafka import KafkaSettings

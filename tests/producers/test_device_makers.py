@@ -1,8 +1,8 @@
 """The device library's SFP and discovery report makers, from the gateway's documents alone.
 
 The fragment maker composes ``schemas/discovery/sfp_words.py``'s primitives itself (the device
-library may not import ``ldpipe.discovery.sfp``, which holds the server's puzzle too): with the
-same seeded generator it draws exactly what ``discovery/sfp.py`` and ``sfp_wire.py`` draw, so
+library stays on its own code): with the same seeded generator it draws exactly what
+``schemas/discovery/sfp_device.py`` and ``sfp_wire.py`` draw, so
 its rows land where the SFP server reads them. The discovery maker's reports open with the aux
 server's and the server's own code.
 """
@@ -17,18 +17,18 @@ import pytest
 
 from ldpipe.discovery.aux import AuxServer
 from ldpipe.discovery.noise import SeededRandomSource
-from ldpipe.discovery.runtime import discovery_config, save_tag_key
 from ldpipe.discovery.server import DiscoveryServer
-from ldpipe.discovery.sfp import encode_words, perturb_fragments
-from ldpipe.discovery.sfp_wire import stack_fragments
 from ldpipe.infra.gateway.device_config import device_config, discovery_device_config
 from ldpipe.infra.gateway.rules import UseCaseRules
 from ldpipe.producers.device import DeviceConfiguration, DeviceError
 from ldpipe.producers.device.makers import DiscoveryReports, SfpFragmentReports, SfpWordReports
 from ldpipe.schemas.config import PipelineConfig, parse_config
 from ldpipe.schemas.discovery.privacy import ReleaseParameters
+from ldpipe.schemas.discovery.sfp_device import encode_words, perturb_fragments
+from ldpipe.schemas.discovery.sfp_wire import stack_fragments
 from ldpipe.schemas.discovery.sfp_words import encode_word
 from ldpipe.schemas.discovery.tags import TagKey
+from ldpipe.schemas.discovery_settings import discovery_config, save_tag_key
 from ldpipe.schemas.hashing import item_keys
 from ldpipe.schemas.keys import KeyPair, KeyRing, write_public_key
 from ldpipe.schemas.outer import open_outer

@@ -5,9 +5,9 @@ xoshiro128** seed (so every figure is the same on every run):
 
 * 1,000 SFP report pairs of a known population, nested (inner v2, outer v3). Python opens both
   layers with its keys (``schemas/outer.py``, ``schemas/envelope.py``), decodes the payloads
-  with the word oracle's and the fragments use case's codecs (``discovery/sfp_wire.py``),
-  accumulates them and runs Apple's Alg. 10 (``discovery/sfp.py``): it finds every word held
-  by 200 devices or more, and no word outside the population. Statistically: the positions
+  with the word oracle's and the fragments use case's codecs (``schemas/discovery/sfp_wire.py``),
+  accumulates them and runs Apple's Alg. 10 (``schemas/discovery/sfp_puzzle.py``): it finds every
+  word held by 200 devices or more, and no word outside the population. Statistically: the positions
   (rows // k′) are uniform (χ²₄ below its 0.999 quantile 18.47), and over the population's
   words, ``Σ z_i²`` of the word estimates is χ²₆ (below ``6 + 4·√12`` except with probability
   < 0.5 %).
@@ -42,8 +42,6 @@ import pytest
 from ldpipe.discovery.aux import AuxServer
 from ldpipe.discovery.noise import SeededRandomSource
 from ldpipe.discovery.server import DiscoveryServer
-from ldpipe.discovery.sfp import discover
-from ldpipe.discovery.sfp_wire import fragment_wire_mechanism, wire_sketches
 from ldpipe.infra.gateway.device_config import device_config
 from ldpipe.infra.gateway.rules import UseCaseRules
 from ldpipe.schemas.config import config_from_mapping
@@ -51,6 +49,8 @@ from ldpipe.schemas.discovery.exceptions import DiscoveryError
 from ldpipe.schemas.discovery.item import ItemRules, normalize_item
 from ldpipe.schemas.discovery.layers import DiscoveryConfig
 from ldpipe.schemas.discovery.privacy import ReleaseParameters
+from ldpipe.schemas.discovery.sfp_puzzle import discover
+from ldpipe.schemas.discovery.sfp_wire import fragment_wire_mechanism, wire_sketches
 from ldpipe.schemas.discovery.sfp_words import SfpParams, encode_word
 from ldpipe.schemas.discovery.tags import TagKey
 from ldpipe.schemas.envelope import open_envelope

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from ldpipe.aggregator.snapshot import mechanism_params
-from ldpipe.discovery.sfp import SfpParams
-from ldpipe.discovery.sfp_wire import fragment_wire_mechanism
 from ldpipe.schemas.config import parse_config
 from ldpipe.schemas.config_checks import ConfigError
 from ldpipe.schemas.config_tables import ShuffleConfig, Topics
+from ldpipe.schemas.discovery.sfp_wire import fragment_wire_mechanism
+from ldpipe.schemas.discovery.sfp_words import SfpParams
+from ldpipe.schemas.mechanisms.params import mechanism_params
 
 SFP = """
 [[use_case]]

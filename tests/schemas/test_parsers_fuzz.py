@@ -53,7 +53,8 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ldpipe.aggregator.snapshot import SnapshotFile, WindowSketch, read_snapshot, write_snapshot
+from ldpipe.aggregator.snapshot import read_snapshot, write_snapshot
+from ldpipe.aggregator.snapshot_contents import SnapshotFile, WindowSketch
 from ldpipe.aggregator.windows import decode_batch
 from ldpipe.infra.runtime.kafka import parse_extra
 from ldpipe.producers.client import DeviceClient

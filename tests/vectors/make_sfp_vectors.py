@@ -3,11 +3,11 @@
 What a device computes for a word before randomizing (Apple Alg. 9): the normalized, padded word
 and its item, the puzzle piece, the fragment item of every position, the items' keys and hash
 values in the word family H and the fragment family H', and the payloads of fixed reports in the
-fragments use case's stacked rows (row ``l k' + j``, ``discovery/sfp_wire.py``). Every value comes
-from the Python reference (``ldpipe.schemas.discovery.sfp_words``, ``ldpipe.discovery.sfp``,
-``ldpipe.schemas.hashing``, the mechanisms' payload codecs); randomization itself has no vector
-(its laws are ``schemas/randomizers.md``, checked statistically). Deterministic: running this twice
-writes the same bytes.
+fragments use case's stacked rows (row ``l k' + j``, ``schemas/discovery/sfp_wire.py``). Every value
+comes from the Python reference (``ldpipe.schemas.discovery.sfp_words``,
+``ldpipe.schemas.discovery.sfp_device``, ``ldpipe.schemas.hashing``, the mechanisms' payload
+codecs); randomization itself has no vector (its laws are ``schemas/randomizers.md``, checked
+statistically). Deterministic: running this twice writes the same bytes.
 
     python tests/vectors/make_sfp_vectors.py            # rewrite the file
     python tests/vectors/make_sfp_vectors.py --check    # exit 1 if the file is stale
@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from ldpipe.discovery.sfp import encode_words
-from ldpipe.discovery.sfp_wire import fragment_wire_mechanism, stack_fragments
+from ldpipe.schemas.discovery.sfp_device import encode_words
+from ldpipe.schemas.discovery.sfp_wire import fragment_wire_mechanism, stack_fragments
 from ldpipe.schemas.discovery.sfp_words import SfpParams
 from ldpipe.schemas.mechanisms import Reports
 from ldpipe.schemas.payloads import PayloadCodec

@@ -4,7 +4,7 @@
  * the item payload and sealed to the server as `<uc>.disc.srv` ("Inner layer"), then put with its
  * tag into the outer payload sealed to the aux server as `<uc>.disc.aux` ("Outer layer"); a
  * nested use case seals that once more to the discovery shuffler (`<uc>.discovery`, outer v3).
- * As ldpipe.discovery.client.DiscoveryClient, byte for byte.
+ * As ldpipe.schemas.discovery.client.DiscoveryClient, byte for byte.
  */
 import { ascii, concat, u32le } from "./bytes.js";
 import { type PublicKey, type SealOptions, roundTime, sealInner, sealOuter } from "./envelope.js";

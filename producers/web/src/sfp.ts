@@ -3,7 +3,7 @@
  * a word report (the normalized, padded word at ε, the SFP use case's own sketch) and a fragment
  * report (a uniform position l and the fragment item h(s) ‖ "|" ‖ s[l·len, (l+1)·len) at ε′, sent
  * to `<name>.fragments` in row l·k′ + j). Encodings as ldpipe.schemas.discovery.sfp_words; the
- * randomizers are this SDK's cms/hcms (schemas/randomizers.md), rows as discovery/sfp_wire.py.
+ * randomizers are this SDK's cms/hcms (schemas/randomizers.md), rows as schemas/discovery/sfp_wire.py.
  */
 import { ascii, concat, sha256 } from "./bytes.js";
 import { type PublicKey, type SealOptions, roundTime, sealInner, sealOuter } from "./envelope.js";
@@ -96,7 +96,7 @@ export interface SfpWord {
   readonly fragmentItems: readonly Uint8Array[];
 }
 
-/** The encodings of one word (ldpipe.discovery.sfp.encode_words for one device). */
+/** The encodings of one word (ldpipe.schemas.discovery.sfp_device.encode_words for one device). */
 export async function encodeSfpWord(word: string, settings: SfpSettings = SFP_DEFAULTS): Promise<SfpWord> {
   const padded = normalizeWord(word, settings);
   const wordItem = new TextEncoder().encode(padded);

@@ -9,7 +9,7 @@ replays need nothing SFP-specific; the position travels in the row, as in the cl
 (it is uniform, independent of the word). Row ``l k' + j`` is hashed by the fragment family's
 function ``j``: every block uses the family ``H'``, as in Apple.
 
->>> from ldpipe.discovery.sfp import randomize_words
+>>> from ldpipe.schemas.discovery.sfp_device import randomize_words
 >>> from ldpipe.schemas.discovery.sfp_words import SfpParams
 >>> import numpy as np
 >>> params = SfpParams(fragment_k=4, fragment_m=8, word_k=4, word_m=8)
@@ -26,11 +26,16 @@ True
 
 from __future__ import annotations
 
-from ldpipe.discovery.sfp import IntArray, SfpSketches
+import numpy as np
+import numpy.typing as npt
+
+from ldpipe.schemas.discovery.sfp_puzzle import SfpSketches
 from ldpipe.schemas.discovery.sfp_words import SfpParams
 from ldpipe.schemas.mechanisms import Reports, Sketch, SketchMechanism
 
 __all__ = ["fragment_wire_mechanism", "split_fragments", "stack_fragments", "wire_sketches"]
+
+IntArray = npt.NDArray[np.int64]
 
 
 def fragment_wire_mechanism(params: SfpParams) -> SketchMechanism:

@@ -1,9 +1,16 @@
-"""What the discovery services derive from a configured use case (``[use_case.discovery]``).
+"""What devices and the discovery services derive from a configured use case.
+
+Moved down from the discovery service so that the devices (``producers/``), the query worker
+(``aggregator/``) and the discovery services read one definition without importing each other:
+it depends on the configuration (``schemas/config.py``) and the discovery formats only.
 
 * :func:`discovery_config` — the :class:`~ldpipe.schemas.discovery.layers.DiscoveryConfig`
   devices, aux server and server agree on (use case id = the use case's name, the table's epoch and
   item rules);
 * :func:`release_parameters` — (T, b), given or from a target (epsilon, delta) (Theorem 4);
+* :func:`store_directory` — where a use case's discoveries are recorded (the aux protocol's
+  server, :func:`discovery_store_directory`; SFP's reconstruction, :func:`sfp_store_directory`),
+  which ``ldpipe discoveries`` and the query worker read;
 * tag key files: ``{"format": "ldpipe-tag-key", "version": 1, "key_id": ..., "secret": b64}``,
   written 0600 (:func:`save_tag_key`, :func:`load_tag_key`; ``ldpipe keys tag`` names them
   ``<name>-<key id>.tag.json``); :func:`load_tag_keys` reads the current key and the older ones
@@ -30,6 +37,7 @@ from typing import Final
 from ldpipe.schemas.config import UseCase
 from ldpipe.schemas.config_checks import ConfigError
 from ldpipe.schemas.config_discovery import DiscoverySettings
+from ldpipe.schemas.discovery.exceptions import DiscoveryServiceError
 from ldpipe.schemas.discovery.item import ItemRules
 from ldpipe.schemas.discovery.layers import DiscoveryConfig
 from ldpipe.schemas.discovery.privacy import ReleaseParameters, parameters_for
@@ -44,6 +52,8 @@ __all__ = [
     "load_tag_keys",
     "release_parameters",
     "save_tag_key",
+    "sfp_store_directory",
+    "store_directory",
 ]
 
 _TAG_KEY_FORMAT = "ldpipe-tag-key"
@@ -78,6 +88,27 @@ def discovery_store_directory(use_case: UseCase) -> Path:
     """Where the server records discoveries: ``store``, else ``<snapshot dir>/discoveries``."""
     d = discovery_settings(use_case)
     return d.store if d.store is not None else use_case.snapshot.directory / "discoveries"
+
+
+def sfp_store_directory(use_case: UseCase) -> Path:
+    """Where SFP discoveries go: ``[use_case.sfp] store``, else ``<snapshot dir>/discoveries``
+    (the word use case's, whichever half is given)."""
+    if use_case.sfp is None:
+        raise DiscoveryServiceError(f"use case {use_case.name!r} is not an SFP use case")
+    if use_case.sfp.store is not None:
+        return use_case.sfp.store
+    directory = use_case.snapshot.directory
+    return (directory.parent if use_case.derived else directory) / "discoveries"
+
+
+def store_directory(use_case: UseCase) -> Path | None:
+    """Where ``use_case``'s discoveries are recorded; ``None`` if it discovers nothing (neither
+    ``[use_case.discovery]`` nor ``[use_case.sfp]``)."""
+    if use_case.sfp is not None:
+        return sfp_store_directory(use_case)
+    if use_case.discovery is not None:
+        return discovery_store_directory(use_case)
+    return None
 
 
 def save_tag_key(key: TagKey, path: str | os.PathLike[str]) -> Path:

@@ -1,7 +1,7 @@
 """What ``ldpipe discover-sim`` shares between protocols: the request, scores and the result.
 
-Both discovery protocols (the aux server, ``discovery/aux_sim.py``; Apple's SFP,
-``discovery/sfp.py``) take a :class:`DiscoverySimRequest`, return a :class:`DiscoverySimResult`
+Both discovery protocols (the aux server, ``infra/cli/aux_sim.py``; Apple's SFP,
+``producers/sfp_sim.py``) take a :class:`DiscoverySimRequest`, return a :class:`DiscoverySimResult`
 and score themselves with :func:`score`, so their JSON is one contract
 (``docs/discovery.md``, "ldpipe discover-sim"). A protocol module provides
 ``simulate(request: DiscoverySimRequest) -> DiscoverySimResult``.

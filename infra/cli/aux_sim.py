@@ -1,10 +1,14 @@
 """``ldpipe discover-sim --protocol aux``: the aux-server protocol in memory (GCMS §5, §7.5).
 
 Per trial, with the same classes the services run: every device encodes its item
-(:class:`~ldpipe.discovery.client.DiscoveryClient`, Alg. 5); the window is shuffled (a seeded
-permutation stands in for the shuffler); the :class:`~ldpipe.discovery.aux.AuxServer` releases
-buckets (Alg. 6); the :class:`~ldpipe.discovery.server.DiscoveryServer` opens and validates them;
-the result is scored (``discovery/evaluation.py``).
+(:class:`~ldpipe.schemas.discovery.client.DiscoveryClient`, Alg. 5); the window is shuffled (a
+seeded permutation stands in for the shuffler); the :class:`~ldpipe.discovery.aux.AuxServer`
+releases buckets (Alg. 6); the :class:`~ldpipe.discovery.server.DiscoveryServer` opens and validates
+them; the result is scored (``producers/discovery_evaluation.py``).
+
+It sits in the command-line layer because it runs all three parties at once: the device's half
+(``schemas/discovery``) and the aux server's and server's (``discovery/``), which devices must
+not import (the ``device-side`` import contract); no service imports another.
 
 Reproducibility: the Laplace noise and the choice of released report come from
 ``SeededRandomSource([seed, trial])`` and the tag key is derived from the seed, so a seed fixes
@@ -26,8 +30,10 @@ from collections.abc import Mapping
 import numpy as np
 
 from ldpipe.discovery.aux import AuxServer, bucket_keys, stability_histogram
-from ldpipe.discovery.client import DiscoveryClient
-from ldpipe.discovery.evaluation import (
+from ldpipe.discovery.noise import SeededRandomSource
+from ldpipe.discovery.server import DiscoveryServer
+from ldpipe.producers.datasets import load_population
+from ldpipe.producers.discovery_evaluation import (
     DEFAULT_DELTA,
     DiscoveredItem,
     DiscoverySimRequest,
@@ -36,9 +42,7 @@ from ldpipe.discovery.evaluation import (
     ground_truth,
     score,
 )
-from ldpipe.discovery.noise import SeededRandomSource
-from ldpipe.discovery.server import DiscoveryServer
-from ldpipe.producers.datasets import load_population
+from ldpipe.schemas.discovery.client import DiscoveryClient
 from ldpipe.schemas.discovery.exceptions import PrivacyParameterError
 from ldpipe.schemas.discovery.layers import DiscoveryConfig
 from ldpipe.schemas.discovery.privacy import (

@@ -23,14 +23,13 @@ without a valid ``ldpipe.release`` header (``release_header``), and the records 
 that another window's records interrupt (``incomplete_window``; one transactional aux producer
 never does that). A commit never overtakes a dead letter, so none is lost; a crash between 3 and
 4 sends a window's dead letters again (at least once). Bad data never stops the service; a
-dead-letter topic that cannot be written does (``DiscoveryServiceError``).
+dead-letter topic that cannot be written does (``DiscoveryServiceError``). The loop, the
+rebalances and the synchronous commit of step 5 are the core's (``infra/runtime/loop.py``).
 """
 
 from __future__ import annotations
 
 import logging
-import threading
-import time
 from typing import Final
 
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
@@ -39,6 +38,7 @@ from prometheus_client import CollectorRegistry
 from ldpipe.discovery.aux_service import ReleaseHeader
 from ldpipe.discovery.metrics import ServerMetrics
 from ldpipe.discovery.server import DiscoveryServer
+from ldpipe.infra.runtime.clients import ClientFactory, KafkaClients
 from ldpipe.infra.runtime.kafka import (
     EXACTLY_ONCE_CONSUMER,
     KafkaSettings,
@@ -46,8 +46,13 @@ from ldpipe.infra.runtime.kafka import (
     produce,
     require_topics,
 )
+from ldpipe.infra.runtime.loop import Handlers, LoopSpec, RunLoop, WindowedService
 from ldpipe.infra.runtime.observability import Readiness
-from ldpipe.infra.storage.discovery_store import DiscoveryStore, DiscoveryWindow, window_file_name
+from ldpipe.infra.storage.discovery_store import (
+    DiscoveryWindow,
+    open_discovery_store,
+    window_file_name,
+)
 from ldpipe.schemas.config import UseCase
 from ldpipe.schemas.discovery.exceptions import (
     DiscoveryExistsError,
@@ -57,7 +62,6 @@ from ldpipe.schemas.discovery.exceptions import (
 from ldpipe.schemas.discovery_settings import (
     discovery_config,
     discovery_settings,
-    discovery_store_directory,
     load_tag_keys,
 )
 from ldpipe.schemas.envelope import EnvelopeRejection
@@ -72,7 +76,7 @@ DEAD_LETTER_STAGE: Final = "discovery-server"
 _ENVELOPE_REASONS: Final = frozenset(reason.value for reason in EnvelopeRejection)
 
 
-class DiscoveryRecorder:
+class DiscoveryRecorder(WindowedService):
     """The server-side consumer of one use case: releases in, discoveries store out, refused
     records to the dead-letter topic."""
 
@@ -83,6 +87,7 @@ class DiscoveryRecorder:
         *,
         registry: CollectorRegistry | None = None,
         readiness: Readiness | None = None,
+        clients: ClientFactory | None = None,
     ) -> None:
         settings = discovery_settings(use_case)
         if not use_case.private_keys:
@@ -99,7 +104,7 @@ class DiscoveryRecorder:
             discovery_config(use_case), KeyRing.load(*use_case.private_keys), tag_keys
         )
         log.info("tag keys accepted: %s", ", ".join(str(key.key_id) for key in tag_keys))
-        self.store = DiscoveryStore(discovery_store_directory(use_case))
+        self.store = open_discovery_store(use_case)
         self.metrics = ServerMetrics.create(registry or CollectorRegistry())
         self.readiness = readiness or Readiness()  # ready (/readyz) at its first assignment
         self._labels = {"use_case": use_case.name}
@@ -108,44 +113,31 @@ class DiscoveryRecorder:
         self._undelivered = 0
         self._pending: list[Message] = []
         self._header: ReleaseHeader | None = None
-
-    def run(
-        self,
-        stop: threading.Event | None = None,
-        *,
-        max_windows: int | None = None,
-        idle_timeout: float | None = None,
-    ) -> int:
-        """Consume releases and record windows until ``stop`` is set (or ``max_windows``/idle)."""
-        stop = stop or threading.Event()
-        producer = Producer(self.kafka.producer_config({"enable.idempotence": True}))
-        self._check_topics(producer)
-        group = f"ldpipe-discovery-server-{self.use_case.name}"
-        consumer = Consumer(self.kafka.consumer_config(group, EXACTLY_ONCE_CONSUMER))
-        consumer.subscribe(
-            [self.topic],
-            on_assign=lambda *_: self.readiness.set(True),  # then assigned by confluent_kafka
-            on_revoke=lambda *_: self._reset(),
+        self.loop = RunLoop(
+            LoopSpec(
+                "discovery_server",
+                (self.topic,),
+                f"ldpipe-discovery-server-{use_case.name}",
+                consumer_config=EXACTLY_ONCE_CONSUMER,
+                producer_config={"enable.idempotence": True},
+                batch_size=500,
+            ),
+            Handlers(
+                process=self._process,
+                opened=lambda _consumer, producer: self._check_topics(producer),
+                on_revoke=lambda *_: self._reset(),
+                finished=self.finished,
+            ),
+            clients=clients or KafkaClients(kafka),
+            readiness=self.readiness,
         )
-        last_activity = time.monotonic()
-        try:
-            while not stop.is_set():
-                if max_windows is not None and self.windows_recorded >= max_windows:
-                    break
-                for msg in consumer.consume(num_messages=500, timeout=0.2):
-                    err = msg.error()
-                    if err is not None:
-                        if err.code() != KafkaError._PARTITION_EOF:
-                            log.warning("consumer error: %s", err)
-                        continue
-                    last_activity = time.monotonic()
-                    self.admit(msg, consumer, producer)
-                if idle_timeout is not None and time.monotonic() - last_activity > idle_timeout:
-                    break
-        finally:
-            consumer.close()
-            producer.flush(10)
+
+    def windows_done(self) -> int:
         return self.windows_recorded
+
+    def _process(self, messages: list[Message], _now: float) -> None:
+        for msg in messages:
+            self.admit(msg, self.loop.consumer, self.loop.producer)
 
     def admit(self, msg: Message, consumer: Consumer, producer: Producer) -> None:
         """Take one consumed release record: what :meth:`run` does with each data message.

@@ -26,6 +26,7 @@ import pytest
         "ldpipe.infra.runtime.observability",
         "ldpipe.infra.storage.sketch_store",
         "ldpipe.schemas.discovery.discovered",
+        "ldpipe.infra.runtime.loop",
     ],
 )
 def test_docstring_examples(module: str) -> None:

@@ -73,7 +73,8 @@ from cryptography.hazmat.primitives import hpke
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from ldpipe.aggregator.dedupe import SeenReports
-from ldpipe.aggregator.service import Aggregator, AggregatorOptions
+from ldpipe.aggregator.options import AggregatorOptions
+from ldpipe.aggregator.service import Aggregator
 from ldpipe.aggregator.snapshot import (
     DEFAULT_COMPRESSION,
     Compression,
@@ -296,7 +297,7 @@ class StubProducer:
 
 
 class ServicePath:
-    """``Aggregator._process`` itself (metrics, epoch check, dedupe, decode, add) on stub
+    """``Aggregator.process_batch`` itself (metrics, epoch check, dedupe, decode, add) on stub
     messages: all of the service's per-batch work except librdkafka's."""
 
     def __init__(self, use_case: UseCase, keyring: KeyRing, envelopes: Sequence[bytes]) -> None:
@@ -304,17 +305,18 @@ class ServicePath:
             use_case, KafkaSettings("127.0.0.1:9"), keyring, AggregatorOptions()
         )
         self.messages = [StubMessage(value, i) for i, value in enumerate(envelopes)]
-        self.producer = cast(Producer, StubProducer())
-        self.aggregator._epochs_loaded = time.monotonic()  # as run() leaves it at start
-        self.aggregator.owned = {0}  # the stub messages' partition, as take() leaves it
+        self.aggregator.dead_letters.producer = cast(Producer, StubProducer())  # as run() does
+        self.aggregator.decoder.loaded = time.monotonic()  # as run() leaves it at start
+        # the stub messages' partition, as take() leaves it
+        self.aggregator.partitions.take(0, base=None, offset=None)
 
     def begin(self) -> None:
-        self.aggregator.seen = {}  # per partition, made empty on first use
+        self.aggregator.dedupe.forget([0])  # per partition, made empty on first use
 
     def step(self, start: int) -> PassTimes:
         batch = cast(list[Message], self.messages[start : start + BATCH])
         wall, cpu = time.perf_counter(), time.process_time()
-        accepted = self.aggregator._process(batch, self.producer)
+        accepted = self.aggregator.process_batch(batch)
         return PassTimes(
             wall=time.perf_counter() - wall, cpu=time.process_time() - cpu, accepted=accepted
         )

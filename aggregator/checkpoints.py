@@ -139,7 +139,7 @@ def read_checkpoint(
         name=snap.name,
         windows=windows,
         spans=OpenSpans.from_json(state.get("spans", [])),
-        offsets={p: offset for (_t, p), offset in snap.offsets.items()},
+        offsets={p: offset for (t, p), offset in snap.offsets.items() if t == topic},
         bases={p: bases[p] for p in listed},
         latest={int(p): int(t) for p, t in dict(state.get("latest", {})).items()},
     )

@@ -18,6 +18,11 @@ transaction (numbered, the order matters):
 5. ``send_offsets_to_transaction`` with the offset the assembler allows (past everything taken,
    or the first record of a window still open), then commit.
 
+Steps 2-4 are the produce part of :meth:`RunLoop.transaction
+<ldpipe.infra.runtime.loop.RunLoop.transaction>`, which runs the commit (crash point
+``discovery_aux.before_commit`` once every record is flushed); the loop is the core's
+(``infra/runtime/loop.py``).
+
 A crash before step 5 completes aborts everything: the window is consumed again and re-drawn,
 and nothing of the first draw was ever visible to read_committed readers. Windows re-read from
 the committed offset that were released already are skipped: their ids come from the privacy
@@ -36,7 +41,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from confluent_kafka import (
-    OFFSET_BEGINNING,
     Consumer,
     KafkaError,
     KafkaException,
@@ -51,6 +55,7 @@ from ldpipe.discovery.aux import AuxRelease, AuxServer
 from ldpipe.discovery.metrics import AuxMetrics
 from ldpipe.discovery.noise import RandomSource
 from ldpipe.discovery.runtime import discovery_config, discovery_settings, release_parameters
+from ldpipe.infra.runtime.clients import ClientFactory, KafkaClients
 from ldpipe.infra.runtime.kafka import (
     EXACTLY_ONCE_CONSUMER,
     KafkaSettings,
@@ -59,6 +64,7 @@ from ldpipe.infra.runtime.kafka import (
     read_tail,
     require_topics,
 )
+from ldpipe.infra.runtime.loop import Handlers, LoopSpec, RunLoop
 from ldpipe.infra.runtime.observability import Readiness
 from ldpipe.schemas.config import UseCase
 from ldpipe.schemas.discovery.exceptions import DiscoveryServiceError
@@ -79,10 +85,6 @@ log = logging.getLogger(__name__)
 
 _MAX_PENDING_REJECTS = 10_000  # dead letters held before a transaction of their own
 CrashPoint = Callable[[str], None]
-
-
-def _no_crash(_point: str) -> None:
-    """The default crash point: nothing happens."""
 
 
 @dataclass(frozen=True)
@@ -139,6 +141,7 @@ class DiscoveryAux:
         crash_point: CrashPoint | None = None,
         stale_seconds: float = 300.0,
         readiness: Readiness | None = None,
+        clients: ClientFactory | None = None,
     ) -> None:
         settings = discovery_settings(use_case)
         if not settings.aux_private_keys:
@@ -160,7 +163,6 @@ class DiscoveryAux:
             self.params,
             randomness=randomness,
         )
-        self.crash_point = crash_point or _no_crash
         self.metrics = AuxMetrics.create(registry or CollectorRegistry())
         self.readiness = readiness or Readiness()  # ready (/readyz) at its first assignment
         self._labels = {"use_case": use_case.name}
@@ -171,34 +173,45 @@ class DiscoveryAux:
         self.assembler = WindowAssembler(released=set(), stale_seconds=stale_seconds)
         self._rejects: list[Rejected] = []  # dead letters for the next transaction
         self._source = (self.settings.topics.shuffled, 0)
+        self._max_windows: int | None = None
+        name, shuffled = use_case.name, self.settings.topics.shuffled
+        self.loop = RunLoop(
+            LoopSpec(
+                "discovery_aux",
+                (shuffled,),
+                f"ldpipe-discovery-aux-{name}",
+                consumer_config={**EXACTLY_ONCE_CONSUMER, "enable.partition.eof": True},
+                producer_config={
+                    "transactional.id": f"ldpipe-discovery-aux-{name}",
+                    "linger.ms": 5,
+                },
+            ),
+            Handlers(
+                process=self._process,
+                opened=self._opened,
+                on_revoke=self._on_revoke,
+                at_end=self._at_end,
+                finished=self._finished,
+            ),
+            clients=clients or KafkaClients(kafka),
+            crash_point=crash_point,
+            readiness=self.readiness,
+        )
 
-    # ---- Kafka clients ------------------------------------------------------------------
-    def _open(self) -> tuple[Consumer, Producer]:
-        name = self.use_case.name
-        producer = Producer(
-            self.kafka.producer_config(
-                **{"transactional.id": f"ldpipe-discovery-aux-{name}", "linger.ms": 5}
-            )
-        )
-        producer.init_transactions(30)
-        shuffled = self.settings.topics.shuffled
-        t = self.settings.topics
+    # ---- on the run loop (infra/runtime/loop.py) -----------------------------------------
+    def _opened(self, _consumer: Consumer, producer: Producer) -> None:
+        name, t = self.use_case.name, self.settings.topics
         found = require_topics(
-            producer, (shuffled, t.released, t.dlq, ledger_topic(name)), DiscoveryServiceError
+            producer, (t.shuffled, t.released, t.dlq, ledger_topic(name)), DiscoveryServiceError
         )
-        if len(found[shuffled]) != 1:
+        if len(found[t.shuffled]) != 1:
             raise DiscoveryServiceError(
-                f"topic {shuffled!r} has {len(found[shuffled])} partitions; the aux "
+                f"topic {t.shuffled!r} has {len(found[t.shuffled])} partitions; the aux "
                 f"server reads one, which every discovery shuffler writes whole windows to"
             )
-        overrides = {**EXACTLY_ONCE_CONSUMER, "enable.partition.eof": True}
-        consumer = Consumer(self.kafka.consumer_config(f"ldpipe-discovery-aux-{name}", overrides))
-        consumer.subscribe(
-            [shuffled],
-            on_assign=lambda *_: self.readiness.set(True),  # then assigned by confluent_kafka
-            on_revoke=self._on_revoke,
+        self.assembler = WindowAssembler(
+            released=self._released_before(), stale_seconds=self.stale_seconds
         )
-        return consumer, producer
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # uncommitted: whoever owns the partition next reads it again (released ids are kept)
@@ -214,49 +227,30 @@ class DiscoveryAux:
         idle_timeout: float | None = None,
     ) -> int:
         """Consume and release windows until ``stop`` is set (or ``max_windows``/idle)."""
-        stop = stop or threading.Event()
-        consumer, producer = self._open()
-        self.assembler = WindowAssembler(
-            released=self._released_before(), stale_seconds=self.stale_seconds
-        )
-        last_activity = time.monotonic()
-        try:
-            while not stop.is_set():
-                if max_windows is not None and self.windows_processed >= max_windows:
-                    break
-                for msg in consumer.consume(num_messages=2000, timeout=0.2):
-                    err = msg.error()
-                    if err is not None:
-                        if err.code() == KafkaError._PARTITION_EOF:
-                            self._rejects += self.assembler.at_end(time.time())
-                            if self._rejects and not self._commit(consumer, producer, None):
-                                break
-                        else:
-                            log.warning("consumer error: %s", err)
-                        continue
-                    last_activity = time.monotonic()
-                    self.metrics.reports_in.labels(**self._labels).inc()
-                    self._source = message_position(msg)[:2]
-                    done, rejected = self.assembler.add(
-                        message_position(msg)[2],
-                        msg.headers(),
-                        msg.value(),
-                        time.time(),
-                        _stamp(msg),
-                    )
-                    self._rejects += rejected
-                    if any(not self._commit(consumer, producer, window) for window in done):
-                        break  # aborted and rewound: drop the rest of the batch
-                    if len(self._rejects) >= _MAX_PENDING_REJECTS and not self._commit(
-                        consumer, producer, None
-                    ):
-                        break
-                if idle_timeout is not None and time.monotonic() - last_activity > idle_timeout:
-                    break
-        finally:
-            consumer.close()
-            producer.flush(10)
+        self._max_windows = max_windows
+        self.loop.run(stop, idle_timeout=idle_timeout)
         return self.windows_processed
+
+    def _finished(self) -> bool:
+        return self._max_windows is not None and self.windows_processed >= self._max_windows
+
+    def _process(self, messages: list[Message], _now: float) -> None:
+        for msg in messages:
+            self.metrics.reports_in.labels(**self._labels).inc()
+            self._source = message_position(msg)[:2]
+            done, rejected = self.assembler.add(
+                message_position(msg)[2], msg.headers(), msg.value(), time.time(), _stamp(msg)
+            )
+            self._rejects += rejected
+            if any(not self._commit(window) for window in done):
+                return  # aborted and rewound: the loop drops the rest of the batch
+            if len(self._rejects) >= _MAX_PENDING_REJECTS and not self._commit(None):
+                return
+
+    def _at_end(self, _partition: TopicPartition, _now: float) -> None:
+        self._rejects += self.assembler.at_end(time.time())
+        if self._rejects:
+            self._commit(None)
 
     def _released_before(self) -> set[str]:
         """The windows this use case's aux server released lately (its ledger records), so a
@@ -291,15 +285,13 @@ class DiscoveryAux:
         tail = read_tail(self.kafka, ledger_topic(name), group, enough)
         return released_ids(releases(tail), horizon=horizon)
 
-    def _commit(
-        self, consumer: Consumer, producer: Producer, window: AssembledWindow | None
-    ) -> bool:
+    def _commit(self, window: AssembledWindow | None) -> bool:
         """One transaction: the window's release (if any), the pending dead letters, its ledger
         record and the offset the assembler allows; False if it was aborted (and rewound)."""
         release = None if window is None else self.aux.process_window(window.values)
         topic, partition = self._source
-        try:
-            producer.begin_transaction()
+
+        def publish(producer: Producer) -> list[TopicPartition]:  # steps 2-4
             if window is not None and release is not None:
                 self._publish(producer, window, release)
                 self._rejects += [  # reports the aux server could not open or parse
@@ -315,22 +307,20 @@ class DiscoveryAux:
                         rejected.reason, "discovery-aux", (topic, partition, rejected.offset)
                     ),
                 )
-            self.crash_point("discovery_aux.before_commit")
-            offsets = [TopicPartition(topic, partition, self.assembler.commit_offset())]
-            producer.send_offsets_to_transaction(offsets, consumer.consumer_group_metadata(), 30)
-            producer.commit_transaction(30)
-        except KafkaException as exc:
-            error = exc.args[0]
-            if error.txn_requires_abort():
-                producer.abort_transaction(30)
-                if window is not None:
-                    self.assembler.released.discard(window.window_id)
-                self._rewind(consumer)
-                self.assembler.reset()
-                self._rejects = []
-                log.warning("discovery window aborted (%s); it will be consumed again", error)
-                return False
-            raise DiscoveryServiceError(f"aux server transaction failed: {error}") from exc
+            return [TopicPartition(topic, partition, self.assembler.commit_offset())]
+
+        def aborted(error: KafkaError) -> None:
+            if window is not None:
+                self.assembler.released.discard(window.window_id)
+            self.assembler.reset()
+            self._rejects = []
+            log.warning("discovery window aborted (%s); it will be consumed again", error)
+
+        def failed(error: KafkaError, _exc: KafkaException) -> DiscoveryServiceError:
+            return DiscoveryServiceError(f"aux server transaction failed: {error}")
+
+        if not self.loop.transaction(publish, aborted=aborted, failed=failed):
+            return False
         for rejected in self._rejects:  # every refusal, the window's own ones included
             self.metrics.reports_rejected.labels(**self._labels, reason=rejected.reason).inc()
         self._rejects = []
@@ -389,11 +379,6 @@ class DiscoveryAux:
         self.windows_processed += 1
         self.metrics.windows.labels(**labels).inc()
         self.metrics.buckets_released.labels(**labels).inc(len(release.released))
-
-    def _rewind(self, consumer: Consumer) -> None:
-        for tp in consumer.committed(consumer.assignment(), timeout=10):
-            offset = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
-            consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
 
 
 def _stamp(msg: Message) -> int:

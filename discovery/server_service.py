@@ -23,14 +23,14 @@ without a valid ``ldpipe.release`` header (``release_header``), and the records 
 that another window's records interrupt (``incomplete_window``; one transactional aux producer
 never does that). A commit never overtakes a dead letter, so none is lost; a crash between 3 and
 4 sends a window's dead letters again (at least once). Bad data never stops the service; a
-dead-letter topic that cannot be written does (``DiscoveryServiceError``).
+dead-letter topic that cannot be written does (``DiscoveryServiceError``). The loop, the
+rebalances and the synchronous commit of step 5 are the core's (``infra/runtime/loop.py``).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
 from typing import Final
 
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
@@ -46,6 +46,7 @@ from ldpipe.discovery.runtime import (
 )
 from ldpipe.discovery.server import DiscoveryServer
 from ldpipe.discovery.store import DiscoveryStore, DiscoveryWindow, window_file_name
+from ldpipe.infra.runtime.clients import ClientFactory, KafkaClients
 from ldpipe.infra.runtime.kafka import (
     EXACTLY_ONCE_CONSUMER,
     KafkaSettings,
@@ -53,6 +54,7 @@ from ldpipe.infra.runtime.kafka import (
     produce,
     require_topics,
 )
+from ldpipe.infra.runtime.loop import Handlers, LoopSpec, RunLoop
 from ldpipe.infra.runtime.observability import Readiness
 from ldpipe.schemas.config import UseCase
 from ldpipe.schemas.discovery.exceptions import (
@@ -83,6 +85,7 @@ class DiscoveryRecorder:
         *,
         registry: CollectorRegistry | None = None,
         readiness: Readiness | None = None,
+        clients: ClientFactory | None = None,
     ) -> None:
         settings = discovery_settings(use_case)
         if not use_case.private_keys:
@@ -108,6 +111,25 @@ class DiscoveryRecorder:
         self._undelivered = 0
         self._pending: list[Message] = []
         self._header: ReleaseHeader | None = None
+        self._max_windows: int | None = None
+        self.loop = RunLoop(
+            LoopSpec(
+                "discovery_server",
+                (self.topic,),
+                f"ldpipe-discovery-server-{use_case.name}",
+                consumer_config=EXACTLY_ONCE_CONSUMER,
+                producer_config={"enable.idempotence": True},
+                batch_size=500,
+            ),
+            Handlers(
+                process=self._process,
+                opened=lambda _consumer, producer: self._check_topics(producer),
+                on_revoke=lambda *_: self._reset(),
+                finished=self._finished,
+            ),
+            clients=clients or KafkaClients(kafka),
+            readiness=self.readiness,
+        )
 
     def run(
         self,
@@ -117,35 +139,16 @@ class DiscoveryRecorder:
         idle_timeout: float | None = None,
     ) -> int:
         """Consume releases and record windows until ``stop`` is set (or ``max_windows``/idle)."""
-        stop = stop or threading.Event()
-        producer = Producer(self.kafka.producer_config({"enable.idempotence": True}))
-        self._check_topics(producer)
-        group = f"ldpipe-discovery-server-{self.use_case.name}"
-        consumer = Consumer(self.kafka.consumer_config(group, EXACTLY_ONCE_CONSUMER))
-        consumer.subscribe(
-            [self.topic],
-            on_assign=lambda *_: self.readiness.set(True),  # then assigned by confluent_kafka
-            on_revoke=lambda *_: self._reset(),
-        )
-        last_activity = time.monotonic()
-        try:
-            while not stop.is_set():
-                if max_windows is not None and self.windows_recorded >= max_windows:
-                    break
-                for msg in consumer.consume(num_messages=500, timeout=0.2):
-                    err = msg.error()
-                    if err is not None:
-                        if err.code() != KafkaError._PARTITION_EOF:
-                            log.warning("consumer error: %s", err)
-                        continue
-                    last_activity = time.monotonic()
-                    self.admit(msg, consumer, producer)
-                if idle_timeout is not None and time.monotonic() - last_activity > idle_timeout:
-                    break
-        finally:
-            consumer.close()
-            producer.flush(10)
+        self._max_windows = max_windows
+        self.loop.run(stop, idle_timeout=idle_timeout)
         return self.windows_recorded
+
+    def _finished(self) -> bool:
+        return self._max_windows is not None and self.windows_recorded >= self._max_windows
+
+    def _process(self, messages: list[Message], _now: float) -> None:
+        for msg in messages:
+            self.admit(msg, self.loop.consumer, self.loop.producer)
 
     def admit(self, msg: Message, consumer: Consumer, producer: Producer) -> None:
         """Take one consumed release record: what :meth:`run` does with each data message.

@@ -18,6 +18,11 @@ Each release is one Kafka transaction (numbered, the order matters):
    ``schemas/ledger.md``) to the ledger topic;
 6. ``send_offsets_to_transaction`` with the consumer's positions, then commit.
 
+Steps 2-5 are the produce part of :meth:`RunLoop.transaction <ldpipe.infra.runtime.loop.RunLoop.
+transaction>`, which runs the commit (crash points ``shuffler.before_commit``, after every record
+is flushed, and ``shuffler.after_commit``); the loop, the rebalances and the lag are the core's
+too (``infra/runtime/loop.py``).
+
 A crash anywhere before step 6 completes aborts the transaction (the next producer with the same
 ``transactional.id`` fences and aborts it) and the reports are consumed again from the committed
 offsets; after it, they are published exactly once and read_committed consumers see them.
@@ -34,7 +39,6 @@ from collections.abc import Callable
 from secrets import token_hex
 
 from confluent_kafka import (
-    OFFSET_BEGINNING,
     Consumer,
     KafkaError,
     KafkaException,
@@ -44,6 +48,7 @@ from confluent_kafka import (
 )
 from prometheus_client import CollectorRegistry
 
+from ldpipe.infra.runtime.clients import ClientFactory, KafkaClients
 from ldpipe.infra.runtime.epochs_io import load_epochs
 from ldpipe.infra.runtime.kafka import (
     EXACTLY_ONCE_CONSUMER,
@@ -54,6 +59,8 @@ from ldpipe.infra.runtime.kafka import (
     read_to_end,
     require_topics,
 )
+from ldpipe.infra.runtime.lag import ConsumerLag
+from ldpipe.infra.runtime.loop import Handlers, LoopSpec, RunLoop
 from ldpipe.infra.runtime.observability import Readiness
 from ldpipe.schemas.config import UseCase
 from ldpipe.schemas.envelope import ENVELOPE_VERSION, NESTED_VERSION, EnvelopeError
@@ -88,10 +95,6 @@ log = logging.getLogger(__name__)
 CrashPoint = Callable[[str], None]
 
 
-def _no_crash(_point: str) -> None:
-    """The default crash point: nothing happens."""
-
-
 class Shuffler:
     """One shuffler process for one use case (several share its partitions by consumer group)."""
 
@@ -109,6 +112,7 @@ class Shuffler:
         keyring: KeyRing | None = None,
         inner: InnerCheck | None = None,
         readiness: Readiness | None = None,
+        clients: ClientFactory | None = None,
     ) -> None:
         self.use_case = use_case
         self.nested = use_case.shuffle.nested
@@ -147,7 +151,6 @@ class Shuffler:
         self.kafka = kafka
         self.instance = instance
         self.clock = clock
-        self.crash_point = crash_point or _no_crash
         self.metrics = ShufflerMetrics.create(registry or CollectorRegistry())
         # ready (/readyz) once the group assigned it partitions (maybe none) and counts restored
         self.readiness = readiness or Readiness()
@@ -171,10 +174,8 @@ class Shuffler:
             self.metrics.user_epsilon_period.labels(**self._labels).set(
                 cfg.contribution_limit * self.epsilon0  # basic composition, docs/privacy.md
             )
-        self._consumer: Consumer | None = None
-        self._producer: Producer | None = None
-        self._last_lag = 0.0
         self._shuffled_partitions = 1
+        self._max_windows: int | None = None
         self.transactional_id = f"ldpipe-shuffler-{use_case.name}-{instance}"
         # mark each shuffled record with its window (schemas/headers.py): what lets several
         # discovery shufflers share the aux server's topic
@@ -187,6 +188,29 @@ class Shuffler:
                     f"instance {instance!r}: window headers need a transactional id of printable "
                     f"ASCII without spaces (at most 200 characters); pick another --instance"
                 ) from None
+        self.loop = RunLoop(
+            LoopSpec(
+                "shuffler",
+                (use_case.topics.reports,),
+                f"ldpipe-shuffler-{use_case.name}",
+                consumer_config=EXACTLY_ONCE_CONSUMER,
+                producer_config={"transactional.id": self.transactional_id, "linger.ms": 5},
+            ),
+            Handlers(
+                process=self._process,
+                opened=self._opened,
+                on_assign=self._on_assign,
+                on_revoke=self._on_revoke,
+                due=self._due,
+                release=self._release,
+                finished=self._finished,
+            ),
+            clients=clients or KafkaClients(kafka),
+            crash_point=crash_point,
+            readiness=self.readiness,
+            lag=ConsumerLag(self.metrics.consumer_lag, self._labels),
+            clock=clock,
+        )
 
     def _size_limit(self, *, fresh: bool = False) -> int:
         """The largest report of the use case (any known epoch, with the shuffler layer when
@@ -199,33 +223,17 @@ class Shuffler:
         """Payload lengths of the configured and every published parameter epoch."""
         return payload_lengths(load_epochs(self.kafka, self.use_case).codecs)
 
-    # ---- Kafka clients ------------------------------------------------------------------
-    def _open(self) -> tuple[Consumer, Producer]:
-        name = self.use_case.name
-        producer = Producer(
-            self.kafka.producer_config(
-                **{
-                    "transactional.id": self.transactional_id,
-                    "linger.ms": 5,
-                }
-            )
-        )
-        producer.init_transactions(30)
+    # ---- on the run loop (infra/runtime/loop.py) -----------------------------------------
+    def _opened(self, _consumer: Consumer, producer: Producer) -> None:
         shuffled = self.use_case.topics.shuffled
-        found = require_topics(producer, (shuffled, ledger_topic(name)), ShufflerError)
+        found = require_topics(
+            producer, (shuffled, ledger_topic(self.use_case.name)), ShufflerError
+        )
         self._shuffled_partitions = len(found[shuffled])
-        consumer = Consumer(
-            self.kafka.consumer_config(f"ldpipe-shuffler-{name}", EXACTLY_ONCE_CONSUMER)
-        )
-        consumer.subscribe(
-            [self.use_case.topics.reports], on_assign=self._on_assign, on_revoke=self._on_revoke
-        )
-        return consumer, producer
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         log.info("shuffler %s assigned %s", self.instance, [p.partition for p in partitions])
-        self._restore_ledger(consumer, partitions)
-        self.readiness.set(True)
+        self._restore_ledger(consumer, partitions)  # then ready: the loop sets readiness
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # uncommitted reports go back to whoever owns the partitions next
@@ -302,38 +310,24 @@ class Shuffler:
         idle_timeout: float | None = None,
     ) -> int:
         """Consume and release windows until ``stop`` is set (or ``max_windows``/idle)."""
-        stop = stop or threading.Event()
-        consumer, producer = self._open()
-        self._consumer, self._producer = consumer, producer
-        last_activity = time.monotonic()
-        try:
-            while not stop.is_set():
-                if max_windows is not None and self.windows_released >= max_windows:
-                    break
-                messages = consumer.consume(num_messages=2000, timeout=0.2)
-                now = self.clock()
-                for msg in messages:
-                    err = msg.error()
-                    if err is not None:
-                        if err.code() != KafkaError._PARTITION_EOF:
-                            log.warning("consumer error: %s", err)
-                        continue
-                    last_activity = time.monotonic()
-                    self._admit(msg, now)
-                    # mid-batch release: the rest of the batch goes to the next window; after
-                    # an aborted transaction the consumer was rewound, so drop the rest
-                    if self.window.ready(now) and not self._release(consumer, producer, now):
-                        break
-                self.metrics.buffered.labels(**self._labels).set(len(self.window))
-                if self.window.ready(now) or self.window.has_only_rejections():
-                    self._release(consumer, producer, now)
-                    last_activity = time.monotonic()
-                self._update_lag(consumer)
-                if idle_timeout is not None and time.monotonic() - last_activity > idle_timeout:
-                    break
-        finally:
-            self._close()
+        self._max_windows = max_windows
+        self.loop.run(stop, idle_timeout=idle_timeout)
         return self.windows_released
+
+    def _finished(self) -> bool:
+        return self._max_windows is not None and self.windows_released >= self._max_windows
+
+    def _process(self, messages: list[Message], now: float) -> None:
+        for msg in messages:
+            self._admit(msg, now)
+            # mid-batch release: the rest of the batch goes to the next window; after an
+            # aborted transaction the consumer was rewound, so the rest is dropped
+            if self.window.ready(now) and not self._release(now):
+                break
+
+    def _due(self, now: float) -> bool:
+        self.metrics.buffered.labels(**self._labels).set(len(self.window))
+        return self.window.ready(now) or self.window.has_only_rejections()
 
     def _admit(self, msg: Message, now: float) -> None:
         self._reports_in.inc()
@@ -370,7 +364,7 @@ class Shuffler:
         else:
             self.window.reject(received, "contribution_limit", source)
 
-    def _release(self, consumer: Consumer, producer: Producer, now: float) -> bool:
+    def _release(self, now: float) -> bool:
         """Publish the window in one transaction; False if it was aborted (and rewound)."""
         started = time.perf_counter()
         topics = self.use_case.topics
@@ -392,8 +386,8 @@ class Shuffler:
             if values and self.epsilon0 is not None
             else None
         )  # before the transaction: the numerical bound takes milliseconds (then cached)
-        try:
-            producer.begin_transaction()
+
+        def publish(producer: Producer) -> list[TopicPartition]:  # steps 2-5
             for value in values:
                 self._produce(
                     producer,
@@ -417,33 +411,10 @@ class Shuffler:
                 record = self._ledger_record(len(values), anonymity, bounds, now, period)
                 key = self.use_case.name.encode()
                 self._produce(producer, ledger_topic(self.use_case.name), record, key=key)
-            if getattr(self.crash_point, "point", None) == "shuffler.before_commit":
-                producer.flush(30)  # make "after produce, before commit" as harsh as it gets
-            self.crash_point("shuffler.before_commit")
-            covered = [TopicPartition(t, p, o) for (t, p), o in self.window.offsets.items()]
-            producer.send_offsets_to_transaction(covered, consumer.consumer_group_metadata(), 30)
-            producer.commit_transaction(30)
-        except KafkaException as exc:
-            error = exc.args[0]
-            if error.txn_requires_abort():
-                producer.abort_transaction(30)
-                self._rewind(consumer)
-                self.window.clear()
-                self._first_offsets.clear()
-                self.ledger.discard()
-                self.replay.discard()
-                log.warning("window transaction aborted (%s); reports will be re-consumed", error)
-                return False
-            if error.fatal() or error.code() == KafkaError._STATE:
-                raise ShufflerError(
-                    f"shuffler transaction failed: {error.str()}; the broker no longer knows "
-                    f"this producer's transaction (it lost its data, e.g. a memory broker "
-                    f"restarted, or another shuffler took over {self.transactional_id!r}): "
-                    f"restart the shuffler; committed windows stay published exactly once, and "
-                    f"the aggregators detect lost records (docs/operations.md#broker-data-loss)"
-                ) from exc
-            raise ShufflerError(f"shuffler transaction failed: {error.str()}") from exc
-        self.crash_point("shuffler.after_commit")
+            return [TopicPartition(t, p, o) for (t, p), o in self.window.offsets.items()]
+
+        if not self.loop.transaction(publish, aborted=self._aborted, failed=self._failed):
+            return False
         self.ledger.commit()
         self.replay.commit(now)
         self.metrics.replay_remembered.labels(**self._labels).set(self.replay.remembered)
@@ -453,6 +424,25 @@ class Shuffler:
         self.window.clear()
         self._first_offsets.clear()
         return True
+
+    def _aborted(self, error: KafkaError) -> None:
+        """The window's transaction was aborted and the consumer rewound: forget the window."""
+        self.window.clear()
+        self._first_offsets.clear()
+        self.ledger.discard()
+        self.replay.discard()
+        log.warning("window transaction aborted (%s); reports will be re-consumed", error)
+
+    def _failed(self, error: KafkaError, _exc: KafkaException) -> ShufflerError:
+        if error.fatal() or error.code() == KafkaError._STATE:
+            return ShufflerError(
+                f"shuffler transaction failed: {error.str()}; the broker no longer knows "
+                f"this producer's transaction (it lost its data, e.g. a memory broker "
+                f"restarted, or another shuffler took over {self.transactional_id!r}): "
+                f"restart the shuffler; committed windows stay published exactly once, and "
+                f"the aggregators detect lost records (docs/operations.md#broker-data-loss)"
+            )
+        return ShufflerError(f"shuffler transaction failed: {error.str()}")
 
     def _anonymity_set(self, values: list[bytes]) -> int:
         """The smallest class of well-formed reports in the window (``shuffler/inner.py``):
@@ -507,11 +497,6 @@ class Shuffler:
         aborted window) lands in the same partition, so one aggregator sees both copies."""
         digest = hashlib.blake2b(value, digest_size=8, person=b"ldpipe-part").digest()
         return int.from_bytes(digest, "little") % self._shuffled_partitions
-
-    def _rewind(self, consumer: Consumer) -> None:
-        for tp in consumer.committed(consumer.assignment(), timeout=10):
-            offset = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
-            consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
 
     def _produce(
         self,
@@ -571,20 +556,3 @@ class Shuffler:
                 self.holds_against,
             )
         self.metrics.release_seconds.labels(**labels).observe(seconds)
-
-    def _update_lag(self, consumer: Consumer) -> None:
-        if time.monotonic() - self._last_lag < 5:
-            return
-        self._last_lag = time.monotonic()
-        for tp in consumer.position(consumer.assignment()):
-            _, high = consumer.get_watermark_offsets(tp, cached=True) or (0, 0)
-            if tp.offset >= 0 and high >= 0:
-                self.metrics.consumer_lag.labels(**self._labels, partition=str(tp.partition)).set(
-                    max(0, high - tp.offset)
-                )
-
-    def _close(self) -> None:
-        if self._consumer is not None:
-            self._consumer.close()
-        if self._producer is not None:
-            self._producer.flush(10)

@@ -22,6 +22,7 @@ import pytest
         "ldpipe.producers.client",
         "ldpipe.infra.runtime.secret_refs",
         "ldpipe.infra.runtime.observability",
+        "ldpipe.infra.runtime.loop",
     ],
 )
 def test_docstring_examples(module: str) -> None:

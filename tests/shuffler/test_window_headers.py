@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
+from ldpipe.infra.runtime.fakes import FakeClients
 from ldpipe.infra.runtime.kafka import KafkaSettings
 from ldpipe.schemas.config import parse_config
 from ldpipe.schemas.headers import (
@@ -31,48 +32,24 @@ max_reports = 100
 """
 
 
-class FakeProducer:
-    """Records what a transaction produced; commits always succeed."""
-
-    def __init__(self) -> None:
-        self.records: list[tuple[str, dict[str, Any]]] = []
-        self.commits = 0
-
-    def begin_transaction(self) -> None:
-        pass
-
-    def produce(self, topic: str, **kwargs: Any) -> None:
-        self.records.append((topic, kwargs))
-
-    def poll(self, _timeout: float) -> int:
-        return 0
-
-    def flush(self, _timeout: float) -> int:
-        return 0
-
-    def send_offsets_to_transaction(self, *_args: Any) -> None:
-        pass
-
-    def commit_transaction(self, _timeout: float) -> None:
-        self.commits += 1
-
-
-class FakeConsumer:
-    def consumer_group_metadata(self) -> object:
-        return object()
-
-
 def release(shuffler: Shuffler, values: list[bytes], offset: int) -> list[dict[str, Any]]:
     for i, value in enumerate(values):
         shuffler.window.add(value, 1e9, ("ldp.words.reports", 0, offset + i))
-    producer = FakeProducer()
-    assert shuffler._release(FakeConsumer(), producer, 1e9)  # type: ignore[arg-type]
-    return [kw for topic, kw in producer.records if topic == "ldp.words.shuffled"]
+    _consumer, producer = shuffler.loop.open()
+    producer.records.clear()  # type: ignore[attr-defined]
+    assert shuffler._release(1e9)
+    return [kw for topic, kw in producer.records if topic == "ldp.words.shuffled"]  # type: ignore[attr-defined]
 
 
 def test_each_record_carries_its_windows_id_and_size() -> None:
     uc = parse_config(CONFIG).use_case("words")
-    shuffler = Shuffler(uc, KafkaSettings("127.0.0.1:1"), instance="a", window_headers=True)
+    shuffler = Shuffler(
+        uc,
+        KafkaSettings("127.0.0.1:1"),
+        instance="a",
+        window_headers=True,
+        clients=FakeClients([]),
+    )
     shuffler.ledger.admit(b"k", (0, 0), 1e9)
     first = release(shuffler, [b"x", b"y", b"z"], 0)
     second = release(shuffler, [b"u", b"v", b"w", b"t"], 3)
@@ -85,7 +62,9 @@ def test_each_record_carries_its_windows_id_and_size() -> None:
     assert (a.size, b.size) == (3, 4) and a.window_id != b.window_id
     assert a.producer == b.producer == "ldpipe-shuffler-words-a"
     # and without window headers (the frequency shuffler) records carry none
-    plain = Shuffler(uc, KafkaSettings("127.0.0.1:1"), registry=CollectorRegistry())
+    plain = Shuffler(
+        uc, KafkaSettings("127.0.0.1:1"), registry=CollectorRegistry(), clients=FakeClients([])
+    )
     assert all(kw.get("headers") is None for kw in release(plain, [b"p", b"q", b"r"], 0))
 
 

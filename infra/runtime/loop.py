@@ -1,0 +1,406 @@
+"""The consume–process–commit core every Kafka service of ldpipe runs on.
+
+A new service is a template to fill in: it names its topics, group and client settings
+(:class:`LoopSpec`), supplies what it does with records (:class:`Handlers`), and calls
+:meth:`RunLoop.run`. The core owns everything the services share:
+
+* the clients, built by a :class:`~ldpipe.infra.runtime.clients.ClientFactory` (tests pass
+  fakes); a producer with a ``transactional.id`` is initialised for transactions;
+* the assignment: a fixed one (``Handlers.assignment``), or a subscription whose assign,
+  revoke and lost callbacks go to the service (eager or cooperative-sticky);
+* the poll loop: a stop event, an idle timeout, "until end" (every assigned partition's
+  partition-EOF event seen), the service's own stop condition (``finished``);
+* consumer errors: partition EOF to ``at_end``; out-of-range positions to ``out_of_range``
+  (the service decides, e.g. to stop on data loss); any other error is logged;
+* readiness (``/readyz``: set at the first assignment), progress (the last record's time, for
+  the idle timeout), the consumer lag per partition (``infra/runtime/lag.py``), crash points
+  (``infra/runtime/crash.py``);
+* the order of a commit, in :meth:`RunLoop.transaction` (numbered, the order matters):
+
+  1. ``begin_transaction``;
+  2. the service produces its records and says which offsets they consumed;
+  3. the producer is flushed, then crash point ``<name>.before_commit`` — so that a crash there
+     leaves every record written and none committed, as harsh as it gets;
+  4. ``send_offsets_to_transaction`` with those offsets and the consumer's group metadata;
+  5. ``commit_transaction``, then crash point ``<name>.after_commit``.
+
+  An error that requires an abort aborts the transaction and rewinds the consumer to the
+  group's committed offsets (the records are consumed again), and the service forgets what it
+  held (``aborted``); the rest of the batch is dropped. Any other error is the service's to
+  report (``failed``). A crash anywhere before step 5 completes aborts the transaction too:
+  the next producer with the same ``transactional.id`` fences it.
+
+The smallest service — count records, commit after each batch in one transaction:
+
+>>> from ldpipe.infra.runtime.loop import Handlers, LoopSpec, RunLoop, offsets_after
+>>> from ldpipe.infra.runtime.fakes import FakeClients, FakeMessage
+>>> clients = FakeClients([[FakeMessage("in", 0, 0, b"a"), FakeMessage("in", 0, 1, b"b")]])
+>>> spec = LoopSpec("echo", ("in",), "echo-group", producer_config={"transactional.id": "e"})
+>>> def process(messages, now):
+...     def produce(producer):
+...         for m in messages:
+...             producer.produce("out", value=m.value())
+...         return offsets_after(messages)
+...     loop.transaction(produce)
+>>> loop = RunLoop(spec, Handlers(process=process), clients=clients)
+>>> loop.run(idle_timeout=0.0)
+>>> [value for _topic, value in clients.producer_.committed]
+[b'a', b'b']
+>>> clients.producer_.offsets
+[('in', 0, 2)]
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
+
+from ldpipe.infra.runtime.clients import ClientFactory
+from ldpipe.infra.runtime.lag import ConsumerLag
+from ldpipe.infra.runtime.observability import Readiness
+
+__all__ = [
+    "OUT_OF_RANGE",
+    "Handlers",
+    "LoopSpec",
+    "RunLoop",
+    "offsets_after",
+]
+
+log = logging.getLogger(__name__)
+
+#: consumer errors saying the position is not in the log (with ``auto.offset.reset=error``)
+OUT_OF_RANGE = frozenset({KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE})
+
+Partitions = list[TopicPartition]
+Rebalance = Callable[[Consumer, Partitions], None]
+
+
+def _no_crash(_point: str) -> None:
+    """The default crash point: nothing happens."""
+
+
+def offsets_after(messages: Sequence[Message]) -> Partitions:
+    """The offsets to commit after ``messages``: each partition's last offset + 1."""
+    last: dict[tuple[str, int], int] = {}
+    for m in messages:
+        key = (m.topic() or "", m.partition() or 0)
+        last[key] = max(last.get(key, -1), m.offset() or 0)
+    return [TopicPartition(t, p, o + 1) for (t, p), o in sorted(last.items())]
+
+
+@dataclass(frozen=True)
+class LoopSpec:
+    """What a service consumes and how its clients are configured.
+
+    ``name`` prefixes its crash points (``<name>.before_commit``); a ``transactional.id`` in
+    ``producer_config`` makes the producer transactional; a ``cooperative-sticky`` assignment
+    strategy in ``consumer_config`` makes the rebalances incremental."""
+
+    name: str
+    topics: tuple[str, ...]
+    group: str
+    consumer_config: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    producer_config: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    batch_size: int = 2000
+    poll_timeout: float = 0.2
+    flush_timeout: float = 10.0  # for what the producer still holds when the loop closes
+
+    @property
+    def transactional(self) -> bool:
+        return "transactional.id" in self.producer_config
+
+    @property
+    def cooperative(self) -> bool:
+        return self.consumer_config.get("partition.assignment.strategy") == "cooperative-sticky"
+
+
+@dataclass(frozen=True)
+class Handlers:
+    """What a service does; only ``process`` is required. ``now`` is the loop's clock.
+
+    * ``process(messages, now)``: the data records of a batch, in order (runs of one batch
+      between partition-EOF events);
+    * ``opened(consumer, producer)``: once the clients exist (check topics, restore state);
+    * ``assignment(consumer)``: a fixed assignment, or ``None`` to subscribe to the topics;
+    * ``on_assign(consumer, partitions)``: returns the partitions (with offsets) to assign, or
+      ``None`` for the partitions as given; ``on_revoke``, ``on_lost`` (default: ``on_revoke``);
+    * ``at_end(partition, now)``: a partition-EOF event (``enable.partition.eof``);
+    * ``out_of_range(message)``: the exception to stop with (default: log and go on);
+    * ``due(now)`` then ``release(now)``: after every poll, work that is due (a window);
+    * ``tick(now)``: after every poll, after ``release`` (positions, checks);
+    * ``finished()``: stop now (e.g. after ``max_windows``);
+    * ``stopping()``: a clean end of the loop, before the clients close (seal what is held);
+    * ``failing(exc)``: the loop ends with ``exc``, before the clients close.
+    """
+
+    process: Callable[[list[Message], float], None]
+    opened: Callable[[Consumer, Producer], None] | None = None
+    assignment: Callable[[Consumer], Partitions | None] | None = None
+    on_assign: Callable[[Consumer, Partitions], Partitions | None] | None = None
+    on_revoke: Rebalance | None = None
+    on_lost: Rebalance | None = None
+    at_end: Callable[[TopicPartition, float], None] | None = None
+    out_of_range: Callable[[Message], BaseException] | None = None
+    due: Callable[[float], bool] | None = None
+    release: Callable[[float], object] | None = None
+    tick: Callable[[float], None] | None = None
+    finished: Callable[[], bool] | None = None
+    stopping: Callable[[], None] | None = None
+    failing: Callable[[BaseException], None] | None = None
+
+
+class RunLoop:
+    """One service's consumer, producer and loop (see the module docstring)."""
+
+    def __init__(
+        self,
+        spec: LoopSpec,
+        handlers: Handlers,
+        *,
+        clients: ClientFactory,
+        crash_point: Callable[[str], None] | None = None,
+        readiness: Readiness | None = None,
+        lag: ConsumerLag | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.spec = spec
+        self.handlers = handlers
+        self.clients = clients
+        self.crash_point = crash_point or _no_crash
+        self.readiness = readiness or Readiness()
+        self.lag = lag
+        self.clock = clock
+        self.assigned: set[tuple[str, int]] = set()
+        self.at_end: set[tuple[str, int]] = set()  # partitions whose EOF event came last
+        self.last_activity = time.monotonic()
+        self._consumer: Consumer | None = None
+        self._producer: Producer | None = None
+        self._rewound = False  # a transaction aborted during the current handler call
+
+    # ---- clients ------------------------------------------------------------------------
+    @property
+    def consumer(self) -> Consumer:
+        if self._consumer is None:
+            raise RuntimeError(f"{self.spec.name}: the loop's clients are not open")
+        return self._consumer
+
+    @property
+    def producer(self) -> Producer:
+        if self._producer is None:
+            raise RuntimeError(f"{self.spec.name}: the loop's clients are not open")
+        return self._producer
+
+    def open(self) -> tuple[Consumer, Producer]:
+        """Build the clients (once): the producer first, initialised for transactions when it
+        is transactional, then the consumer."""
+        if self._consumer is None or self._producer is None:
+            producer = self.clients.producer(self.spec.producer_config)
+            if self.spec.transactional:
+                producer.init_transactions(30)
+            self._producer = producer
+            self._consumer = self.clients.consumer(self.spec.group, self.spec.consumer_config)
+        return self._consumer, self._producer
+
+    def close(self) -> None:
+        """Close the consumer (a subscribed one revokes its partitions), flush the producer."""
+        consumer, producer = self._consumer, self._producer
+        self._consumer = self._producer = None
+        try:
+            if consumer is not None:
+                consumer.close()
+        finally:
+            if producer is not None:
+                producer.flush(self.spec.flush_timeout)
+
+    def touch(self) -> None:
+        """Note progress now (the idle timeout counts from the last progress)."""
+        self.last_activity = time.monotonic()
+
+    # ---- assignment -----------------------------------------------------------------------
+    def _assign(self, consumer: Consumer, partitions: Partitions) -> None:
+        hook = self.handlers.on_assign
+        taken = hook(consumer, partitions) if hook is not None else None
+        if taken is not None:
+            if self.spec.cooperative:
+                consumer.incremental_assign(taken)
+            else:
+                consumer.assign(taken)
+        self.assigned |= {(tp.topic, tp.partition) for tp in (taken or partitions)}
+        self.readiness.set(True)
+
+    def _revoke(self, consumer: Consumer, partitions: Partitions) -> None:
+        self._give_up(consumer, partitions, self.handlers.on_revoke)
+
+    def _lose(self, consumer: Consumer, partitions: Partitions) -> None:
+        self._give_up(consumer, partitions, self.handlers.on_lost or self.handlers.on_revoke)
+
+    def _give_up(self, consumer: Consumer, partitions: Partitions, hook: Rebalance | None) -> None:
+        if hook is not None:
+            hook(consumer, partitions)
+        gone = {(tp.topic, tp.partition) for tp in partitions}
+        self.assigned -= gone
+        self.at_end -= gone
+        if self.spec.cooperative:
+            consumer.incremental_unassign(partitions)
+
+    def _start(self, consumer: Consumer) -> None:
+        fixed = self.handlers.assignment(consumer) if self.handlers.assignment else None
+        if fixed is None:
+            consumer.subscribe(
+                list(self.spec.topics),
+                on_assign=self._assign,
+                on_revoke=self._revoke,
+                on_lost=self._lose,
+            )
+            return
+        consumer.assign(fixed)
+        self.assigned = {(tp.topic, tp.partition) for tp in fixed}
+        self.readiness.set(True)
+
+    # ---- the loop -------------------------------------------------------------------------
+    def run(
+        self,
+        stop: threading.Event | None = None,
+        *,
+        until_end: bool = False,
+        idle_timeout: float | None = None,
+    ) -> None:
+        """Poll and process until ``stop`` is set, ``finished()``, every assigned partition is at
+        its end (``until_end``; needs ``enable.partition.eof``) or nothing came for
+        ``idle_timeout`` seconds; then close the clients."""
+        stop = stop or threading.Event()
+        h = self.handlers
+        try:
+            consumer, producer = self.open()
+            if h.opened is not None:
+                h.opened(consumer, producer)
+            self._start(consumer)
+            self.touch()
+            while not stop.is_set():
+                if h.finished is not None and h.finished():
+                    break
+                messages = consumer.consume(
+                    num_messages=self.spec.batch_size, timeout=self.spec.poll_timeout
+                )
+                now = self.clock()
+                self.dispatch(messages, now)
+                if h.due is not None and h.release is not None and h.due(now):
+                    h.release(now)
+                    self.touch()
+                if h.tick is not None:
+                    h.tick(now)
+                if self.lag is not None:
+                    self.lag.update(consumer)
+                if until_end and self.assigned and self.at_end >= self.assigned:
+                    break
+                if (
+                    idle_timeout is not None
+                    and time.monotonic() - self.last_activity > idle_timeout
+                ):
+                    break
+            if h.stopping is not None:
+                h.stopping()
+        except BaseException as exc:
+            if h.failing is not None:
+                h.failing(exc)
+            raise
+        finally:
+            self.close()
+
+    def dispatch(self, messages: Sequence[Message], now: float) -> None:
+        """Hand one polled batch to the service: runs of data records to ``process``, EOF events
+        to ``at_end``, errors as the module docstring says. After a transaction aborted (and
+        rewound the consumer), the rest of the batch is dropped: it is consumed again."""
+        h = self.handlers
+        run: list[Message] = []
+        self._rewound = False
+        for msg in messages:
+            err = msg.error()
+            if err is None:
+                run.append(msg)
+                self.at_end.discard((msg.topic() or "", msg.partition() or 0))
+                self.touch()
+                continue
+            if run:
+                h.process(run, now)
+                run = []
+                if self._rewound:
+                    return
+            if err.code() == KafkaError._PARTITION_EOF:
+                tp = TopicPartition(msg.topic() or "", msg.partition() or 0, msg.offset() or 0)
+                self.at_end.add((tp.topic, tp.partition))
+                if h.at_end is not None:
+                    h.at_end(tp, now)
+                    if self._rewound:
+                        return
+            elif err.code() in OUT_OF_RANGE and h.out_of_range is not None:
+                raise h.out_of_range(msg)
+            else:
+                log.warning("consumer error: %s", err)
+        if run:
+            h.process(run, now)
+
+    # ---- commits --------------------------------------------------------------------------
+    def transaction(
+        self,
+        produce: Callable[[Producer], Sequence[TopicPartition]],
+        *,
+        aborted: Callable[[KafkaError], None] | None = None,
+        failed: Callable[[KafkaError, KafkaException], BaseException] | None = None,
+    ) -> bool:
+        """One transaction in the order of the module docstring (steps 1-5); ``produce`` writes
+        the records and returns the offsets they consumed. False if it was aborted: the
+        consumer is rewound to the committed offsets and ``aborted(error)`` runs. Another Kafka
+        error raises ``failed(error, exc)`` (default: the ``KafkaException``)."""
+        consumer, producer = self.consumer, self.producer
+        try:
+            producer.begin_transaction()  # 1
+            offsets = list(produce(producer))  # 2
+            producer.flush(30)  # 3: every record is written before the crash point
+            self.crash_point(f"{self.spec.name}.before_commit")
+            metadata = consumer.consumer_group_metadata()
+            producer.send_offsets_to_transaction(offsets, metadata, 30)  # 4
+            producer.commit_transaction(30)  # 5
+        except KafkaException as exc:
+            error: KafkaError = exc.args[0]
+            if error.txn_requires_abort():
+                producer.abort_transaction(30)
+                self.rewind()
+                if aborted is not None:
+                    aborted(error)
+                return False
+            if failed is not None:
+                raise failed(error, exc) from exc
+            raise
+        self.crash_point(f"{self.spec.name}.after_commit")
+        return True
+
+    def commit(self, offsets: Sequence[TopicPartition]) -> None:
+        """Commit ``offsets`` to the group, synchronously (the services that are not
+        transactional commit after their output is durable)."""
+        self.consumer.commit(offsets=list(offsets), asynchronous=False)
+
+    def rewind(self) -> None:
+        """Seek every assigned partition back to the group's committed offset (the start of the
+        log where none is committed), and drop the rest of the current batch."""
+        consumer = self.consumer
+        for tp in consumer.committed(consumer.assignment(), timeout=10):
+            offset = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
+            consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
+        self._rewound = True

@@ -30,7 +30,6 @@ from ldpipe.infra.runtime.kafka import _READER, KafkaSettings, PipelineKafkaErro
 
 __all__ = [
     "LIVE_CHECK_SECONDS",
-    "OUT_OF_RANGE",
     "DataLoss",
     "DataLossCheck",
     "LogBounds",
@@ -46,9 +45,6 @@ LogBounds = Callable[[Sequence[int]], Mapping[int, tuple[int, int]]]
 #: seconds between checks, while idle, that no position lies beyond its log's end (Tansu
 #: answers a fetch past the end with nothing, not OFFSET_OUT_OF_RANGE)
 LIVE_CHECK_SECONDS = 30.0
-
-#: a consumer error saying the position is not in the log (auto.offset.reset=error)
-OUT_OF_RANGE = (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE)
 
 
 @dataclass(frozen=True)
@@ -143,12 +139,36 @@ class DataLossCheck:
         for p in partitions:
             self.metrics.broker_data_loss.labels(**self.labels, partition=str(p)).set(1)
 
-    def recovered(self, positions: Mapping[int, int]) -> list[DataLoss]:
-        """Compare recovered positions with their partitions' logs now (none: no probe)."""
+    def recovered(
+        self,
+        positions: Mapping[int, int],
+        sources: Mapping[int, str],
+        *,
+        after_data_loss: bool,
+        horizon: int,
+    ) -> list[DataLoss]:
+        """Compare recovered positions with their partitions' logs now, before consuming
+        (none: no probe).
+
+        A position outside the log (beyond its true end, or before its start) means the broker
+        lost records: without ``after_data_loss`` this stops the process in one line; with it,
+        it says which partitions (only those) resume at the log start, where the dedupe set (of
+        ``horizon`` reports) drops whatever this writer already counted. Returns those found.
+        """
         if not positions:
             return []
         lost = find_data_loss(positions, self.bounds(sorted(positions)))
         self._flag([loss.partition for loss in lost])
+        if lost and not after_data_loss:
+            raise AggregatorError(self.message(lost, sources))
+        for loss in lost:
+            log.warning(
+                "--after-data-loss: %s; resuming at the log start %d (reports this writer "
+                "already counted are dropped by its dedupe set of the last %d reports)",
+                self.where(loss, sources),
+                loss.low,
+                horizon,
+            )
         return lost
 
     def where(self, loss: DataLoss, sources: Mapping[int, str], *, live: bool = False) -> str:

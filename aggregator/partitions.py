@@ -11,7 +11,9 @@ A position only moves forward while a partition is consumed (:meth:`PartitionOwn
 moving it backwards is a bug that would count records twice, so it raises
 :class:`PositionWentBackError` naming the partition and both offsets. The two legitimate rewinds
 (a refused store commit drops what is open and reads it again; ``--after-data-loss`` resumes at
-the log start) say so with :meth:`PartitionOwner.rewind`.
+the log start) say so with :meth:`PartitionOwner.rewind`. A partition is idle (its windows
+need not wait for it: ``aggregator/sealing.py``) when it had no record for a while and nothing
+is left to read.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+
+from confluent_kafka import Consumer, TopicPartition
 
 __all__ = ["STORE", "PartitionOwner", "PositionWentBackError"]
 
@@ -129,3 +133,22 @@ class PartitionOwner:
         """Seconds since ``partition``'s last record (or since it was taken)."""
         now = self.monotonic()
         return now - self.last_record.get(partition, now)
+
+    def idle(self, partition: int, idle_seconds: float, consumer: Consumer | None) -> bool:
+        """No record for ``idle_seconds``, and (with a consumer) nothing left to read: a
+        partition whose records wait behind a slow batch is late, not idle."""
+        if self.quiet_for(partition) < idle_seconds:
+            return False
+        if consumer is None:
+            return True
+        low, high = consumer.get_watermark_offsets(
+            TopicPartition(self.topic, partition), cached=True
+        ) or (0, -1)
+        position = self.offsets.get(partition)
+        if position is None:
+            # never read a record and no stored offset: it reads from its log start, and
+            # librdkafka reports no position (OFFSET_INVALID) until a record arrives, so an
+            # empty partition (cached watermarks 0, 0) would never count as idle and hold
+            # back every window of the other partitions
+            position = low
+        return high < 0 or (position >= 0 and position >= high)

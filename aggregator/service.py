@@ -45,17 +45,15 @@ import numpy as np
 from confluent_kafka import (
     OFFSET_BEGINNING,
     Consumer,
-    KafkaError,
     Message,
     Producer,
     TopicPartition,
 )
 from prometheus_client import CollectorRegistry
 
-from ldpipe.aggregator.checkpoints import MemberLock, read_checkpoint, write_checkpoint
+from ldpipe.aggregator.checkpoints import Checkpoints
 from ldpipe.aggregator.data_loss import (
     LIVE_CHECK_SECONDS,
-    OUT_OF_RANGE,
     DataLoss,
     DataLossCheck,
     LogBounds,
@@ -72,7 +70,10 @@ from ldpipe.aggregator.sealing import OpenSpans, WindowKey, due_windows
 from ldpipe.aggregator.snapshot import mechanism_params
 from ldpipe.aggregator.store import SegmentData, SketchStore, StaleCommitError
 from ldpipe.aggregator.windows import WindowedSketches
+from ldpipe.infra.runtime.clients import ClientFactory, KafkaClients
 from ldpipe.infra.runtime.kafka import EXACTLY_ONCE_CONSUMER, KafkaSettings, require_topics
+from ldpipe.infra.runtime.lag import ConsumerLag
+from ldpipe.infra.runtime.loop import Handlers, LoopSpec, RunLoop
 from ldpipe.infra.runtime.observability import Readiness
 from ldpipe.schemas.config import UseCase
 from ldpipe.schemas.envelope import PrivateKeyLookup
@@ -84,6 +85,8 @@ log = logging.getLogger(__name__)
 
 class Aggregator:
     """One aggregator process of one use case (a member of its consumer group, or a replay)."""
+
+    loop: RunLoop  # set by run()
 
     def __init__(
         self,
@@ -98,9 +101,11 @@ class Aggregator:
         bounds: LogBounds | None = None,
         history: LogHistory | None = None,
         readiness: Readiness | None = None,
+        clients: ClientFactory | None = None,
     ) -> None:
         self.use_case = use_case
         self.kafka = kafka
+        self.clients = clients or KafkaClients(kafka)  # tests may pass fakes
         if "shuffler" in getattr(keyring, "roles", ()):
             raise AggregatorError(
                 "the aggregator's keyring holds a shuffler key; it must hold analyzer keys only "
@@ -111,12 +116,22 @@ class Aggregator:
         self.topic = opts.topic or use_case.topics.shuffled
         self.directory = opts.checkpoint_dir or use_case.snapshot.directory
         self.writer = opts.member or default_member(use_case.name)
+        self.group = opts.group_id or f"ldpipe-aggregator-{use_case.name}"
         self.store = SketchStore(
             opts.store_uri or use_case.store.uri,
             use_case.name,
             storage_options=use_case.store.storage_options,
         )
         self.crash_point = crash_point or (lambda _point: None)
+        self.checkpoints = Checkpoints(
+            self.directory,
+            self.writer,
+            self.topic,
+            use_case.name,
+            use_case.topics.params,
+            use_case.snapshot.keep_files,
+            lambda point: self.crash_point(f"aggregator.{point}"),
+        )
         self.clock = clock
         self.metrics = AggregatorMetrics.create(registry or CollectorRegistry())
         # ready (/readyz) once it has partitions to read: its first assignment, even an empty one
@@ -157,20 +172,12 @@ class Aggregator:
         self.live_check_seconds = LIVE_CHECK_SECONDS
         self.sealed = 0  # segments committed by this process
         self.stale_commits = 0
-        self.sequence = 0  # of the last checkpoint written
         self.dirty = False  # anything a checkpoint should record
-        self._last_lag = 0.0
-        self._checkpoint_read = False
+        self.aggregated = 0  # reports aggregated by the current run()
+        self._last_checkpoint = self._last_check = 0.0  # monotonic
         self._failed = False
-        self._lock: MemberLock | None = None
 
     # ---- taking partitions --------------------------------------------------------------
-    def lock_member(self) -> MemberLock:
-        """One process per member name and checkpoint directory: a second one refuses."""
-        self._lock = MemberLock.acquire(self.directory, self.writer)
-        self.sequence = self._lock.sequence
-        return self._lock
-
     def take(self, parts: Sequence[int]) -> list[TopicPartition]:
         """Own ``parts`` from now: their positions (checkpoint or store) as TopicPartitions."""
         parts = sorted(set(parts) - self.partitions.owned)
@@ -199,20 +206,9 @@ class Aggregator:
     def _restore_checkpoint(
         self, parts: Sequence[int], committed: dict[int, int | None]
     ) -> set[int]:
-        """Load this member's checkpoint once, if it holds exactly the store's offsets of
-        partitions all given now; returns the partitions it restored."""
-        if self._checkpoint_read:
-            return set()
-        self._checkpoint_read = True
-        found = read_checkpoint(
-            self.directory,
-            self.writer,
-            self.topic,
-            parts,
-            committed,
-            self.epochs,
-            self.use_case.topics.params,
-        )
+        """Take the partitions of this member's checkpoint, if it fits (read once: see
+        ``aggregator/checkpoints.py``), with its open windows; returns those partitions."""
+        found = self.checkpoints.restore(parts, committed, self.epochs)
         if found is None:
             return set()
         for key, sketch in found.windows.items():
@@ -262,40 +258,35 @@ class Aggregator:
         self.dedupe.remember({p: self.partitions.position(p) for p in parts})
 
     def check_positions(self, parts: Sequence[int]) -> list[DataLoss]:
-        """Compare every recovered position with its partition's log now, before consuming.
-
-        A position outside the log (beyond its true end, or before its start) means the broker
-        lost records: without ``after_data_loss`` this stops the process in one line; with it,
-        those partitions (only) resume at the log start, where the dedupe set drops whatever
-        this writer already counted within its horizon. Returns the partitions found.
-        """
+        """Every recovered position of ``parts`` against its log (``aggregator/data_loss.py``):
+        stop, or with ``after_data_loss`` resume the lost partitions at the log start."""
         positions = {p: o for p, o in self.partitions.offsets.items() if p in parts}
-        lost = self.data_loss.recovered(positions)
-        sources = self.partitions.sources
-        if lost and not self.options.after_data_loss:
-            raise AggregatorError(self.data_loss.message(lost, sources))
+        lost = self.data_loss.recovered(
+            positions,
+            self.partitions.sources,
+            after_data_loss=self.options.after_data_loss,
+            horizon=self.dedupe.horizon,
+        )
         for loss in lost:
-            log.warning(
-                "--after-data-loss: %s; resuming at the log start %d (reports this writer "
-                "already counted are dropped by its dedupe set of the last %d reports)",
-                self.data_loss.where(loss, sources),
-                loss.low,
-                self.dedupe.horizon,
-            )
             self.partitions.rewind(loss.partition, loss.low)
             self.dirty = True  # the next snapshot records the new position
         return lost
 
-    # ---- consumer-group callbacks -------------------------------------------------------
-    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    # ---- the run loop's handlers (infra/runtime/loop.py) ---------------------------------
+    def on_assign(
+        self, _consumer: Consumer, partitions: list[TopicPartition]
+    ) -> list[TopicPartition] | None:
+        """Partitions given by the group: taken at their checkpoint or store positions, their
+        dedupe sets rebuilt; the loop assigns what this returns."""
         if self._failed:
-            return
+            return None
         taken = self.take([tp.partition for tp in partitions])
         self.remember([tp.partition for tp in taken])
-        consumer.incremental_assign(taken)
-        self.readiness.set(True)
+        return taken
 
-    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Partitions taken away by a rebalance (or a clean stop): everything held is sealed
+        first, so that the next owner resumes at the store's offsets."""
         revoked = [tp.partition for tp in partitions]
         if not self._failed and self.partitions.owned:
             # not consumer.position(): this runs inside consume(), whose batch may already hold
@@ -303,7 +294,6 @@ class Aggregator:
             # The positions tracked after the last batch processed are exactly what we hold.
             self.seal(force=True, consumer=consumer)
         self.release(revoked)
-        consumer.incremental_unassign(partitions)
         print(
             f"ldpipe aggregator {self.writer}: hands {self.topic}[{','.join(map(str, revoked))}] "
             f"over (sealed); owns {len(self.partitions)} partition(s)",
@@ -312,7 +302,9 @@ class Aggregator:
         if not self._failed and self.partitions.owned:
             self.checkpoint(consumer)
 
-    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Partitions lost without a revocation (presumed dead by the group): what was
+        consumed since the last commit is dropped; the others are read again from the store."""
         lost = [tp.partition for tp in partitions]
         log.warning(
             "%s lost %s[%s] without a revocation (presumed dead by the group): dropping what "
@@ -324,7 +316,6 @@ class Aggregator:
         self.release(lost)
         if not self._failed:
             self.drop_open(consumer)
-        consumer.incremental_unassign(partitions)
 
     def all_partitions(self, consumer: Consumer) -> list[int]:
         return list(require_topics(consumer, (self.topic,), AggregatorError)[self.topic])
@@ -339,11 +330,10 @@ class Aggregator:
     ) -> int:
         """Aggregate until ``stop`` (or, with ``until_end``, until every owned partition's end
         as it was seen); a clean stop seals everything into the store. Returns the number of
-        reports aggregated by this run."""
-        stop = stop or threading.Event()
+        reports aggregated by this run. The poll loop, the assignment callbacks, the lag and
+        the stop conditions are the run loop's (``infra/runtime/loop.py``)."""
         self.decoder.reload()
-        self.lock_member()
-        group = self.options.group_id or f"ldpipe-aggregator-{self.use_case.name}"
+        self.checkpoints.lock_member()
         overrides: dict[str, object] = {
             **EXACTLY_ONCE_CONSUMER,
             # a position from the store that is not in the log must stop us, not silently
@@ -352,94 +342,92 @@ class Aggregator:
             "auto.offset.reset": "error",
             "partition.assignment.strategy": "cooperative-sticky",
         }
-        if until_end:
+        if until_end:  # the end is the EOF event, not the high watermark (Tansu under-reports)
             overrides["enable.partition.eof"] = True
-        consumer = Consumer(self.kafka.consumer_config(group, overrides))
-        producer = Producer(self.kafka.producer_config({"enable.idempotence": True}))
-        self.dead_letters.producer = producer
-        aggregated = 0
+        self.loop = RunLoop(
+            LoopSpec(
+                "aggregator",
+                (self.topic,),
+                self.group,
+                consumer_config=overrides,
+                producer_config={"enable.idempotence": True},
+                batch_size=self.options.batch_size,
+                poll_timeout=0.2,
+                flush_timeout=30.0,
+            ),
+            Handlers(
+                process=self._process,
+                opened=self._opened,
+                assignment=self._assignment,
+                on_assign=self.on_assign,
+                on_revoke=self.on_revoke,
+                on_lost=self.on_lost,
+                out_of_range=self._out_of_range,
+                tick=self._tick,
+                stopping=self._stopping,
+                failing=self._failing,
+            ),
+            clients=self.clients,
+            readiness=self.readiness,
+            lag=ConsumerLag(self.metrics.consumer_lag, self._labels),
+        )
+        self.aggregated = 0
         try:
-            everything = self.all_partitions(consumer)
-            self.dedupe.partitions_total = len(everything)
-            if self.options.partitions is None:
-                consumer.subscribe(
-                    [self.topic],
-                    on_assign=self._on_assign,
-                    on_revoke=self._on_revoke,
-                    on_lost=self._on_lost,
-                )
-            else:
-                taken = self.take(list(self.options.partitions) or everything)
-                self.remember([tp.partition for tp in taken])
-                consumer.assign(taken)
-                self.readiness.set(True)
-            print(
-                f"ldpipe aggregator {self.writer}: {self.use_case.name} from {self.topic} "
-                f"into {self.store.uri}"
-                + (" (consumer group " + group + ")" if self.options.partitions is None else ""),
-                flush=True,
-            )
-            aggregated = self._loop(consumer, stop, until_end, idle_timeout)
-            self._track_positions(consumer)
-            self.seal(force=True, consumer=consumer)
-        except BaseException:
-            self._failed = True  # no sealing on the way out: what is open is read again
-            raise
+            self.loop.run(stop, until_end=until_end, idle_timeout=idle_timeout)
         finally:
-            try:
-                consumer.close()
-            finally:
-                producer.flush(30)
-                if self._lock is not None:
-                    self._lock.close()
-        return aggregated
+            self.checkpoints.unlock()
+        return self.aggregated
 
-    def _loop(
-        self,
-        consumer: Consumer,
-        stop: threading.Event,
-        until_end: bool,
-        idle_timeout: float | None,
-    ) -> int:
-        aggregated = 0
-        at_end: set[int] = set()  # partitions whose end (EOF event) we reached
-        last_checkpoint = time.monotonic()
-        last_activity = time.monotonic()
-        last_check = time.monotonic()
+    def _opened(self, consumer: Consumer, producer: Producer) -> None:
+        self.dead_letters.producer = producer
+        self.dedupe.partitions_total = len(self.all_partitions(consumer))
+        self._last_checkpoint = self._last_check = time.monotonic()
+
+    def _assignment(self, consumer: Consumer) -> list[TopicPartition] | None:
+        """The partitions of a replay (all: ``()``), or None to join the group."""
+        taken = None
+        if self.options.partitions is not None:
+            taken = self.take(list(self.options.partitions) or self.all_partitions(consumer))
+            self.remember([tp.partition for tp in taken])
+        group = "" if taken is not None else f" (consumer group {self.group})"
+        print(
+            f"ldpipe aggregator {self.writer}: {self.use_case.name} from {self.topic} "
+            f"into {self.store.uri}{group}",
+            flush=True,
+        )
+        return taken
+
+    def _process(self, messages: list[Message], _now: float) -> None:
+        self.aggregated += self.process_batch(messages)
+        self.metrics.windows_open.labels(**self._labels).set(len(self.windows.sketches))
+
+    def _out_of_range(self, message: Message) -> BaseException:
+        position = self.partitions.position(message.partition() or 0)
+        return self.data_loss.out_of_range(message, position)
+
+    def _tick(self, _now: float) -> None:
+        """After every poll: positions, the periodic seal and checkpoint, the live check."""
+        consumer = self.loop.consumer
+        self._track_positions(consumer)
         interval = self.use_case.snapshot.interval_seconds
-        while not stop.is_set():
-            messages = consumer.consume(num_messages=self.options.batch_size, timeout=0.2)
-            if messages:
-                last_activity = time.monotonic()
-                aggregated += self.process_batch(messages)
-                self.metrics.windows_open.labels(**self._labels).set(len(self.windows.sketches))
-                for m in messages:
-                    err = m.error()
-                    partition = m.partition() or 0
-                    if err is not None and err.code() == KafkaError._PARTITION_EOF:
-                        at_end.add(partition)
-                    elif err is None:
-                        at_end.discard(partition)
-            self._track_positions(consumer)
-            due = time.monotonic() - last_checkpoint >= interval
-            if due and (self.dirty or self.windows.sketches):
-                self.seal(consumer=consumer)
-                if self.dirty:
-                    self.checkpoint(consumer)
-                last_checkpoint = time.monotonic()
-            self._update_lag(consumer)
-            now = time.monotonic()
-            if now - max(last_check, last_activity) >= self.live_check_seconds:
-                last_check = now
-                self.data_loss.live(consumer, self.partitions.positions())
-            # the end is the EOF event, not the high watermark, which some brokers
-            # (Tansu 0.6) under-report
-            owned = self.partitions.owned
-            if until_end and owned and at_end >= owned:
-                break
-            if idle_timeout is not None and time.monotonic() - last_activity > idle_timeout:
-                break
-        return aggregated
+        due = time.monotonic() - self._last_checkpoint >= interval
+        if due and (self.dirty or self.windows.sketches):
+            self.seal(consumer=consumer)
+            if self.dirty:
+                self.checkpoint(consumer)
+            self._last_checkpoint = time.monotonic()
+        now = time.monotonic()
+        if now - max(self._last_check, self.loop.last_activity) >= self.live_check_seconds:
+            self._last_check = now
+            self.data_loss.live(consumer, self.partitions.positions())
+
+    def _stopping(self) -> None:
+        """A clean stop: seal everything held, so the store holds all that was read."""
+        self._track_positions(self.loop.consumer)
+        self.seal(force=True, consumer=self.loop.consumer)
+
+    def _failing(self, _exc: BaseException) -> None:
+        self._failed = True  # no sealing on the way out: what is open is read again
 
     def _track_positions(self, consumer: Consumer) -> None:
         """Positions, not last offset + 1: they step over transaction markers too."""
@@ -451,17 +439,11 @@ class Aggregator:
                 self.dirty = True
 
     def process_batch(self, messages: list[Message]) -> int:
-        """Dedupe, decode, dead-letter and accumulate one consumed batch; returns the number
-        of reports it added to the open windows."""
+        """Dedupe, decode, dead-letter and accumulate consumed records (no consumer events:
+        the run loop handles those); returns the number of reports added to open windows."""
         started = time.perf_counter()
         owned = self.partitions.owned
-        good = [m for m in messages if m.error() is None and (m.partition() or 0) in owned]
-        for m in messages:
-            err = m.error()
-            if err is not None and err.code() in OUT_OF_RANGE:
-                raise self.data_loss.out_of_range(m, self.partitions.position(m.partition() or 0))
-            if err is not None and err.code() != KafkaError._PARTITION_EOF:
-                log.warning("consumer error: %s", err)
+        good = [m for m in messages if (m.partition() or 0) in owned]
         if not good:
             return 0
         self.dirty = True
@@ -503,29 +485,10 @@ class Aggregator:
         keys = list(self.windows.sketches)
         if len(keys) > self.use_case.snapshot.keep_windows:
             return keys  # too many open windows: seal them all rather than grow
-        owned = self.partitions.owned
-        idle = [p for p in owned if self._idle(p, consumer)]
+        owned, quiet = self.partitions.owned, self.use_case.store.idle_seconds
+        idle = [p for p in owned if self.partitions.idle(p, quiet, consumer)]
         grace = self.use_case.store.grace_seconds
         return due_windows(keys, self.partitions.latest, idle, owned, grace)
-
-    def _idle(self, partition: int, consumer: Consumer | None) -> bool:
-        """No record for ``idle_seconds``, and (with a consumer) nothing left to read: a
-        partition whose records wait behind a slow batch is late, not idle."""
-        if self.partitions.quiet_for(partition) < self.use_case.store.idle_seconds:
-            return False
-        if consumer is None:
-            return True
-        low, high = consumer.get_watermark_offsets(
-            TopicPartition(self.topic, partition), cached=True
-        ) or (0, -1)
-        position = self.partitions.position(partition)
-        if position is None:
-            # never read a record and no stored offset: it reads from its log start, and
-            # librdkafka reports no position (OFFSET_INVALID) until a record arrives, so an
-            # empty partition (cached watermarks 0, 0) would never count as idle and hold
-            # back every window of the other partitions
-            position = low
-        return high < 0 or (position >= 0 and position >= high)
 
     def seal(self, *, force: bool = False, consumer: Consumer | None = None) -> int:
         """Commit the due windows (``force``: all) and the offsets they let advance; returns
@@ -596,18 +559,12 @@ class Aggregator:
 
     def checkpoint(self, consumer: Consumer | None = None) -> Path | None:
         """Write the open windows with the positions and store offsets they start from
-        (``aggregator/checkpoints.py``)."""
+        (``aggregator/checkpoints.py``); dead letters are delivered first."""
         if not self.partitions.owned:
             return None
         started = time.perf_counter()
         self.dead_letters.flush()
-        self.sequence += 1
-        path = write_checkpoint(
-            self.directory,
-            writer=self.writer,
-            sequence=self.sequence,
-            use_case=self.use_case.name,
-            topic=self.topic,
+        path = self.checkpoints.write(
             positions=self.partitions.positions(),
             bases=self.partitions.bases,
             windows=self.windows,
@@ -615,8 +572,6 @@ class Aggregator:
             spans=self.spans,
             latest=self.partitions.latest,
             created_at=self.clock(),
-            keep_files=self.use_case.snapshot.keep_files,
-            crash_point=lambda point: self.crash_point(f"aggregator.{point}"),
         )
         self.dirty = False
         labels = self._labels
@@ -631,16 +586,3 @@ class Aggregator:
             len(self.windows.sketches),
         )
         return path
-
-    def _update_lag(self, consumer: Consumer) -> None:
-        if time.monotonic() - self._last_lag < 5:
-            return
-        self._last_lag = time.monotonic()
-        for p, position in self.partitions.positions().items():
-            _low, high = consumer.get_watermark_offsets(
-                TopicPartition(self.topic, p), cached=True
-            ) or (0, 0)
-            if high >= 0:
-                self.metrics.consumer_lag.labels(**self._labels, partition=str(p)).set(
-                    max(0, high - position)
-                )

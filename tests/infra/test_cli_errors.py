@@ -85,7 +85,7 @@ def test_an_unusable_checkpoint_directory_is_one_line(tmp_path: Path) -> None:
     blocker.write_text("not a directory")
     agg = _aggregator(tmp_path, blocker / "checkpoints")
     with pytest.raises(AggregatorError) as info:
-        agg.lock_member()  # the first thing run() does with the directory
+        agg.checkpoints.lock_member()  # the first thing run() does with the directory
     assert str(info.value) == (
         f"cannot create the checkpoint directory {blocker / 'checkpoints'} (Not a directory); "
         f"set snapshot.directory to a writable place"
@@ -113,15 +113,15 @@ def test_an_unwritable_checkpoint_directory_is_one_line(
 
 def test_a_second_aggregator_with_the_same_member_name_is_one_line(tmp_path: Path) -> None:
     first = _aggregator(tmp_path, tmp_path / "checkpoints")
-    lock = first.lock_member()
+    lock = first.checkpoints.lock_member()
     try:
         with pytest.raises(AggregatorError) as info:
-            _aggregator(tmp_path, tmp_path / "checkpoints").lock_member()
+            _aggregator(tmp_path, tmp_path / "checkpoints").checkpoints.lock_member()
         assert str(info.value) == (
             f"another aggregator runs as member 'emoji-a' with checkpoints in "
             f"{tmp_path / 'checkpoints'}; give each aggregator its own --member name"
         )
         other = _aggregator(tmp_path, tmp_path / "checkpoints", member="emoji-b")
-        other.lock_member().close()  # another name in the same directory is another member
+        other.checkpoints.lock_member().close()  # another name in the directory: another member
     finally:
         lock.close()

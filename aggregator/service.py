@@ -30,7 +30,8 @@ This module is the loop; its rooms are ``aggregator/options.py`` (how a process 
 ``partitions.py`` (owned partitions and their positions), ``checkpoints.py`` (the member lock,
 writing and restoring checkpoints), ``remembered.py`` (per-partition dedupe sets rebuilt from the
 log), ``decoding.py`` (envelopes of every known epoch), ``dead_letters.py`` (the records not
-counted) and ``data_loss.py`` (positions outside the log).
+counted), ``data_loss.py`` (positions outside the log) and ``commits.py`` (what one store
+commit holds). The poll loop itself is the services' shared core, ``infra/runtime/loop.py``.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from confluent_kafka import (
 from prometheus_client import CollectorRegistry
 
 from ldpipe.aggregator.checkpoints import Checkpoints
+from ldpipe.aggregator.commits import commit_positions, window_segments
 from ldpipe.aggregator.data_loss import (
     LIVE_CHECK_SECONDS,
     DataLoss,
@@ -67,8 +69,7 @@ from ldpipe.aggregator.options import AggregatorOptions, default_member
 from ldpipe.aggregator.partitions import PartitionOwner
 from ldpipe.aggregator.remembered import LogHistory, RememberedReports, log_digests
 from ldpipe.aggregator.sealing import OpenSpans, WindowKey, due_windows
-from ldpipe.aggregator.snapshot import mechanism_params
-from ldpipe.aggregator.store import SegmentData, SketchStore, StaleCommitError
+from ldpipe.aggregator.store import SketchStore, StaleCommitError
 from ldpipe.aggregator.windows import WindowedSketches
 from ldpipe.infra.runtime.clients import ClientFactory, KafkaClients
 from ldpipe.infra.runtime.kafka import EXACTLY_ONCE_CONSUMER, KafkaSettings, require_topics
@@ -496,28 +497,14 @@ class Aggregator:
         rewinds to the store (:meth:`drop_open`)."""
         candidates = list(self.windows.sketches) if force else self.due(consumer)
         sealing, points = self.spans.plan(candidates, self.partitions.positions())
-        bases = self.partitions.bases
-        positions = {
-            (self.topic, p): (bases.get(p), points[p])
-            for p in sorted(points)
-            if points[p] != bases.get(p)
-        }
+        positions = commit_positions(
+            self.topic, points, self.partitions.bases, sealing=bool(sealing)
+        )
         if not sealing and not positions:
             return 0
-        # unchanged partitions are committed too: the store then checks that nobody else
-        # committed them either (a zombie learns it is one at its next commit)
-        for p in sorted(points):
-            positions.setdefault((self.topic, p), (bases.get(p), points[p]))
         self.dead_letters.flush()
         started = time.perf_counter()
-        segments = []
-        for key in sealing:
-            epoch, start, end = key
-            mechanism = self.epochs.mechanisms[epoch]
-            sketch = self.windows.sketches[key]
-            segments.append(
-                SegmentData(epoch, start, end, mechanism.name, mechanism_params(mechanism), sketch)
-            )
+        segments = window_segments(sealing, self.windows, self.epochs)
         self.crash_point("aggregator.before_commit")
         try:
             self.store.commit(

@@ -35,9 +35,10 @@ def assert_both_sets(headers: dict[str, bytes], stage: str, reason: str, source:
 
 def test_the_aggregators_dead_letter(tmp_path: Path) -> None:
     agg = _aggregator(tmp_path)
-    producer = StubProducer()
+    producer = agg.dead_letters.producer
+    assert isinstance(producer, StubProducer)
     message: Any = StubMessage(SECRET, 7, topic=TOPIC, partition=1)
-    agg._dead_letter(producer, message, "payload", "wrong_length")  # type: ignore[arg-type]
+    agg.dead_letters.send(message, "payload", "wrong_length")
     (record,) = producer.records
     headers = dict(record["headers"])
     assert_both_sets(headers, "aggregator", "wrong_length", f"{TOPIC}:1:7")

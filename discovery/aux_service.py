@@ -35,19 +35,11 @@ import json
 import logging
 import math
 import os
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from confluent_kafka import (
-    Consumer,
-    KafkaError,
-    KafkaException,
-    Message,
-    Producer,
-    TopicPartition,
-)
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from prometheus_client import CollectorRegistry
 
 from ldpipe.discovery.assembly import AssembledWindow, Rejected, WindowAssembler, released_ids
@@ -64,7 +56,7 @@ from ldpipe.infra.runtime.kafka import (
     read_tail,
     require_topics,
 )
-from ldpipe.infra.runtime.loop import Handlers, LoopSpec, RunLoop
+from ldpipe.infra.runtime.loop import Handlers, LoopSpec, RunLoop, WindowedService
 from ldpipe.infra.runtime.observability import Readiness
 from ldpipe.schemas.config import UseCase
 from ldpipe.schemas.discovery.exceptions import DiscoveryServiceError
@@ -128,7 +120,7 @@ class ReleaseHeader:
         return header
 
 
-class DiscoveryAux:
+class DiscoveryAux(WindowedService):
     """The aux server process of one use case; holds the aux private keys only."""
 
     def __init__(
@@ -173,7 +165,6 @@ class DiscoveryAux:
         self.assembler = WindowAssembler(released=set(), stale_seconds=stale_seconds)
         self._rejects: list[Rejected] = []  # dead letters for the next transaction
         self._source = (self.settings.topics.shuffled, 0)
-        self._max_windows: int | None = None
         name, shuffled = use_case.name, self.settings.topics.shuffled
         self.loop = RunLoop(
             LoopSpec(
@@ -191,7 +182,7 @@ class DiscoveryAux:
                 opened=self._opened,
                 on_revoke=self._on_revoke,
                 at_end=self._at_end,
-                finished=self._finished,
+                finished=self.finished,
             ),
             clients=clients or KafkaClients(kafka),
             crash_point=crash_point,
@@ -219,20 +210,8 @@ class DiscoveryAux:
         self._rejects = []
 
     # ---- the loop -----------------------------------------------------------------------
-    def run(
-        self,
-        stop: threading.Event | None = None,
-        *,
-        max_windows: int | None = None,
-        idle_timeout: float | None = None,
-    ) -> int:
-        """Consume and release windows until ``stop`` is set (or ``max_windows``/idle)."""
-        self._max_windows = max_windows
-        self.loop.run(stop, idle_timeout=idle_timeout)
+    def windows_done(self) -> int:
         return self.windows_processed
-
-    def _finished(self) -> bool:
-        return self._max_windows is not None and self.windows_processed >= self._max_windows
 
     def _process(self, messages: list[Message], _now: float) -> None:
         for msg in messages:

@@ -30,7 +30,6 @@ rebalances and the synchronous commit of step 5 are the core's (``infra/runtime/
 from __future__ import annotations
 
 import logging
-import threading
 from typing import Final
 
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
@@ -54,7 +53,7 @@ from ldpipe.infra.runtime.kafka import (
     produce,
     require_topics,
 )
-from ldpipe.infra.runtime.loop import Handlers, LoopSpec, RunLoop
+from ldpipe.infra.runtime.loop import Handlers, LoopSpec, RunLoop, WindowedService
 from ldpipe.infra.runtime.observability import Readiness
 from ldpipe.schemas.config import UseCase
 from ldpipe.schemas.discovery.exceptions import (
@@ -74,7 +73,7 @@ DEAD_LETTER_STAGE: Final = "discovery-server"
 _ENVELOPE_REASONS: Final = frozenset(reason.value for reason in EnvelopeRejection)
 
 
-class DiscoveryRecorder:
+class DiscoveryRecorder(WindowedService):
     """The server-side consumer of one use case: releases in, discoveries store out, refused
     records to the dead-letter topic."""
 
@@ -111,7 +110,6 @@ class DiscoveryRecorder:
         self._undelivered = 0
         self._pending: list[Message] = []
         self._header: ReleaseHeader | None = None
-        self._max_windows: int | None = None
         self.loop = RunLoop(
             LoopSpec(
                 "discovery_server",
@@ -125,26 +123,14 @@ class DiscoveryRecorder:
                 process=self._process,
                 opened=lambda _consumer, producer: self._check_topics(producer),
                 on_revoke=lambda *_: self._reset(),
-                finished=self._finished,
+                finished=self.finished,
             ),
             clients=clients or KafkaClients(kafka),
             readiness=self.readiness,
         )
 
-    def run(
-        self,
-        stop: threading.Event | None = None,
-        *,
-        max_windows: int | None = None,
-        idle_timeout: float | None = None,
-    ) -> int:
-        """Consume releases and record windows until ``stop`` is set (or ``max_windows``/idle)."""
-        self._max_windows = max_windows
-        self.loop.run(stop, idle_timeout=idle_timeout)
+    def windows_done(self) -> int:
         return self.windows_recorded
-
-    def _finished(self) -> bool:
-        return self._max_windows is not None and self.windows_recorded >= self._max_windows
 
     def _process(self, messages: list[Message], _now: float) -> None:
         for msg in messages:

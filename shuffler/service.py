@@ -33,19 +33,11 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import threading
 import time
 from collections.abc import Callable
 from secrets import token_hex
 
-from confluent_kafka import (
-    Consumer,
-    KafkaError,
-    KafkaException,
-    Message,
-    Producer,
-    TopicPartition,
-)
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from prometheus_client import CollectorRegistry
 
 from ldpipe.infra.runtime.clients import ClientFactory, KafkaClients
@@ -60,7 +52,7 @@ from ldpipe.infra.runtime.kafka import (
     require_topics,
 )
 from ldpipe.infra.runtime.lag import ConsumerLag
-from ldpipe.infra.runtime.loop import Handlers, LoopSpec, RunLoop
+from ldpipe.infra.runtime.loop import Handlers, LoopSpec, RunLoop, WindowedService
 from ldpipe.infra.runtime.observability import Readiness
 from ldpipe.schemas.config import UseCase
 from ldpipe.schemas.envelope import ENVELOPE_VERSION, NESTED_VERSION, EnvelopeError
@@ -95,7 +87,7 @@ log = logging.getLogger(__name__)
 CrashPoint = Callable[[str], None]
 
 
-class Shuffler:
+class Shuffler(WindowedService):
     """One shuffler process for one use case (several share its partitions by consumer group)."""
 
     def __init__(
@@ -175,7 +167,6 @@ class Shuffler:
                 cfg.contribution_limit * self.epsilon0  # basic composition, docs/privacy.md
             )
         self._shuffled_partitions = 1
-        self._max_windows: int | None = None
         self.transactional_id = f"ldpipe-shuffler-{use_case.name}-{instance}"
         # mark each shuffled record with its window (schemas/headers.py): what lets several
         # discovery shufflers share the aux server's topic
@@ -203,7 +194,7 @@ class Shuffler:
                 on_revoke=self._on_revoke,
                 due=self._due,
                 release=self._release,
-                finished=self._finished,
+                finished=self.finished,
             ),
             clients=clients or KafkaClients(kafka),
             crash_point=crash_point,
@@ -302,20 +293,8 @@ class Shuffler:
         return offsets
 
     # ---- the loop -----------------------------------------------------------------------
-    def run(
-        self,
-        stop: threading.Event | None = None,
-        *,
-        max_windows: int | None = None,
-        idle_timeout: float | None = None,
-    ) -> int:
-        """Consume and release windows until ``stop`` is set (or ``max_windows``/idle)."""
-        self._max_windows = max_windows
-        self.loop.run(stop, idle_timeout=idle_timeout)
+    def windows_done(self) -> int:
         return self.windows_released
-
-    def _finished(self) -> bool:
-        return self._max_windows is not None and self.windows_released >= self._max_windows
 
     def _process(self, messages: list[Message], now: float) -> None:
         for msg in messages:

@@ -26,5 +26,4 @@ def crash_point_from_env(variable: str = "LDPIPE_CRASH_AT") -> Callable[[str], N
             if remaining[0] <= 0:
                 os.kill(os.getpid(), signal.SIGKILL)
 
-    crash.point = point  # type: ignore[attr-defined]  # services may prepare for their point
     return crash

@@ -55,6 +55,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -79,6 +80,7 @@ __all__ = [
     "Handlers",
     "LoopSpec",
     "RunLoop",
+    "WindowedService",
     "offsets_after",
 ]
 
@@ -404,3 +406,33 @@ class RunLoop:
             offset = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
             consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
         self._rewound = True
+
+
+class WindowedService(ABC):
+    """A service on a :class:`RunLoop` whose work comes in windows: :meth:`run` until stopped,
+    idle, or ``max_windows`` done. A subclass sets ``loop`` (with ``finished=self.finished``)
+    and says how many windows it has done."""
+
+    loop: RunLoop
+    _max_windows: int | None = None
+
+    @abstractmethod
+    def windows_done(self) -> int:
+        """How many windows this process has released (or recorded) so far."""
+
+    def run(
+        self,
+        stop: threading.Event | None = None,
+        *,
+        max_windows: int | None = None,
+        idle_timeout: float | None = None,
+    ) -> int:
+        """Consume and release windows until ``stop`` is set (or ``max_windows``/idle); returns
+        the number of windows done."""
+        self._max_windows = max_windows
+        self.loop.run(stop, idle_timeout=idle_timeout)
+        return self.windows_done()
+
+    def finished(self) -> bool:
+        """``max_windows`` are done (the loop's ``finished`` handler)."""
+        return self._max_windows is not None and self.windows_done() >= self._max_windows

@@ -18,6 +18,7 @@ from ldpipe.aggregator.data_loss import LogBounds
 from ldpipe.aggregator.options import AggregatorOptions
 from ldpipe.aggregator.remembered import LogHistory
 from ldpipe.aggregator.service import Aggregator
+from ldpipe.infra.runtime.clients import ClientFactory
 from ldpipe.infra.runtime.kafka import KafkaSettings
 from ldpipe.schemas.config import UseCase, parse_config
 from ldpipe.schemas.envelope import PrivateKeyLookup
@@ -52,6 +53,7 @@ def make_aggregator(
     bounds: LogBounds | None = None,
     history: LogHistory | None = None,
     registry: CollectorRegistry | None = None,
+    clients: ClientFactory | None = None,
     **options: Any,
 ) -> Aggregator:
     """An aggregator of ``use_case`` named ``member`` with its checkpoints in ``checkpoints``
@@ -64,4 +66,5 @@ def make_aggregator(
         registry=registry,
         bounds=bounds,
         history=history,
+        clients=clients,
     )

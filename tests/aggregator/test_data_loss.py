@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, KafkaError
@@ -20,6 +21,7 @@ from ldpipe.aggregator.data_loss import DataLoss, find_data_loss
 from ldpipe.aggregator.exceptions import AggregatorError
 from ldpipe.aggregator.service import Aggregator
 from ldpipe.aggregator.store import SketchStore
+from ldpipe.infra.runtime.fakes import FakeClients, FakeConsumer, FakeError, FakeMessage
 from ldpipe.schemas.config import UseCase
 from tests.aggregator_helpers import EMOJI, emoji, make_aggregator
 from tests.fake_kafka import StubMessage
@@ -226,3 +228,38 @@ def test_an_out_of_range_consumer_error_stops_the_aggregator(tmp_path: Path) -> 
     error = agg.data_loss.out_of_range(message, agg.partitions.position(1))  # type: ignore[arg-type]
     with pytest.raises(AggregatorError, match=r"partition 1 of \S+ ends at 40 .*lost data"):
         raise error
+
+
+class _Listing(FakeConsumer):
+    """The fake consumer of ``infra/runtime/fakes.py`` with the shuffled topic's listing."""
+
+    def list_topics(self, timeout: float = -1) -> SimpleNamespace:
+        partitions = {0: None, 1: None}
+        return SimpleNamespace(topics={TOPIC: SimpleNamespace(error=None, partitions=partitions)})
+
+
+class _Clients(FakeClients):
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.consumer_ = _Listing(list(self.batches), self.events, dict(self.committed))
+
+
+def test_on_the_run_loop_an_out_of_range_error_stops_without_sealing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loop (``infra/runtime/loop.py``) hands the consumer error to the aggregator, which
+    stops in one line; nothing is sealed on the way out, and the partition is handed back."""
+    monkeypatch.setattr("ldpipe.aggregator.decoding.read_epochs", lambda _kafka, _uc: [])
+    error = FakeError(KafkaError._AUTO_OFFSET_RESET)
+    clients = _Clients([[FakeMessage(TOPIC, 0, 51_000, error_=error)]])
+    bounds = Bounds({0: (0, 40)})
+    agg = make_aggregator(
+        _use_case(tmp_path), tmp_path / "ckpt", MEMBER, bounds=bounds, clients=clients
+    )
+    with pytest.raises(AggregatorError, match=r"^partition 0 of \S+ ends at 40 .*51000") as info:
+        agg.run(idle_timeout=5.0)
+    assert "\n" not in str(info.value)
+    assert clients.events[:4] == ["subscribe", "on_assign", "incremental_assign", "consume"]
+    assert clients.events[-4:] == ["close", "revoke", "incremental_unassign", "flush"]
+    assert agg.partitions.owned == set()  # released, not sealed: the store has no commit
+    assert SketchStore(tmp_path / "store", "emoji").committed_offsets(TOPIC, [0]) == {0: None}

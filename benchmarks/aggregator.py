@@ -15,16 +15,16 @@ seal) outside every timing; the payload is 134 bytes at both k.
 1. bare HPKE: ``Suite(X25519, HKDF_SHA256, CHACHA20_POLY1305).decrypt`` over the N envelopes'
    ``enc || ciphertext`` with their header as ``info``, split off beforehand: the ceiling.
    ``open_many`` (header parse + key lookup + the same decrypt) is measured next to it.
-2. aggregator path, one process, no Kafka: the calls ``Aggregator._process`` makes per batch
+2. aggregator path, one process, no Kafka: the calls ``Aggregator.process_batch`` makes per batch
    of 5,000 consumed values: ``SeenReports.filter`` (dedupe), ``decode_epochs`` (``open_many``
    + payload decode; ``decode_batch`` is its one-codec wrapper) and ``WindowedSketches.add``
    (accumulate), over the same N envelopes, into a window whose sketch is already paged in
-   (steady state), timed by stage, at both k. Next to it, ``Aggregator._process`` itself (a
+   (steady state), timed by stage, at both k. Next to it, ``Aggregator.process_batch`` itself (a
    real ``Aggregator``, never connected) on stub messages carrying the same envelopes: the
    service's whole per-batch work (metrics, epoch check, timestamps) except librdkafka's.
    All cases run interleaved batch by batch in a rotating order; each figure is the best of
    ``--repeats`` rounds; "x bare" = bare time / path time. If any is below 0.8 of bare (CPU),
-   or with ``--profile``, ``_process`` is profiled with cProfile.
+   or with ``--profile``, ``process_batch`` is profiled with cProfile.
 3. processes: the same path in 1 and in 2 forked processes, each with its share of the N
    envelopes, started together at a barrier; aggregate rate = N / (last end - first start),
    and the share of a core the processes actually got (CPU s / wall s / processes).
@@ -73,7 +73,8 @@ from cryptography.hazmat.primitives import hpke
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from ldpipe.aggregator.dedupe import SeenReports
-from ldpipe.aggregator.service import Aggregator, AggregatorOptions
+from ldpipe.aggregator.options import AggregatorOptions
+from ldpipe.aggregator.service import Aggregator
 from ldpipe.aggregator.snapshot import DEFAULT_COMPRESSION, Compression, write_snapshot
 from ldpipe.aggregator.snapshot_contents import SnapshotFile, WindowSketch
 from ldpipe.aggregator.windows import WindowedSketches, decode_epochs
@@ -141,7 +142,7 @@ def split_for_hpke(envelopes: Sequence[bytes]) -> list[tuple[bytes, bytes]]:
 # ---- 1. bare HPKE ----------------------------------------------------------------------------
 @dataclass
 class PassTimes:
-    """Wall and CPU seconds of a pass; stages (CPU) as in ``Aggregator._process``.
+    """Wall and CPU seconds of a pass; stages (CPU) as in ``Aggregator.process_batch``.
 
     CPU time (``time.process_time``) is what this process itself used: on a shared machine it
     moves far less with other load than wall time does, so ratios use it.
@@ -171,7 +172,7 @@ def bare_open(sealed: Sequence[tuple[bytes, bytes]], key: X25519PrivateKey) -> P
 
 # ---- 2. the aggregator path ------------------------------------------------------------------
 class AggregatorPath:
-    """The calls ``Aggregator._process`` makes per batch, without Kafka, timed by stage.
+    """The calls ``Aggregator.process_batch`` makes per batch, without Kafka, timed by stage.
 
     ``SeenReports.filter`` (dedupe); ``decode_epochs`` (``open_many`` + each epoch's payload
     decode; ``decode_batch`` is its one-codec wrapper); ``WindowedSketches.add`` per epoch.
@@ -257,7 +258,7 @@ class AggregatorPath:
 
 
 class StubMessage:
-    """What ``Aggregator._process`` reads of a consumed ``confluent_kafka.Message``."""
+    """What ``Aggregator.process_batch`` reads of a consumed ``confluent_kafka.Message``."""
 
     __slots__ = ("_offset", "_value")
 
@@ -291,7 +292,7 @@ class StubProducer:
 
 
 class ServicePath:
-    """``Aggregator._process`` itself (metrics, epoch check, dedupe, decode, add) on stub
+    """``Aggregator.process_batch`` itself (metrics, epoch check, dedupe, decode, add) on stub
     messages: all of the service's per-batch work except librdkafka's."""
 
     def __init__(self, use_case: UseCase, keyring: KeyRing, envelopes: Sequence[bytes]) -> None:
@@ -299,17 +300,18 @@ class ServicePath:
             use_case, KafkaSettings("127.0.0.1:9"), keyring, AggregatorOptions()
         )
         self.messages = [StubMessage(value, i) for i, value in enumerate(envelopes)]
-        self.producer = cast(Producer, StubProducer())
-        self.aggregator._epochs_loaded = time.monotonic()  # as run() leaves it at start
-        self.aggregator.owned = {0}  # the stub messages' partition, as take() leaves it
+        self.aggregator.dead_letters.producer = cast(Producer, StubProducer())  # as run() does
+        self.aggregator.decoder.loaded = time.monotonic()  # as run() leaves it at start
+        # the stub messages' partition, as take() leaves it
+        self.aggregator.partitions.take(0, base=None, offset=None)
 
     def begin(self) -> None:
-        self.aggregator.seen = {}  # per partition, made empty on first use
+        self.aggregator.dedupe.forget([0])  # per partition, made empty on first use
 
     def step(self, start: int) -> PassTimes:
         batch = cast(list[Message], self.messages[start : start + BATCH])
         wall, cpu = time.perf_counter(), time.process_time()
-        accepted = self.aggregator._process(batch, self.producer)
+        accepted = self.aggregator.process_batch(batch)
         return PassTimes(
             wall=time.perf_counter() - wall, cpu=time.process_time() - cpu, accepted=accepted
         )
@@ -340,7 +342,7 @@ class PathResult:
 @dataclass(frozen=True)
 class InProcess:
     """Sections 1-2: best wall and CPU times over all N of bare HPKE, ``open_many`` and
-    ``Aggregator._process``; the component paths by k."""
+    ``Aggregator.process_batch``; the component paths by k."""
 
     bare: PassTimes
     open_many: PassTimes
@@ -358,7 +360,7 @@ def in_process(
     use_cases: dict[int, UseCase],
     repeats: int,
 ) -> tuple[InProcess, dict[int, AggregatorPath], ServicePath]:
-    """Bare HPKE, ``open_many``, ``_process`` and the path at each k, interleaved by batch.
+    """Bare HPKE, ``open_many``, ``process_batch`` and the path at each k, interleaved by batch.
 
     Interleaving at the batch (~0.3 s) in a rotating order, rather than pass after pass, keeps
     a burst of other load from landing on one case only.
@@ -426,12 +428,12 @@ def in_process(
             )
         )
     if any(r[SERVICE].accepted != n for r in rounds):
-        raise RuntimeError(f"Aggregator._process accepted fewer than {n} reports in a round")
+        raise RuntimeError(f"Aggregator.process_batch accepted fewer than {n} reports in a round")
     return InProcess(bare, best(OPEN_MANY), best(SERVICE), results), paths, service
 
 
 def profile_path(service: ServicePath) -> list[dict[str, Any]]:
-    """cProfile one pass of ``Aggregator._process``; the functions costing the most own time."""
+    """cProfile one pass of ``Aggregator.process_batch``; the functions costing most own time."""
     n = len(service.messages)
     service.begin()
     profiler = cProfile.Profile()
@@ -767,7 +769,7 @@ def render_in_process(report: Report) -> list[str]:
     for p in measured.paths:
         ratios = ", ".join(f"{r:.2f}" for r in p.round_ratios_cpu)
         rows.append(row(f"{p.name} (dedupe+decode+add)", n / p.rate, n / p.cpu_rate, ratios))
-    rows.append(row(f"Aggregator._process k={APPLE_K}, stub msgs", service.wall, service.cpu))
+    rows.append(row(f"Aggregator.process_batch k={APPLE_K}, stub msgs", service.wall, service.cpu))
     stages = [
         [
             f"k={p.k}",
@@ -806,7 +808,7 @@ def render_profile(report: Report) -> list[str]:
         for r in report.profile
     ]
     return [
-        f"cProfile of one Aggregator._process pass, k={APPLE_K} (the profiler inflates small "
+        f"cProfile of one Aggregator.process_batch pass, k={APPLE_K} (the profiler inflates small "
         "calls):",
         table(["function (by own time)", "calls", "own s", "us/report", "cum s"], rows),
     ]
@@ -975,7 +977,7 @@ def main(argv: list[str] | None = None) -> int:
     report.in_process = measured
     ratios = [p.ratio_cpu for p in measured.paths] + [measured.bare.cpu / measured.service.cpu]
     if args.profile or min(ratios) < TARGET_RATIO:
-        progress("   profiling Aggregator._process ...")
+        progress("   profiling Aggregator.process_batch ...")
         report.profile = profile_path(service)
     del paths, service  # free the sketches (512 MiB each at k=65536) before the processes
 

@@ -110,7 +110,7 @@ class UseCase:
 
     @cached_property
     def sfp_params(self) -> SfpParams:
-        """The SFP settings both halves share (``discovery/sfp.py``); ``ConfigError`` if this
+        """The SFP settings both halves share (``schemas/discovery/sfp_words.py``); ``ConfigError`` if this
         is not an SFP use case."""
         if self.sfp is None:
             raise ConfigError(

@@ -7,12 +7,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ldpipe.infra.runtime.fakes import FakeClients
 from ldpipe.infra.runtime.kafka import KafkaSettings
 from ldpipe.schemas.config import parse_config
 from ldpipe.shuffler.service import Shuffler
 from tests.aggregator.test_dead_letter_accounting import TOPIC, _aggregator
 from tests.fake_kafka import StubMessage, StubProducer
-from tests.shuffler.test_window_headers import CONFIG, FakeConsumer, FakeProducer
+from tests.shuffler.test_window_headers import CONFIG
 
 SECRET = bytes(range(7, 71))  # 64 distinctive bytes as the refused value
 
@@ -35,9 +36,10 @@ def assert_both_sets(headers: dict[str, bytes], stage: str, reason: str, source:
 
 def test_the_aggregators_dead_letter(tmp_path: Path) -> None:
     agg = _aggregator(tmp_path)
-    producer = StubProducer()
+    producer = agg.dead_letters.producer
+    assert isinstance(producer, StubProducer)
     message: Any = StubMessage(SECRET, 7, topic=TOPIC, partition=1)
-    agg._dead_letter(producer, message, "payload", "wrong_length")  # type: ignore[arg-type]
+    agg.dead_letters.send(message, "payload", "wrong_length")
     (record,) = producer.records
     headers = dict(record["headers"])
     assert_both_sets(headers, "aggregator", "wrong_length", f"{TOPIC}:1:7")
@@ -46,11 +48,13 @@ def test_the_aggregators_dead_letter(tmp_path: Path) -> None:
 
 def test_the_shufflers_dead_letters() -> None:
     uc = parse_config(CONFIG).use_case("words")
-    shuffler = Shuffler(uc, KafkaSettings("127.0.0.1:1"), instance="a", window_headers=True)
+    shuffler = Shuffler(
+        uc, KafkaSettings("127.0.0.1:1"), instance="a", window_headers=True, clients=FakeClients([])
+    )
     shuffler.window.reject(SECRET, "contribution_limit", ("ldp.words.reports", 0, 3))
     shuffler.window.reject(SECRET, "outer_too_short", ("ldp.words.reports", 2, 4), layer="outer")
-    producer = FakeProducer()
-    assert shuffler._release(FakeConsumer(), producer, 1e9)  # type: ignore[arg-type]
+    _consumer, producer = shuffler.loop.open()
+    assert shuffler._release(1e9)
     letters = [dict(kw["headers"]) for topic, kw in producer.records if topic == uc.topics.dlq]
     assert len(letters) == 2
     assert_both_sets(letters[0], "shuffler", "contribution_limit", "ldp.words.reports:0:3")

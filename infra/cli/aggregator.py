@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ldpipe.aggregator.service import Aggregator, AggregatorOptions
+from ldpipe.aggregator.options import AggregatorOptions
+from ldpipe.aggregator.service import Aggregator
 from ldpipe.infra.cli.argtypes import positive_seconds
 from ldpipe.infra.cli.common import add_service_args, service_context, stop_on_signals
 from ldpipe.infra.runtime.crash import crash_point_from_env

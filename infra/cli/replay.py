@@ -20,7 +20,8 @@ from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
 
-from ldpipe.aggregator.service import Aggregator, AggregatorOptions
+from ldpipe.aggregator.options import AggregatorOptions
+from ldpipe.aggregator.service import Aggregator
 from ldpipe.infra.cli.common import add_service_args, service_context, stop_on_signals
 from ldpipe.infra.storage.sketch_store import open_sketch_store
 from ldpipe.schemas.keys import KeyRing
@@ -124,8 +125,8 @@ def run(args: argparse.Namespace) -> int:
     windows = sorted({s.span for s in store.segments()})
     summary = {
         "aggregated": aggregated,
-        "rejected": aggregator.rejected,
-        "offsets": {str(p): o for p, o in sorted(aggregator.offsets.items())},
+        "rejected": aggregator.dead_letters.rejected,
+        "offsets": {str(p): o for p, o in sorted(aggregator.partitions.offsets.items())},
         "windows": windows,
         "store": uri,
         "seconds": time.perf_counter() - started,
@@ -135,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
         print()
     else:
         print(
-            f"replayed {aggregated:,} reports ({aggregator.rejected} rejected) into {uri} "
+            f"replayed {aggregated:,} reports ({summary['rejected']} rejected) into {uri} "
             f"in {summary['seconds']:.1f} s; offsets {summary['offsets']}"
         )
     return 0

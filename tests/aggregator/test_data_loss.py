@@ -11,31 +11,23 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, KafkaError
 from prometheus_client import CollectorRegistry
 
+from ldpipe.aggregator.data_loss import DataLoss, find_data_loss
 from ldpipe.aggregator.exceptions import AggregatorError
-from ldpipe.aggregator.service import Aggregator, AggregatorOptions, DataLoss, find_data_loss
-from ldpipe.infra.runtime.kafka import KafkaSettings
+from ldpipe.aggregator.service import Aggregator
+from ldpipe.infra.runtime.fakes import FakeClients, FakeConsumer, FakeError, FakeMessage
 from ldpipe.infra.storage.sketch_store import SketchStore
-from ldpipe.schemas.config import UseCase, parse_config
-from ldpipe.schemas.keys import KeyPair, KeyRing
-from tests.fake_kafka import StubMessage, StubProducer
+from ldpipe.schemas.config import UseCase
+from tests.aggregator_helpers import EMOJI, emoji, make_aggregator
+from tests.fake_kafka import StubMessage
 from tests.store_helpers import seal_windows
 
-CONFIG = """
-[[use_case]]
-name = "emoji"
-mechanism = "cms"
-epsilon = 4.0
-k = 16
-m = 32
-
-[use_case.store]
-uri = "store"
-"""
+CONFIG = EMOJI + '\n[use_case.store]\nuri = "store"\n'
 TOPIC = "ldp.emoji.shuffled"
 MEMBER = "emoji-a"
 
@@ -55,7 +47,7 @@ class Bounds:
 
 def _use_case(tmp_path: Path) -> UseCase:
     """The use case with its store in ``tmp_path/store`` (relative to the config's base)."""
-    return parse_config(CONFIG, base=tmp_path).use_case("emoji")
+    return emoji(tmp_path, CONFIG)
 
 
 def _aggregator(
@@ -65,16 +57,13 @@ def _aggregator(
     after: bool = False,
     registry: CollectorRegistry | None = None,
 ) -> Aggregator:
-    options = AggregatorOptions(
-        member=MEMBER, checkpoint_dir=tmp_path / "ckpt", after_data_loss=after
-    )
-    return Aggregator(
+    return make_aggregator(
         _use_case(tmp_path),
-        KafkaSettings("127.0.0.1:1"),
-        KeyRing([KeyPair.generate(1)]),
-        options,
+        tmp_path / "ckpt",
+        MEMBER,
         registry=registry,
         bounds=bounds,
+        after_data_loss=after,
     )
 
 
@@ -126,7 +115,7 @@ def test_a_store_position_beyond_the_log_end_stops_in_one_line_and_sets_the_metr
         )
         is None
     )
-    assert agg.offsets == {0: 51_000, 1: 4000}  # nothing changed
+    assert agg.partitions.offsets == {0: 51_000, 1: 4000}  # nothing changed
     assert store.version() == version
     assert store.committed_offsets(TOPIC, [0, 1]) == {0: 51_000, 1: 4000}
     assert _files(tmp_path) == before  # neither the store nor a checkpoint was written
@@ -136,7 +125,7 @@ def test_a_checkpoint_position_beyond_the_log_end_names_the_checkpoint(tmp_path:
     _committed_at(tmp_path, {0: 100})
     first = _aggregator(tmp_path, Bounds({0: (0, 60_000)}))
     first.take([0])
-    first.offsets[0] = 51_000  # consumed up to there before the broker lost its log
+    first.partitions.advance(0, 51_000)  # consumed up to there before the broker lost its log
     path = first.checkpoint()
     assert path is not None
 
@@ -170,10 +159,10 @@ def test_after_data_loss_resumes_only_the_lost_partitions_at_the_log_start(
     _committed_at(tmp_path, {0: 51_000, 1: 4000, 2: 10})
     agg = _aggregator(tmp_path, Bounds({0: (0, 5012), 1: (0, 5003), 2: (300, 900)}), after=True)
     assert not agg.dirty
-    with caplog.at_level("WARNING", logger="ldpipe.aggregator.service"):
+    with caplog.at_level("WARNING", logger="ldpipe.aggregator.data_loss"):
         assigned = agg.take([0, 1, 2])
     assert [(tp.partition, tp.offset) for tp in assigned] == [(0, 0), (1, 4000), (2, 300)]
-    assert agg.offsets == {0: 0, 1: 4000, 2: 300}
+    assert agg.partitions.offsets == {0: 0, 1: 4000, 2: 300}
     assert agg.dirty  # the next checkpoint records the new positions
     lines = [r.getMessage() for r in caplog.records if "--after-data-loss" in r.getMessage()]
     assert len(lines) == 2
@@ -189,13 +178,13 @@ def test_no_store_commit_no_probe(tmp_path: Path) -> None:
         (0, OFFSET_BEGINNING),
         (1, OFFSET_BEGINNING),
     ]
-    assert agg.offsets == {} and agg.bases == {0: None, 1: None}
+    assert agg.partitions.offsets == {} and agg.partitions.bases == {0: None, 1: None}
     assert agg.check_positions([0, 1]) == []
     assert bounds.asked == []  # nothing recovered: the log bounds are never asked for
 
 
 class _Watermarks:
-    """A consumer's cached high watermarks (what ``_check_live`` asks of it)."""
+    """A consumer's cached high watermarks (what the live check asks of it)."""
 
     def __init__(self, high: Mapping[int, int]) -> None:
         self.high = dict(high)
@@ -219,13 +208,13 @@ def test_a_broker_restarted_under_a_running_aggregator_stops_it(tmp_path: Path) 
     bounds = Bounds({0: (0, 120), 1: (0, 4000)})
     registry = CollectorRegistry()
     agg = _aggregator(tmp_path, bounds, registry=registry)
-    agg.offsets = {0: 51_000, 1: 4000}
-    agg._check_live(_Watermarks({0: 51_000, 1: 4000}), [0, 1])  # type: ignore[arg-type]
+    positions = {0: 51_000, 1: 4000}
+    agg.data_loss.live(_Watermarks({0: 51_000, 1: 4000}), positions)  # type: ignore[arg-type]
     assert bounds.asked == []  # no position past its high watermark: nothing to probe
     with pytest.raises(
         AggregatorError, match=r"partition 0 of \S+ ends at 120 .*position is 51000"
     ):
-        agg._check_live(_Watermarks({0: 100, 1: 4000}), [0, 1])  # type: ignore[arg-type]
+        agg.data_loss.live(_Watermarks({0: 100, 1: 4000}), positions)  # type: ignore[arg-type]
     assert bounds.asked == [[0]]
     labels = {"use_case": "emoji", "partition": "0"}
     assert registry.get_sample_value("ldpipe_aggregator_broker_data_loss", labels) == 1
@@ -233,7 +222,44 @@ def test_a_broker_restarted_under_a_running_aggregator_stops_it(tmp_path: Path) 
 
 def test_an_out_of_range_consumer_error_stops_the_aggregator(tmp_path: Path) -> None:
     agg = _aggregator(tmp_path, Bounds({1: (0, 40)}))
-    agg.offsets = {1: 900}
+    agg.partitions.take(1, base=None, offset=900)
     message = _ErrorMessage(1, KafkaError._AUTO_OFFSET_RESET)
+    # what the run loop raises on this consumer error (infra/runtime/loop.py, out_of_range)
+    error = agg.data_loss.out_of_range(message, agg.partitions.position(1))  # type: ignore[arg-type]
     with pytest.raises(AggregatorError, match=r"partition 1 of \S+ ends at 40 .*lost data"):
-        agg._process([message], StubProducer())  # type: ignore[list-item, arg-type]
+        raise error
+
+
+class _Listing(FakeConsumer):
+    """The fake consumer of ``infra/runtime/fakes.py`` with the shuffled topic's listing."""
+
+    def list_topics(self, timeout: float = -1) -> SimpleNamespace:
+        partitions = {0: None, 1: None}
+        return SimpleNamespace(topics={TOPIC: SimpleNamespace(error=None, partitions=partitions)})
+
+
+class _Clients(FakeClients):
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.consumer_ = _Listing(list(self.batches), self.events, dict(self.committed))
+
+
+def test_on_the_run_loop_an_out_of_range_error_stops_without_sealing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loop (``infra/runtime/loop.py``) hands the consumer error to the aggregator, which
+    stops in one line; nothing is sealed on the way out, and the partition is handed back."""
+    monkeypatch.setattr("ldpipe.aggregator.decoding.read_epochs", lambda _kafka, _uc: [])
+    error = FakeError(KafkaError._AUTO_OFFSET_RESET)
+    clients = _Clients([[FakeMessage(TOPIC, 0, 51_000, error_=error)]])
+    bounds = Bounds({0: (0, 40)})
+    agg = make_aggregator(
+        _use_case(tmp_path), tmp_path / "ckpt", MEMBER, bounds=bounds, clients=clients
+    )
+    with pytest.raises(AggregatorError, match=r"^partition 0 of \S+ ends at 40 .*51000") as info:
+        agg.run(idle_timeout=5.0)
+    assert "\n" not in str(info.value)
+    assert clients.events[:4] == ["subscribe", "on_assign", "incremental_assign", "consume"]
+    assert clients.events[-4:] == ["close", "revoke", "incremental_unassign", "flush"]
+    assert agg.partitions.owned == set()  # released, not sealed: the store has no commit
+    assert SketchStore(tmp_path / "store", "emoji").committed_offsets(TOPIC, [0]) == {0: None}

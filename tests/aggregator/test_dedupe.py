@@ -1,12 +1,15 @@
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 
 from ldpipe.aggregator.dedupe import SeenReports, envelope_digest
+from ldpipe.aggregator.remembered import RememberedReports
 from ldpipe.aggregator.snapshot import read_snapshot, write_snapshot
 from ldpipe.aggregator.snapshot_contents import SnapshotFile
+from tests.fake_kafka import StubMessage
 
 
 def test_copies_are_dropped_within_the_horizon() -> None:
@@ -37,34 +40,33 @@ def test_snapshot_without_seen_reads_empty(tmp_path: Path) -> None:
     assert back.seen.dtype == np.uint64 and len(back.seen) == 0
 
 
-def test_a_copy_is_dropped_by_the_partitions_next_owner_too(tmp_path: Path) -> None:
+def test_a_copy_is_dropped_by_the_partitions_next_owner_too() -> None:
     """Dedupe sets are per partition and rebuilt from the log before the position, so a copy
     published after a rebalance or a crash is dropped whoever owns the partition then."""
-    from ldpipe.aggregator.service import Aggregator, AggregatorOptions
-    from ldpipe.infra.runtime.kafka import KafkaSettings
-    from ldpipe.schemas.config import parse_config
-    from ldpipe.schemas.keys import KeyPair, KeyRing
-    from tests.fake_kafka import StubMessage
-
-    uc = parse_config('[[use_case]]\nname = "emoji"\nmechanism = "cms"\nk = 16\nm = 32\n'
-                      "epsilon = 4.0\n").use_case("emoji")  # fmt: skip
     log = {0: [f"report {i}".encode() for i in range(10)], 1: [b"other"]}
     asked: list[dict[int, tuple[int, int]]] = []
 
-    def history(ranges: dict[int, tuple[int, int]]) -> dict[int, list[int]]:
+    def history(ranges: Mapping[int, tuple[int, int]]) -> dict[int, list[int]]:
         asked.append(dict(ranges))
         return {p: [envelope_digest(v) for v in log[p][a:b]] for p, (a, b) in ranges.items()}
 
-    options = AggregatorOptions(member="next", store_uri=str(tmp_path / "s"),
-                                checkpoint_dir=tmp_path / "c", dedupe_horizon=2_000)  # fmt: skip
-    agg = Aggregator(uc, KafkaSettings("127.0.0.1:1"), KeyRing([KeyPair.generate(1)]), options,
-                     history=history)  # fmt: skip
-    agg._partitions_total = 2
-    agg.offsets = {0: 10, 1: 0}
-    agg.remember([0, 1])
+    remembered = RememberedReports(2_000, history, partitions_total=2)
+    remembered.remember({0: 10, 1: 0})
     assert asked == [{0: (0, 10)}]  # nothing before offset 0 of partition 1
     copies = [StubMessage(b"report 5", 12), StubMessage(b"report 5", 3, partition=1),
               StubMessage(b"new", 13), StubMessage(b"new", 14)]  # fmt: skip
     # the copy in partition 0 goes; the same bytes in partition 1 are that partition's first
-    assert agg._fresh(copies) == [1, 2]
-    assert agg.horizon_per_partition == 1_000
+    assert remembered.fresh(copies) == [1, 2]  # type: ignore[arg-type]
+    assert remembered.horizon_per_partition == 1_000
+    remembered.forget([0])
+    assert sorted(remembered.sets) == [1]
+
+
+def test_the_horizon_is_shared_by_the_partitions_at_least_1000_each() -> None:
+    def nothing(ranges: Mapping[int, tuple[int, int]]) -> dict[int, list[int]]:
+        raise AssertionError("no history asked for")
+
+    assert RememberedReports(0, nothing, partitions_total=4).horizon_per_partition == 0
+    assert RememberedReports(100_000, nothing, partitions_total=4).horizon_per_partition == 25_000
+    assert RememberedReports(2_000, nothing, partitions_total=4).horizon_per_partition == 1_000
+    RememberedReports(0, nothing).remember({0: 500})  # horizon 0: nothing to read

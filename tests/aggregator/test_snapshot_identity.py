@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +19,9 @@ import pytest
 
 import ldpipe.aggregator.snapshot as snapshot_module
 from ldpipe.aggregator.dedupe import envelope_digest
-from ldpipe.aggregator.service import Aggregator, AggregatorOptions
+from ldpipe.aggregator.options import AggregatorOptions
+from ldpipe.aggregator.remembered import LogHistory
+from ldpipe.aggregator.service import Aggregator
 from ldpipe.aggregator.snapshot import (
     SnapshotIdentityError,
     list_snapshots,
@@ -30,10 +32,9 @@ from ldpipe.aggregator.snapshot import (
 )
 from ldpipe.aggregator.snapshot_contents import SnapshotFile, WindowSketch, snapshot_name
 from ldpipe.aggregator.snapshot_files import latest_snapshot, prune
-from ldpipe.infra.runtime.kafka import KafkaSettings
 from ldpipe.schemas.config import UseCase, load_config
 from ldpipe.schemas.errors import SnapshotError
-from ldpipe.schemas.keys import KeyPair, KeyRing
+from tests.aggregator_helpers import make_aggregator, whole_log
 from tests.fake_kafka import StubMessage
 from tests.store_helpers import seal_windows
 
@@ -92,21 +93,11 @@ def copy_as(source: Path, writer: str) -> Path:
     return target
 
 
-def log_bounds(parts: Sequence[int]) -> dict[int, tuple[int, int]]:
-    """A log holding every position the tests use (no data loss, no broker)."""
-    return {p: (0, 1_000_000) for p in parts}
-
-
-def aggregator(use_case: UseCase, directory: Path, member: str) -> Aggregator:
+def aggregator(
+    use_case: UseCase, directory: Path, member: str, history: LogHistory | None = None
+) -> Aggregator:
     """A member with its checkpoints in ``directory``; its store is the use case's."""
-    opts = AggregatorOptions(member=member, checkpoint_dir=directory)
-    return Aggregator(
-        use_case,
-        KafkaSettings("127.0.0.1:9"),
-        KeyRing([KeyPair.generate()]),
-        opts,
-        bounds=log_bounds,
-    )
+    return make_aggregator(use_case, directory, member, bounds=whole_log, history=history)
 
 
 # ---- reading ---------------------------------------------------------------------------------
@@ -220,7 +211,8 @@ def test_take_stops_on_another_writers_checkpoint_under_its_name(
         f"renamed; move it out of {directory}"
     )
     assert isinstance(info.value, SnapshotError)  # one line, exit 1 from the command line
-    assert agg.owned == set() and agg.offsets == {} and agg.windows.sketches == {}
+    assert agg.partitions.owned == set() and agg.partitions.offsets == {}
+    assert agg.windows.sketches == {}
 
 
 def _checkpoint_with_an_open_window(
@@ -232,10 +224,10 @@ def _checkpoint_with_an_open_window(
     agg.take([0, 2])
     open_window = window(use_case, rng)
     key = (use_case.epoch, 3600, 7200)
-    agg.windows.sketches[key] = open_window.sketch.copy()
+    agg.windows.restore(key, open_window.sketch.copy())
     agg.spans.record(key, 0, 100, 110)
-    agg.offsets[0] = 111
-    agg.latest[0] = 3700
+    agg.partitions.advance(0, 111)
+    agg.partitions.note_records([(0, 3700_000)])
     path = agg.checkpoint()
     assert path is not None and path.name == snapshot_name("emoji-a", 1)
     newer = agg.checkpoint()
@@ -252,29 +244,29 @@ def test_take_restores_its_own_checkpoint_when_the_store_offsets_match(
     path, open_window = _checkpoint_with_an_open_window(use_case, directory, rng)
     write(directory, "emoji-b", 1, (1, 3), (window(use_case, rng),))  # another member's
 
-    agg = aggregator(use_case, directory, "emoji-a")
+    asked: list[dict[int, tuple[int, int]]] = []
+
+    def history(ranges: Mapping[int, tuple[int, int]]) -> dict[int, list[int]]:
+        asked.append(dict(ranges))
+        return {p: [envelope_digest(b"report 110")] for p in ranges}
+
+    agg = aggregator(use_case, directory, "emoji-a", history)
     assigned = agg.take([0, 2])
 
     key = (use_case.epoch, 3600, 7200)
     assert [(tp.partition, tp.offset) for tp in assigned] == [(0, 111), (2, 50)]
-    assert agg.offsets == {0: 111, 2: 50} and agg.bases == {0: 100, 2: 50}
+    assert agg.partitions.offsets == {0: 111, 2: 50} and agg.partitions.bases == {0: 100, 2: 50}
     assert list(agg.windows.sketches) == [key]
     np.testing.assert_array_equal(agg.windows.sketches[key].counts, open_window.sketch.counts)
-    assert agg.spans.spans == {key: {0: [100, 110]}} and agg.latest == {0: 3700}
+    assert agg.spans.spans == {key: {0: [100, 110]}} and agg.partitions.latest == {0: 3700}
     # its dedupe sets come from the log before its positions, not from the checkpoint
-    asked: list[dict[int, tuple[int, int]]] = []
-    agg._history = lambda ranges: (
-        asked.append(dict(ranges))
-        or {  # type: ignore[assignment]
-            p: [envelope_digest(b"report 110")] for p in ranges
-        }
-    )
     agg.remember([0, 2])
-    horizon = agg.horizon_per_partition
+    horizon = agg.dedupe.horizon_per_partition
     assert asked == [{0: (max(0, 111 - horizon), 111), 2: (max(0, 50 - horizon), 50)}]
-    assert agg._fresh([StubMessage(b"report 110", 111)]) == []
-    assert agg._fresh([StubMessage(b"report 111", 112)]) == [0]
-    assert agg._sources == {0: f"checkpoint {path.name}", 2: f"checkpoint {path.name}"}
+    assert agg.dedupe.fresh([StubMessage(b"report 110", 111)]) == []  # type: ignore[list-item]
+    assert agg.dedupe.fresh([StubMessage(b"report 111", 112)]) == [0]  # type: ignore[list-item]
+    checkpoint = f"checkpoint {path.name}"
+    assert agg.partitions.sources == {0: checkpoint, 2: checkpoint}
     # sealing the restored window commits from the checkpoint's bases: nothing read twice
     assert agg.seal(force=True) == 1
     assert store.committed_offsets(TOPIC, [0, 2]) == {0: 111, 2: 50}
@@ -300,13 +292,13 @@ def test_take_ignores_its_checkpoint_unless_it_starts_from_the_store_offsets(
     else:  # given p0 only: the checkpoint also holds p2, which another member may count
         assigned = agg.take([0])
         assert [(tp.partition, tp.offset) for tp in assigned] == [(0, 100)]
-        assert agg.offsets == {0: 100}
+        assert agg.partitions.offsets == {0: 100}
         agg.take([2])  # the checkpoint is read once per process: not at a later assignment
         expected = {0: 100, 2: 50}
-    assert agg.offsets == expected and agg.bases == expected
-    assert agg.windows.sketches == {} and agg.spans.spans == {} and agg.latest == {}
-    assert agg.seen == {}
-    assert set(agg._sources.values()) == {"the store"}
+    assert agg.partitions.offsets == expected and agg.partitions.bases == expected
+    assert agg.windows.sketches == {} and agg.spans.spans == {} and agg.partitions.latest == {}
+    assert agg.dedupe.sets == {}
+    assert set(agg.partitions.sources.values()) == {"the store"}
     assert store.committed_offsets(TOPIC, [0, 2]) == expected
 
 

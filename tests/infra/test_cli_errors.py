@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from ldpipe.aggregator.exceptions import AggregatorError
-from ldpipe.aggregator.service import Aggregator, AggregatorOptions
+from ldpipe.aggregator.service import Aggregator
 from ldpipe.infra.cli.main import main
-from ldpipe.infra.runtime.kafka import KafkaSettings
 from ldpipe.schemas.config import parse_config
 from ldpipe.schemas.errors import KeyFileError
 from ldpipe.schemas.keys import KeyPair, KeyRing, save_key_pair
+from tests.aggregator_helpers import make_aggregator
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "infra" / "example.toml"
 
@@ -77,8 +77,7 @@ USE_CASE = "[[use_case]]\nname='emoji'\nmechanism='cms'\nepsilon=4.0\nk=16\nm=32
 
 def _aggregator(tmp_path: Path, checkpoints: Path, member: str = "emoji-a") -> Aggregator:
     uc = parse_config(USE_CASE, base=tmp_path).use_case("emoji")
-    options = AggregatorOptions(member=member, checkpoint_dir=checkpoints)
-    return Aggregator(uc, KafkaSettings("127.0.0.1:1"), KeyRing([]), options)
+    return make_aggregator(uc, checkpoints, member, keyring=KeyRing([]))
 
 
 def test_an_unusable_checkpoint_directory_is_one_line(tmp_path: Path) -> None:
@@ -86,7 +85,7 @@ def test_an_unusable_checkpoint_directory_is_one_line(tmp_path: Path) -> None:
     blocker.write_text("not a directory")
     agg = _aggregator(tmp_path, blocker / "checkpoints")
     with pytest.raises(AggregatorError) as info:
-        agg._lock_member()  # the first thing run() does with the directory
+        agg.checkpoints.lock_member()  # the first thing run() does with the directory
     assert str(info.value) == (
         f"cannot create the checkpoint directory {blocker / 'checkpoints'} (Not a directory); "
         f"set snapshot.directory to a writable place"
@@ -103,7 +102,7 @@ def test_an_unwritable_checkpoint_directory_is_one_line(
         raise PermissionError(13, "Permission denied", str(directory))
 
     # as an unprivileged user would get in a directory it may not write (tests may run as root)
-    monkeypatch.setattr("ldpipe.aggregator.service.write_snapshot", refuse)
+    monkeypatch.setattr("ldpipe.aggregator.checkpoints.write_snapshot", refuse)
     with pytest.raises(AggregatorError) as info:
         agg.checkpoint()
     assert str(info.value) == (
@@ -114,18 +113,15 @@ def test_an_unwritable_checkpoint_directory_is_one_line(
 
 def test_a_second_aggregator_with_the_same_member_name_is_one_line(tmp_path: Path) -> None:
     first = _aggregator(tmp_path, tmp_path / "checkpoints")
-    first._lock_member()
+    lock = first.checkpoints.lock_member()
     try:
         with pytest.raises(AggregatorError) as info:
-            _aggregator(tmp_path, tmp_path / "checkpoints")._lock_member()
+            _aggregator(tmp_path, tmp_path / "checkpoints").checkpoints.lock_member()
         assert str(info.value) == (
             f"another aggregator runs as member 'emoji-a' with checkpoints in "
             f"{tmp_path / 'checkpoints'}; give each aggregator its own --member name"
         )
         other = _aggregator(tmp_path, tmp_path / "checkpoints", member="emoji-b")
-        other._lock_member()  # another name in the same directory is another member
-        assert other._lock is not None
-        other._lock.close()
+        other.checkpoints.lock_member().close()  # another name in the directory: another member
     finally:
-        assert first._lock is not None
-        first._lock.close()
+        lock.close()

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 from ldpipe.aggregator.query import query_use_case
-from ldpipe.aggregator.service import Aggregator, AggregatorOptions
 from ldpipe.infra.runtime.dead_letters import count_dead_letters
 from ldpipe.infra.runtime.kafka import KafkaSettings
 from ldpipe.infra.storage.sketch_store import open_sketch_store
@@ -19,6 +18,7 @@ from ldpipe.schemas.envelope import EnvelopeHeader, seal
 from ldpipe.schemas.keys import KeyPair, KeyRing
 from ldpipe.schemas.outer import seal_outer
 from ldpipe.schemas.payloads import PayloadCodec
+from tests.aggregator_helpers import make_aggregator
 from tests.integration.pipeline_helpers import (
     assert_same_sketch,
     live_sketch,
@@ -180,18 +180,16 @@ def test_replay_rebuilds_the_live_sketch_bit_for_bit(broker: KafkaSettings, tmp_
         pipe.stop_all()
     live = pipe.store()
     version = live.version()
-    replay = Aggregator(
+    replay = make_aggregator(
         pipe.use_case,
-        pipe.kafka,
-        KeyRing([pipe.key_pair]),
-        AggregatorOptions(
-            member="replay",
-            partitions=(),
-            store_uri=str(tmp_path / "replay"),
-            checkpoint_dir=tmp_path / "replay-checkpoints",
-            group_id="replay-test",
-            dead_letters=False,
-        ),
+        tmp_path / "replay-checkpoints",
+        "replay",
+        kafka=pipe.kafka,
+        keyring=KeyRing([pipe.key_pair]),
+        partitions=(),
+        store_uri=str(tmp_path / "replay"),
+        group_id="replay-test",
+        dead_letters=False,
     )
     assert replay.run(until_end=True) == 2400
     assert_same_sketch(
@@ -217,19 +215,17 @@ def test_replay_with_other_windows_keeps_the_total(
         wait_done(pipe, 900)
     finally:
         pipe.stop_all()
-    replay = Aggregator(
+    replay = make_aggregator(
         pipe.use_case,
-        pipe.kafka,
-        KeyRing([pipe.key_pair]),
-        AggregatorOptions(
-            member="replay",
-            partitions=(),
-            store_uri=str(tmp_path / "replay"),
-            checkpoint_dir=tmp_path / "replay-checkpoints",
-            window_seconds=window_seconds,
-            group_id="replay-w",
-            dead_letters=False,
-        ),
+        tmp_path / "replay-checkpoints",
+        "replay",
+        kafka=pipe.kafka,
+        keyring=KeyRing([pipe.key_pair]),
+        partitions=(),
+        store_uri=str(tmp_path / "replay"),
+        window_seconds=window_seconds,
+        group_id="replay-w",
+        dead_letters=False,
     )
     replay.run(until_end=True)
     assert_same_sketch(

@@ -13,7 +13,6 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from ldpipe.aggregator.exceptions import AggregatorError
-from ldpipe.aggregator.service import Aggregator
 from ldpipe.infra.runtime.kafka import KafkaSettings
 from ldpipe.producers.client import DeviceClient, shuffler_public_key
 from ldpipe.schemas.config import parse_config
@@ -23,6 +22,7 @@ from ldpipe.schemas.keys import KeyPair, KeyRing, save_key_pair
 from ldpipe.schemas.outer import open_outer, seal_outer
 from ldpipe.shuffler.exceptions import ShufflerError
 from ldpipe.shuffler.service import Shuffler
+from tests.aggregator_helpers import make_aggregator
 from tests.fake_kafka import StubMessage
 
 BASE = """
@@ -65,7 +65,7 @@ def test_the_aggregator_never_holds_a_shuffler_key(tmp_path: Path) -> None:
     uc = parse_config(BASE).use_case("emoji")
     ring = KeyRing([KeyPair.generate(1), KeyPair.generate(2, role="shuffler")])
     with pytest.raises(AggregatorError, match="holds a shuffler key"):
-        Aggregator(uc, KafkaSettings("127.0.0.1:1"), ring)
+        make_aggregator(uc, keyring=ring, member=None)
     # a shared key directory: each service loads its own role only
     save_key_pair(KeyPair.generate(1, name="emoji"), tmp_path)
     save_key_pair(KeyPair.generate(1, name="emoji-shuffler", role="shuffler"), tmp_path)

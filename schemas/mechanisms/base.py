@@ -142,7 +142,15 @@ class Sketch:
     writes ``counts`` in place by other means must call ``mark_modified()`` afterwards.
     """
 
-    __slots__ = ("__weakref__", "_counts", "_derived", "_row_totals", "_row_weight", "_version")
+    __slots__ = (
+        "__weakref__",
+        "_counts",
+        "_derived",
+        "_moments",
+        "_row_totals",
+        "_row_weight",
+        "_version",
+    )
 
     def __init__(
         self,
@@ -166,6 +174,7 @@ class Sketch:
         self._row_weight = row_weight
         self._version = 0
         self._derived: tuple[int, IntArray] | None = None
+        self._moments: tuple[int, FloatArray, FloatArray] | None = None
         self._row_totals = row_totals if row_weight is None else None
         if row_totals is not None and row_weight is not None:
             derived = self.row_totals
@@ -248,6 +257,22 @@ class Sketch:
             "np.ascontiguousarray(counts) or a copy",
         )
         return self._counts.reshape(-1)
+
+    def row_moments(self) -> tuple[FloatArray, FloatArray]:
+        """``(sum_c counts[j, c], sum_c counts[j, c]^2)`` per row, cached per version.
+
+        What the second-moment estimate of ``SketchMechanism.row_mass`` reads: one pass over
+        the counts per modification, however many estimates follow.
+        """
+        cached = self._moments
+        if cached is not None and cached[0] == self._version:
+            return cached[1], cached[2]
+        version = self._version
+        values = self._counts.astype(np.float64)
+        sums = values.sum(axis=1)
+        squares = np.einsum("ij,ij->i", values, values)
+        self._moments = (version, sums, squares)
+        return sums, squares
 
     @property
     def version(self) -> int:
@@ -455,9 +480,10 @@ class Mechanism(ABC):
         """Estimates and standard errors for encoded items.
 
         ``sum_sq`` is ``sum_d f(d)^2`` over the whole population, which only the collision term
-        needs; when None it is a plug-in over the queried items (``max(f_hat, 0)^2``, floored at
-        n), accurate when the queried items hold most of the mass. ``totals`` are the codes'
-        ``column_totals`` when the caller already read them (several epochs in one pass).
+        needs; when None (a query: nobody knows it) the term is estimated from the sketch itself
+        (``row_mass``), so an item's standard error does not depend on what else is asked.
+        ``totals`` are the codes' ``column_totals`` when the caller already read them (several
+        epochs in one pass).
         """
         self.check_sketch(sketch)
         n = sketch.n
@@ -466,10 +492,54 @@ class Mechanism(ABC):
             totals = self.column_totals(sketch, codes)
         est = model.estimate(totals, n)
         plug = np.clip(est, 0.0, float(n))
-        total_sq = float(np.sum(plug * plug)) if sum_sq is None else float(sum_sq)
-        others_sq = np.maximum(total_sq - plug * plug, n - plug)
+        if sum_sq is None and model.collision > 0.0:
+            sum_sq = self.sum_sq_estimate(sketch)
+        if sum_sq is None:  # no hashing (OUE): the collision term is zero whatever S is
+            others_sq = n - plug
+        else:
+            others_sq = np.maximum(float(sum_sq) - plug * plug, n - plug)
         var = model.variance(plug, n, others_sq)
         return FrequencyEstimates(est, np.sqrt(np.maximum(var, 0.0)), n)
+
+    def cell_moments(self, sketch: Sketch) -> tuple[FloatArray, FloatArray]:
+        """Per row, the sum and the sum of squares of the cells ``column_totals`` reads
+        (after any server-side transform): the raw counts' by default."""
+        return sketch.row_moments()
+
+    def row_mass(self, sketch: Sketch) -> float:
+        """An estimate of ``T = sum_j sum_d f_j(d)^2`` from the sketch alone, where
+        ``f_j(d)`` counts the reports of item d that chose row j.
+
+        A cell of row j holds ``X = n_j b + g F + noise`` (``g = a - b``, ``variance.py``), with
+        F the reports of row j whose item hashes to the cell, so
+        ``E sum_c (X - n_j b)^2 = n_j (var_a + (m - 1) var_b) + g^2 sum_c F^2``; over the hash
+        draw ``E sum_c F^2 = (1 - gamma) sum_d f_j(d)^2 + gamma n_j^2``. Solving both gives an
+        estimate unbiased over randomizers and hash functions (``docs/query.md``, "Standard
+        errors and intervals"); it is floored at n, since every f_j(d) is a whole number.
+        """
+        model = self.contribution()
+        gamma, b = model.collision, model.miss_mean
+        g = model.hit_mean - b
+        rows = sketch.row_totals.astype(np.float64)
+        sums, squares = self.cell_moments(sketch)
+        m = float(sketch.shape[1])
+        centred = squares - 2.0 * rows * b * sums + m * (rows * b) ** 2
+        noise = rows * (model.hit_var + (m - 1.0) * model.miss_var)
+        cell_mass = (centred - noise) / (g * g)
+        mass = float(np.sum((cell_mass - gamma * rows * rows) / (1.0 - gamma)))
+        return max(mass, float(sketch.n))
+
+    def sum_sq_estimate(self, sketch: Sketch) -> float:
+        """``sum_d f(d)^2`` as the variance model reads it, from the sketch alone.
+
+        Each report picks its row uniformly, so ``E T = sum_d f(d)^2 / k + n (1 - 1/k)``
+        (``row_mass``); the model's collision term, ``alpha2 S + (n - f)(gamma (1 - gamma)
+        g^2 - alpha2)``, is ``gamma (1 - gamma) g^2`` times T without d's own reports, so this
+        value gives every item the collision term its row mass implies, whatever else is
+        queried. Floored at n (``sum f^2 >= sum f`` for whole counts).
+        """
+        n, k = float(sketch.n), float(self.k)
+        return max(k * self.row_mass(sketch) - n * (k - 1.0), n)
 
     def estimate(
         self, sketch: Sketch, items: Sequence[str | bytes], *, sum_sq: float | None = None

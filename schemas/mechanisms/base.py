@@ -13,13 +13,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from statistics import NormalDist
 from typing import Any, ClassVar
 
 import numpy as np
 import numpy.typing as npt
 
 from ldpipe.schemas.hashing import HashFamily, field_elements, item_key, item_keys
+from ldpipe.schemas.mechanisms.batches import FrequencyEstimates, Reports
 from ldpipe.schemas.mechanisms.columns import CellCache, column_sums
 from ldpipe.schemas.mechanisms.single import RandomBytes, uniform_below
 from ldpipe.schemas.mechanisms.variance import ContributionModel
@@ -89,39 +89,6 @@ def check_range(values: npt.NDArray[Any], upper: int, what: str) -> None:
 def secure_rng() -> np.random.Generator:
     """A generator seeded from the OS CSPRNG: what a device uses so its noise is unpredictable."""
     return np.random.Generator(np.random.PCG64DXSM(secrets.randbits(128)))
-
-
-@dataclass(frozen=True, eq=False)
-class Reports:
-    """A batch of randomized reports as arrays: what ``perturb`` returns and ``accumulate`` takes.
-
-    ``rows[i]`` is the hash function report i chose (0 for OUE); ``values[i]`` its message, a
-    row of a 2-D array whose layout each mechanism documents (packed bits, indices, ...).
-    """
-
-    rows: IntArray
-    values: npt.NDArray[Any]
-
-    def __post_init__(self) -> None:
-        if self.rows.ndim != 1 or self.values.ndim != 2 or len(self.rows) != len(self.values):
-            raise ValueError(
-                f"reports need rows of shape (n,) and values of shape (n, w); got "
-                f"{self.rows.shape} and {self.values.shape}"
-            )
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def take(self, index: npt.NDArray[np.integer[Any]] | npt.NDArray[np.bool_]) -> Reports:
-        """The reports at ``index`` (an int array or boolean mask)."""
-        return Reports(self.rows[index], self.values[index])
-
-    @staticmethod
-    def concat(batches: Sequence[Reports]) -> Reports:
-        return Reports(
-            np.concatenate([b.rows for b in batches]),
-            np.concatenate([b.values for b in batches]),
-        )
 
 
 class Sketch:
@@ -335,21 +302,6 @@ class Sketch:
         return f"Sketch(shape={self.shape}, row_totals {kind}, version={self._version})"
 
 
-@dataclass(frozen=True)
-class FrequencyEstimates:
-    """Estimated counts with their standard errors (same order as the queried items)."""
-
-    estimates: FloatArray
-    std_errors: FloatArray
-    n: int
-
-    def intervals(self, level: float = 0.95) -> tuple[FloatArray, FloatArray]:
-        """Normal-approximation confidence intervals ``estimate +- z * std_error``."""
-        require(0.0 < level < 1.0, f"confidence level must be in (0, 1), got {level}")
-        z = NormalDist().inv_cdf(0.5 + level / 2.0)
-        return self.estimates - z * self.std_errors, self.estimates + z * self.std_errors
-
-
 class Mechanism(ABC):
     """An LDP frequency oracle: client ``perturb``, server ``accumulate``/``estimate``, its math.
 
@@ -507,37 +459,16 @@ class Mechanism(ABC):
         return sketch.row_moments()
 
     def row_mass(self, sketch: Sketch) -> float:
-        """An estimate of ``T = sum_j sum_d f_j(d)^2`` from the sketch alone, where
-        ``f_j(d)`` counts the reports of item d that chose row j.
-
-        A cell of row j holds ``X = n_j b + g F + noise`` (``g = a - b``, ``variance.py``), with
-        F the reports of row j whose item hashes to the cell, so
-        ``E sum_c (X - n_j b)^2 = n_j (var_a + (m - 1) var_b) + g^2 sum_c F^2``; over the hash
-        draw ``E sum_c F^2 = (1 - gamma) sum_d f_j(d)^2 + gamma n_j^2``. Solving both gives an
-        estimate unbiased over randomizers and hash functions (``docs/query.md``, "Standard
-        errors and intervals"); it is floored at n, since every f_j(d) is a whole number.
-        """
-        model = self.contribution()
-        gamma, b = model.collision, model.miss_mean
-        g = model.hit_mean - b
-        rows = sketch.row_totals.astype(np.float64)
+        """``T = sum_j sum_d f_j(d)^2`` estimated from the sketch alone
+        (``ContributionModel.row_mass``), never below n."""
         sums, squares = self.cell_moments(sketch)
-        m = float(sketch.shape[1])
-        centred = squares - 2.0 * rows * b * sums + m * (rows * b) ** 2
-        noise = rows * (model.hit_var + (m - 1.0) * model.miss_var)
-        cell_mass = (centred - noise) / (g * g)
-        mass = float(np.sum((cell_mass - gamma * rows * rows) / (1.0 - gamma)))
+        mass = self.contribution().row_mass(sketch.row_totals, sums, squares, sketch.shape[1])
         return max(mass, float(sketch.n))
 
     def sum_sq_estimate(self, sketch: Sketch) -> float:
-        """``sum_d f(d)^2`` as the variance model reads it, from the sketch alone.
-
-        Each report picks its row uniformly, so ``E T = sum_d f(d)^2 / k + n (1 - 1/k)``
-        (``row_mass``); the model's collision term, ``alpha2 S + (n - f)(gamma (1 - gamma)
-        g^2 - alpha2)``, is ``gamma (1 - gamma) g^2`` times T without d's own reports, so this
-        value gives every item the collision term its row mass implies, whatever else is
-        queried. Floored at n (``sum f^2 >= sum f`` for whole counts).
-        """
+        """``sum_d f(d)^2`` as the variance model reads it, from the sketch alone: with rows
+        chosen uniformly ``E T = sum_d f(d)^2 / k + n (1 - 1/k)``, so ``k T - n (k - 1)``,
+        floored at n (``sum f^2 >= sum f`` for whole counts)."""
         n, k = float(sketch.n), float(self.k)
         return max(k * self.row_mass(sketch) - n * (k - 1.0), n)
 

@@ -511,10 +511,10 @@ def _calibrate(
 ) -> tuple[npt.NDArray[np.float64], dict[str, Any]]:
     """Posterior means of ``estimate`` under a prior fitted to the dictionary's estimates.
 
-    The noise is each epoch's ``Var[f_hat | f = k]`` (``NoiseModel.from_mechanism``, with the
-    dictionary's plug-in ``sum f^2`` for the collision term), epoch e seeing ``n_e / N`` of the
-    count: summed for ``sum``; for ``ivw``, ``N^2 / sum_e n_e^2 / v_e``, taken as the quadratic
-    through k = 0, N/2, N.
+    The noise is each epoch's ``Var[f_hat | f = k]`` (``NoiseModel.from_mechanism``, with
+    ``sum f^2`` estimated from the epoch's sketch for the collision term), epoch e seeing
+    ``n_e / N`` of the count: summed for ``sum``; for ``ivw``, ``N^2 / sum_e n_e^2 / v_e``, taken
+    as the quadratic through k = 0, N/2, N.
     """
     if reports == 0:
         raise QueryError("no reports in the selected windows: there is nothing to calibrate")
@@ -526,8 +526,8 @@ def _calibrate(
         if n_e == 0:
             continue
         share = n_e / reports
-        plug = np.clip(estimate[rows] * share, 0.0, float(n_e))
-        model = NoiseModel.from_mechanism(_rebuild(part), n_e, float(plug @ plug))
+        mechanism = _rebuild(part)
+        model = NoiseModel.from_mechanism(mechanism, n_e, mechanism.sum_sq_estimate(part.sketch))
         parts.append((n_e, share, model))
     if combine == "sum" or len(parts) == 1:
         noise = NoiseModel.pooled([(model, share) for _, share, model in parts])

@@ -13,13 +13,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from statistics import NormalDist
 from typing import Any, ClassVar
 
 import numpy as np
 import numpy.typing as npt
 
 from ldpipe.schemas.hashing import HashFamily, field_elements, item_key, item_keys
+from ldpipe.schemas.mechanisms.batches import FrequencyEstimates, Reports
 from ldpipe.schemas.mechanisms.columns import CellCache, column_sums
 from ldpipe.schemas.mechanisms.single import RandomBytes, uniform_below
 from ldpipe.schemas.mechanisms.variance import ContributionModel
@@ -91,39 +91,6 @@ def secure_rng() -> np.random.Generator:
     return np.random.Generator(np.random.PCG64DXSM(secrets.randbits(128)))
 
 
-@dataclass(frozen=True, eq=False)
-class Reports:
-    """A batch of randomized reports as arrays: what ``perturb`` returns and ``accumulate`` takes.
-
-    ``rows[i]`` is the hash function report i chose (0 for OUE); ``values[i]`` its message, a
-    row of a 2-D array whose layout each mechanism documents (packed bits, indices, ...).
-    """
-
-    rows: IntArray
-    values: npt.NDArray[Any]
-
-    def __post_init__(self) -> None:
-        if self.rows.ndim != 1 or self.values.ndim != 2 or len(self.rows) != len(self.values):
-            raise ValueError(
-                f"reports need rows of shape (n,) and values of shape (n, w); got "
-                f"{self.rows.shape} and {self.values.shape}"
-            )
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def take(self, index: npt.NDArray[np.integer[Any]] | npt.NDArray[np.bool_]) -> Reports:
-        """The reports at ``index`` (an int array or boolean mask)."""
-        return Reports(self.rows[index], self.values[index])
-
-    @staticmethod
-    def concat(batches: Sequence[Reports]) -> Reports:
-        return Reports(
-            np.concatenate([b.rows for b in batches]),
-            np.concatenate([b.values for b in batches]),
-        )
-
-
 class Sketch:
     """``counts[k, m]`` (int64) and ``row_totals[k]``: the additive server state.
 
@@ -142,7 +109,15 @@ class Sketch:
     writes ``counts`` in place by other means must call ``mark_modified()`` afterwards.
     """
 
-    __slots__ = ("__weakref__", "_counts", "_derived", "_row_totals", "_row_weight", "_version")
+    __slots__ = (
+        "__weakref__",
+        "_counts",
+        "_derived",
+        "_moments",
+        "_row_totals",
+        "_row_weight",
+        "_version",
+    )
 
     def __init__(
         self,
@@ -166,6 +141,7 @@ class Sketch:
         self._row_weight = row_weight
         self._version = 0
         self._derived: tuple[int, IntArray] | None = None
+        self._moments: tuple[int, FloatArray, FloatArray] | None = None
         self._row_totals = row_totals if row_weight is None else None
         if row_totals is not None and row_weight is not None:
             derived = self.row_totals
@@ -249,6 +225,22 @@ class Sketch:
         )
         return self._counts.reshape(-1)
 
+    def row_moments(self) -> tuple[FloatArray, FloatArray]:
+        """``(sum_c counts[j, c], sum_c counts[j, c]^2)`` per row, cached per version.
+
+        What the second-moment estimate of ``SketchMechanism.row_mass`` reads: one pass over
+        the counts per modification, however many estimates follow.
+        """
+        cached = self._moments
+        if cached is not None and cached[0] == self._version:
+            return cached[1], cached[2]
+        version = self._version
+        values = self._counts.astype(np.float64)
+        sums = values.sum(axis=1)
+        squares = np.einsum("ij,ij->i", values, values)
+        self._moments = (version, sums, squares)
+        return sums, squares
+
     @property
     def version(self) -> int:
         """Modification counter: changes whenever counts (and so anything derived) may change."""
@@ -308,21 +300,6 @@ class Sketch:
             "stored" if self._row_totals is not None else f"derived, row_weight={self._row_weight}"
         )
         return f"Sketch(shape={self.shape}, row_totals {kind}, version={self._version})"
-
-
-@dataclass(frozen=True)
-class FrequencyEstimates:
-    """Estimated counts with their standard errors (same order as the queried items)."""
-
-    estimates: FloatArray
-    std_errors: FloatArray
-    n: int
-
-    def intervals(self, level: float = 0.95) -> tuple[FloatArray, FloatArray]:
-        """Normal-approximation confidence intervals ``estimate +- z * std_error``."""
-        require(0.0 < level < 1.0, f"confidence level must be in (0, 1), got {level}")
-        z = NormalDist().inv_cdf(0.5 + level / 2.0)
-        return self.estimates - z * self.std_errors, self.estimates + z * self.std_errors
 
 
 class Mechanism(ABC):
@@ -455,9 +432,10 @@ class Mechanism(ABC):
         """Estimates and standard errors for encoded items.
 
         ``sum_sq`` is ``sum_d f(d)^2`` over the whole population, which only the collision term
-        needs; when None it is a plug-in over the queried items (``max(f_hat, 0)^2``, floored at
-        n), accurate when the queried items hold most of the mass. ``totals`` are the codes'
-        ``column_totals`` when the caller already read them (several epochs in one pass).
+        needs; when None (a query: nobody knows it) the term is estimated from the sketch itself
+        (``row_mass``), so an item's standard error does not depend on what else is asked.
+        ``totals`` are the codes' ``column_totals`` when the caller already read them (several
+        epochs in one pass).
         """
         self.check_sketch(sketch)
         n = sketch.n
@@ -466,10 +444,33 @@ class Mechanism(ABC):
             totals = self.column_totals(sketch, codes)
         est = model.estimate(totals, n)
         plug = np.clip(est, 0.0, float(n))
-        total_sq = float(np.sum(plug * plug)) if sum_sq is None else float(sum_sq)
-        others_sq = np.maximum(total_sq - plug * plug, n - plug)
+        if sum_sq is None and model.collision > 0.0:
+            sum_sq = self.sum_sq_estimate(sketch)
+        if sum_sq is None:  # no hashing (OUE): the collision term is zero whatever S is
+            others_sq = n - plug
+        else:
+            others_sq = np.maximum(float(sum_sq) - plug * plug, n - plug)
         var = model.variance(plug, n, others_sq)
         return FrequencyEstimates(est, np.sqrt(np.maximum(var, 0.0)), n)
+
+    def cell_moments(self, sketch: Sketch) -> tuple[FloatArray, FloatArray]:
+        """Per row, the sum and the sum of squares of the cells ``column_totals`` reads
+        (after any server-side transform): the raw counts' by default."""
+        return sketch.row_moments()
+
+    def row_mass(self, sketch: Sketch) -> float:
+        """``T = sum_j sum_d f_j(d)^2`` estimated from the sketch alone
+        (``ContributionModel.row_mass``), never below n."""
+        sums, squares = self.cell_moments(sketch)
+        mass = self.contribution().row_mass(sketch.row_totals, sums, squares, sketch.shape[1])
+        return max(mass, float(sketch.n))
+
+    def sum_sq_estimate(self, sketch: Sketch) -> float:
+        """``sum_d f(d)^2`` as the variance model reads it, from the sketch alone: with rows
+        chosen uniformly ``E T = sum_d f(d)^2 / k + n (1 - 1/k)``, so ``k T - n (k - 1)``,
+        floored at n (``sum f^2 >= sum f`` for whole counts)."""
+        n, k = float(sketch.n), float(self.k)
+        return max(k * self.row_mass(sketch) - n * (k - 1.0), n)
 
     def estimate(
         self, sketch: Sketch, items: Sequence[str | bytes], *, sum_sq: float | None = None

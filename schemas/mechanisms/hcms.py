@@ -119,6 +119,13 @@ class HadamardCountMeanSketch(SketchMechanism):
         """
         return walsh_hadamard_rows(sketch.counts)
 
+    def cell_moments(self, sketch: Sketch) -> tuple[FloatArray, FloatArray]:
+        """The transformed cells' sums and squares without transforming: ``sum_c (counts
+        H_m)[c] = m counts[0]`` and, by Parseval (``H_m H_m^T = m I``), ``sum_c (counts
+        H_m)[c]^2 = m sum_l counts[l]^2``."""
+        _, squares = sketch.row_moments()
+        return self.m * sketch.counts[:, 0].astype(np.float64), self.m * squares
+
     def output_probability(self, reports: Reports, cells: npt.ArrayLike) -> FloatArray:
         truth = hadamard_entries(reports.values[:, 0], cells)
         kept = reports.values[:, 1] == truth

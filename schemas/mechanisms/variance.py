@@ -89,6 +89,29 @@ class ContributionModel:
         var_c = f_arr * self.hit_var + others * (self.other_var - self.alpha2) + self.alpha2 * s
         return np.asarray(var_c / self.scale**2, dtype=np.float64)
 
+    def row_mass(
+        self, row_totals: npt.ArrayLike, sums: npt.ArrayLike, squares: npt.ArrayLike, m: int
+    ) -> float:
+        """An unbiased estimate of ``T = sum_j sum_d f_j(d)^2`` (f_j(d): reports of item d in
+        row j) from each row's report count n_j and its cells' sum and sum of squares.
+
+        A cell of row j holds ``X = n_j b + g F + noise`` (g = a - b), F the reports of row j
+        whose item hashes to the cell, so ``E sum_c (X - n_j b)^2 = n_j (var_a + (m - 1) var_b)
+        + g^2 sum_c F^2``; over the hash draw ``E sum_c F^2 = (1 - gamma) sum_d f_j(d)^2 +
+        gamma n_j^2``. Solving both gives T, unbiased over randomizers and hash functions: the
+        collision term of an item's variance is ``gamma (1 - gamma) g^2`` times T without the
+        item's own reports (``docs/query.md``, "Standard errors and intervals").
+        """
+        g, b, gamma = self.hit_mean - self.miss_mean, self.miss_mean, self.collision
+        n_j = np.asarray(row_totals, dtype=np.float64)
+        centred = (
+            np.asarray(squares, dtype=np.float64)
+            - 2.0 * n_j * b * np.asarray(sums, dtype=np.float64)
+            + m * (n_j * b) ** 2
+        )
+        cell_mass = (centred - n_j * (self.hit_var + (m - 1.0) * self.miss_var)) / (g * g)
+        return float(np.sum((cell_mass - gamma * n_j * n_j) / (1.0 - gamma)))
+
     def collision_bias_variance(self, sum_sq_others: npt.ArrayLike) -> FloatArray:
         """Variance over hash draws of the bias a fixed set of k functions gives (Pan Thm 3.10)."""
         g = self.collision

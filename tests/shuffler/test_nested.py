@@ -118,3 +118,29 @@ def test_the_shuffler_admits_inner_envelopes_only() -> None:
         ("decryption_failed", "outer"),
     ]
     assert service.window.offsets == {("ldp.emoji.reports", 0): len(values)}
+
+
+def test_every_shuffler_dead_letter_holds_the_report_as_received_as_the_privacy_page_says(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A ``contribution_limit`` refusal comes after the outer layer is opened: its dead letter
+    still carries the bytes as received; and ``docs/privacy.md``'s ``dlq`` row says so."""
+    uc = parse_config(BASE + 'layers = "nested"\n').use_case("emoji")
+    analyzer, shuffler = KeyPair.generate(1), KeyPair.generate(9, role="shuffler")
+    service = Shuffler(
+        uc,
+        KafkaSettings("127.0.0.1:1"),
+        keyring=KeyRing([shuffler]),
+        registry=CollectorRegistry(),
+    )
+    monkeypatch.setattr(service.ledger, "admit", lambda *_: False)  # every key over its limit
+    client = DeviceClient(uc.name, uc.epoch, analyzer.public, uc.mechanism, shuffler.public)
+    sent = client.report("a")
+    service._admit(StubMessage(sent, 0, key=b"device-0"), time.time())  # type: ignore[arg-type]
+    assert [(v, reason) for v, reason, *_ in service.window.rejected] == [
+        (sent, "contribution_limit")
+    ]
+    page = (Path(__file__).resolve().parents[2] / "docs" / "privacy.md").read_text()
+    row = next(line for line in page.splitlines() if line.startswith("| `dlq` |"))
+    assert "holds the report as received, never the inner envelope" in row
+    assert "holds the inner envelope" not in row

@@ -2,8 +2,8 @@
 
 One owner per aggregator process (``aggregator/service.py``) holds, per partition of the
 shuffled topic it was given: its **position** (the next offset to read), its **base** (the
-store's committed offset, which a store commit must name: ``infra/storage/sketch_store.py``), the newest
-record time seen and the monotonic time of its last record (both for sealing:
+store's committed offset, which a store commit must name: ``infra/storage/sketch_store.py``),
+the newest record time seen and the monotonic time of its last record (both for sealing:
 ``aggregator/sealing.py``), and where its position came from (the store, or the member's
 checkpoint: named in data-loss messages).
 

@@ -110,8 +110,8 @@ class UseCase:
 
     @cached_property
     def sfp_params(self) -> SfpParams:
-        """The SFP settings both halves share (``schemas/discovery/sfp_words.py``); ``ConfigError`` if this
-        is not an SFP use case."""
+        """The SFP settings both halves share (``schemas/discovery/sfp_words.py``);
+        ``ConfigError`` if this is not an SFP use case."""
         if self.sfp is None:
             raise ConfigError(
                 f"use_case.{self.name}: not an SFP use case; add a [use_case.sfp] table "

@@ -127,7 +127,7 @@ class SfpSettings:
     role: SfpRole
     word_use_case: str
     fragments_use_case: str
-    params: Mapping[str, Any]  # SfpParams keyword arguments (schemas/discovery/sfp_words.py), all of them
+    params: Mapping[str, Any]  # SfpParams keyword arguments (schemas/discovery/sfp_words.py)
     threshold: float | None = None  # word threshold in counts (None: word_z standard errors)
     store: Path | None = None  # default: <word snapshot directory>/discoveries
 

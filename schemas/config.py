@@ -168,7 +168,7 @@ class UseCase:
         options = dict(self.mechanism_options)
         try:  # the dictionary may add options: oue's items, rrcms l2's size d (Pan Thm 3.7)
             options |= spec_of(self.mechanism_name).dictionary_options(
-                options, self.dictionary_items
+                options, lambda: self.dictionary_items  # read only by those that need it
             )
             return build_mechanism(self.mechanism_name, epsilon=self.epsilon, **options)
         except (ValueError, ArithmeticError) as exc:  # OverflowError: an absurd epsilon

@@ -13,7 +13,7 @@ within each byte.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -202,9 +202,9 @@ def _build(*, epsilon: float, dictionary: Sequence[str] | None = None) -> Optimi
 
 
 def _dictionary_options(
-    _options: Mapping[str, Any], dictionary: Sequence[str] | None
+    _options: Mapping[str, Any], dictionary: Callable[[], Sequence[str] | None]
 ) -> dict[str, Any]:
-    return {"dictionary": dictionary}
+    return {"dictionary": dictionary()}
 
 
 def _randomizer_parameters(mechanism: Mechanism) -> dict[str, Any]:

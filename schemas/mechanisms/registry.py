@@ -77,7 +77,7 @@ def _no_variants(_query: AdvisorQuery) -> Sequence[AdvisorVariant] | str:
 
 
 def _no_dictionary_options(
-    _options: Mapping[str, Any], _dictionary: Sequence[str] | None
+    _options: Mapping[str, Any], _dictionary: Callable[[], Sequence[str] | None]
 ) -> Options:
     return {}
 
@@ -101,7 +101,8 @@ class MechanismSpec:
     * ``options``: the ``build_mechanism`` settings it takes (others are refused by name);
       ``build``: how to build it from them (default ``cls(epsilon=..., **options)``);
     * ``config_keys``: the ``[[use_case]]`` keys that become options, with their TOML type;
-      ``dictionary_options``: options a use case's dictionary adds (oue's items, ...);
+      ``dictionary_options``: options a use case's dictionary adds (oue's items, ...), given
+      a callable that reads the dictionary (only a mechanism that needs it calls it);
       ``needs_dictionary``: it cannot be built without one;
     * ``randomizer_parameters``: what a device's randomizer reads (``schemas/randomizers.md``);
     * ``advisor_params``: the options the advisor reports (as ``ldpipe simulate`` takes them),
@@ -118,7 +119,9 @@ class MechanismSpec:
     sized: bool = False
     value_word: str = "index"
     build: Callable[..., Mechanism] | None = None
-    dictionary_options: Callable[[Mapping[str, Any], Sequence[str] | None], Options] = (
+    dictionary_options: Callable[
+        [Mapping[str, Any], Callable[[], Sequence[str] | None]], Options
+    ] = (
         _no_dictionary_options
     )
     needs_dictionary: bool = False

@@ -23,7 +23,7 @@ row, so ``new_sketch()`` derives row totals from the counts (``row_weight = 1``)
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -181,11 +181,11 @@ class RandomizedResponseCountMeanSketch(SketchMechanism):
 
 
 def _dictionary_options(
-    options: Mapping[str, Any], dictionary: Sequence[str] | None
+    options: Mapping[str, Any], dictionary: Callable[[], Sequence[str] | None]
 ) -> dict[str, Any]:
-    """Pan Thm 3.7's width (objective l2) needs the dictionary's size d."""
-    if options.get("objective") == "l2" and dictionary is not None:
-        return {"dictionary_size": len(dictionary)}
+    """Pan Thm 3.7's width (objective l2) needs the dictionary's size d (read only then)."""
+    if options.get("objective") == "l2" and (items := dictionary()) is not None:
+        return {"dictionary_size": len(items)}
     return {}
 
 

@@ -112,6 +112,9 @@ def test_a_dying_background_thread_is_one_line_and_stops_the_command(
 ) -> None:
     failures = ThreadFailures()
     previous = threading.excepthook
+    # as in a fresh process: an in-process service test earlier in this worker may have left its
+    # stop handler on SIGINT (stop_on_signals), which interrupt_main would call instead
+    previous_sigint = signal.signal(signal.SIGINT, signal.default_int_handler)
     install_thread_hook("shuffler", failures, verbose=False)
     try:
         with pytest.raises(KeyboardInterrupt):  # interrupt_main: the command stops as on Ctrl-C
@@ -124,6 +127,7 @@ def test_a_dying_background_thread_is_one_line_and_stops_the_command(
                 time.sleep(0.01)
     finally:
         threading.excepthook = previous
+        signal.signal(signal.SIGINT, previous_sigint)
     assert isinstance(failures.first, KeyError)
     err = capsys.readouterr().err
     assert err == (
@@ -149,7 +153,9 @@ def test_ctrl_c_exits_130_quietly() -> None:
         assert first.startswith("ldpipe simulate: "), first
         time.sleep(0.5)  # into its trials (which take minutes)
         process.send_signal(signal.SIGINT)
-        _, rest = process.communicate(timeout=30)
+        # Python raises KeyboardInterrupt when the main thread is back in bytecode: after the
+        # first trial's numba compilation, which takes tens of seconds on a loaded machine
+        _, rest = process.communicate(timeout=120)
     err = first + rest
     assert process.returncode == 130, err
     assert [line for line in err.splitlines() if not line.startswith("ldpipe simulate: ")] == []

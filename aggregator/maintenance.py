@@ -329,6 +329,13 @@ class Repair:
         offsets = ", ".join(f"{a}={v}" for a, v in sorted(c.offsets.items())) or "none"
         verb = "rolled back" if self.rolled_back else "would roll back"
         moved = f"; the removed log files are in {self.moved_to}" if self.moved_to else ""
+        if c.newest == c.last_good:
+            verb = "removed" if self.rolled_back else "would remove"
+            return (
+                f"{c.table}: {verb} the damaged log files, kept version {c.last_good} "
+                f"(committed offsets now {offsets}){moved}; if a newest entry was lost, restart "
+                f"the aggregators: they read everything after these offsets again from Kafka"
+            )
         return (
             f"{c.table}: {verb} from version {c.newest} to {c.last_good} (committed offsets "
             f"now {offsets}){moved}; restart the aggregators: they read everything after these "
@@ -347,7 +354,8 @@ def repair(store: SegmentStore, *, dry_run: bool = False) -> Repair:
     check = check_table(local)
     if check.ok or check.last_good is None or dry_run:
         return Repair(check, False, None)
-    return Repair(check, True, roll_back(local, check.last_good))
+    damaged_log = [d.path for d in check.damage if d.path.startswith("_delta_log/")]
+    return Repair(check, True, roll_back(local, check.last_good, also=damaged_log))
 
 
 def verify_rows(store: SegmentStore) -> list[Problem]:

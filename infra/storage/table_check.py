@@ -26,7 +26,7 @@ import json
 import re
 import time
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -136,7 +136,7 @@ def check_table(table: str | Path, *, deep: bool = True) -> TableCheck:
     for version in range(start, newest + 1):
         if version not in entries and version not in good_checkpoints:
             found(log / f"{version:020d}.json", f"log entry {version} is missing", version)
-    _check_last_checkpoint(root, newest, checkpoints, found)
+    _check_last_checkpoint(root, newest, checkpoints, good_checkpoints, found)
     # replay: the newest whole checkpoint below the first damaged entry, then the entries after
     first_bad = min(bad_versions, default=newest + 1)
     base = max((v for v in good_checkpoints if v < first_bad), default=None)
@@ -215,7 +215,11 @@ def _read_checkpoint(path: Path) -> list[dict[str, Any]] | None:
 
 
 def _check_last_checkpoint(
-    root: Path, newest: int, checkpoints: dict[int, Path], found: Any
+    root: Path,
+    newest: int,
+    checkpoints: dict[int, Path],
+    good: dict[int, Path],
+    found: Callable[..., None],
 ) -> None:
     path = root / LOG / LAST_CHECKPOINT
     if not path.exists():
@@ -232,6 +236,9 @@ def _check_last_checkpoint(
     elif version not in checkpoints:
         found(path, f"names checkpoint {version}, which is missing", None,
               "delete it (readers then list the log)")  # fmt: skip
+    elif version not in good:
+        found(path, f"names checkpoint {version}, which cannot be read", None,
+              "delete it with the checkpoint (readers then list the log)")  # fmt: skip
 
 
 def _check_file(path: Path, size: int, *, deep: bool) -> str | None:
@@ -254,11 +261,14 @@ def _check_file(path: Path, size: int, *, deep: bool) -> str | None:
     return None
 
 
-def roll_back(table: str | Path, version: int, *, now: float | None = None) -> Path:
+def roll_back(
+    table: str | Path, version: int, *, also: Iterable[str] = (), now: float | None = None
+) -> Path:
     """Return the table to ``version``: every log entry and checkpoint above it moves to
     ``<table>/_damaged/<UTC time>/`` (kept for a post-mortem, never read), and ``_last_checkpoint``
-    goes with them if it names a version above. Returns that directory. Delta readers then see
-    ``version`` as the newest; the next commit writes ``version + 1`` afresh."""
+    goes with them if it names a version above; so do the log files ``also`` (paths relative to
+    the table: a damaged checkpoint, a bad ``_last_checkpoint``). Returns that directory. Delta
+    readers then see ``version`` as the newest; the next commit writes ``version + 1`` afresh."""
     root = Path(table)
     log = root / LOG
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() if now is None else now))
@@ -279,6 +289,10 @@ def roll_back(table: str | Path, version: int, *, now: float | None = None) -> P
             named = version + 1
         if named > version:
             moved.append(last)
+    for rel in also:
+        path = root / rel
+        if path.parent == log and path.exists() and path not in moved:
+            moved.append(path)
     # the newest entries first: a reader meanwhile sees an older table, never a gap
     for path in sorted(moved, key=lambda p: p.name, reverse=True):
         path.rename(target / path.name)

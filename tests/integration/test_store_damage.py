@@ -187,7 +187,7 @@ def test_damage_is_one_line_then_repaired_with_exact_accounting(
 
     repaired = _ldpipe(deployment, "store", "repair")
     assert repaired.returncode == 0, repaired
-    assert f"to {good} (committed offsets" in repaired.stdout, repaired.stdout
+    assert f" {good} (committed offsets" in repaired.stdout, repaired.stdout
     assert check_table(deployment.table).ok
     clean = _ldpipe(deployment, "store", "verify")
     assert clean.returncode == 0, clean
@@ -273,3 +273,29 @@ def test_a_full_tmpfs_while_committing_is_one_line_and_loses_nothing(tmp_path: P
         assert target.committed_offsets(use_case.topics.shuffled, [0]) == {0: 16}
     finally:
         subprocess.run(["umount", str(mount)], check=False)
+
+
+def test_a_damaged_checkpoint_is_removed_and_nothing_is_lost(deployment: Deployment) -> None:
+    """A truncated Delta checkpoint (and ``_last_checkpoint`` naming it): the log entries it
+    summarises are whole, so repair moves the two aside and keeps every version."""
+    from deltalake import DeltaTable
+
+    DeltaTable(str(deployment.table)).create_checkpoint()
+    checkpoint = deployment.log / f"{3:020d}.checkpoint.parquet"
+    checkpoint.write_bytes(checkpoint.read_bytes()[:100])
+
+    verify = _ldpipe(deployment, "store", "verify")
+    assert verify.returncode == 1, verify
+    lines = verify.stdout.strip().splitlines()[:-1]
+    assert lines == [
+        f"_delta_log/{checkpoint.name}: checkpoint 3 cannot be read as Parquet (truncated or "
+        f"corrupt); delete it (the log entries it summarises are whole)",
+        "_delta_log/_last_checkpoint: names checkpoint 3, which cannot be read; delete it with "
+        "the checkpoint (readers then list the log)",
+    ], verify.stdout
+    _one_line(_ldpipe(deployment, "store", "list"))
+
+    repaired = _ldpipe(deployment, "store", "repair")
+    assert repaired.returncode == 0 and "kept version 3" in repaired.stdout, repaired
+    assert _ldpipe(deployment, "store", "verify").returncode == 0
+    assert _accounting(deployment) == (SENT, 0)

@@ -302,10 +302,12 @@ def verify_checkpoints(
             ahead = tuple(
                 (p, b, committed[p])
                 for p, b in sorted(bases.items())
-                if b is not None and (committed[p] is None or b > committed[p])  # type: ignore[operator]
+                if b is not None and (committed[p] is None or b > committed[p])
             )
             if ahead:
-                found.append(CheckpointAhead(snap.source or Path(directory) / snap.name, writer, ahead))
+                found.append(
+                    CheckpointAhead(snap.source or Path(directory) / snap.name, writer, ahead)
+                )
     return found
 
 

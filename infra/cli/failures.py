@@ -92,8 +92,9 @@ def _store(exc: BaseException) -> Failure | None:
     what = "delta-rs panicked" if is_engine_panic(exc) else "a table could not be read"
     return Failure(
         f"{what}: {_first_line(exc)} ({_kind(exc)}); if it is a sketch store, `ldpipe store "
-        f"verify --config FILE` checks it: restore its missing or damaged files from a backup, "
-        f"or move it away and rebuild it with `ldpipe replay`",
+        f"verify --config FILE` names its damaged files and `ldpipe store repair` rolls it back "
+        f"to its newest whole version (or restore it from a backup, or rebuild it with "
+        f"`ldpipe replay`)",
         RUNTIME,
     )
 

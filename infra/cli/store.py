@@ -1,4 +1,4 @@
-"""``ldpipe store list | compact | retain | verify | repair``: look after a use case's sketch store."""
+"""``ldpipe store list | compact | retain | verify | repair``: look after a sketch store."""
 
 from __future__ import annotations
 
@@ -44,8 +44,11 @@ def add_parser(sub: Any) -> None:
         ("list", "the windows the store holds: segments, reports, levels; committed offsets"),
         ("compact", "merge each window's segments into one"),
         ("retain", "roll windows up into days and days into months; delete old months"),
-        ("verify", "check the table's files and log, the checkpoints' offsets, every "
-         "segment's rows against its header"),
+        (
+            "verify",
+            "check the table's files and log, the checkpoints' offsets, every "
+            "segment's rows against its header",
+        ),
         ("repair", "roll a damaged table back to its newest whole version"),
     ):
         a = actions.add_parser(name, help=help_text, description=help_text)

@@ -189,9 +189,9 @@ class SketchStore:
         lines = str(exc).strip().splitlines()  # delta-rs may append a Rust backtrace
         what = lines[0].strip() if lines else type(exc).__name__
         return StoreDamagedError(
-            f"cannot read the sketch store {self.uri}: {what}; `ldpipe store verify` checks "
-            f"it: restore its damaged or missing files from a backup, or move it away and "
-            f"rebuild it with `ldpipe replay`"
+            f"cannot read the sketch store {self.uri}: {what}; `ldpipe store verify` names "
+            f"the damaged files and `ldpipe store repair` rolls the table back to its newest "
+            f"whole version (or restore it from a backup; docs/operations.md)"
         )
 
     def unwritable(self, exc: BaseException) -> StoreDamagedError:
@@ -587,5 +587,3 @@ class SketchStore:
 # ---- encoding ----------------------------------------------------------------------------------
 def _writer_properties(segments: Sequence[SegmentData]) -> WriterProperties:
     return WriterProperties(compression="ZSTD", max_row_group_size=rows_per_group(segments))
-
-

@@ -41,7 +41,14 @@ LAST_CHECKPOINT: Final = "_last_checkpoint"
 QUARANTINE: Final = "_damaged"  # where roll_back moves what it takes out of the log
 _ENTRY = re.compile(r"(?P<version>[0-9]{20})\.json")
 _CHECKPOINT = re.compile(r"(?P<version>[0-9]{20})\.checkpoint(\.[0-9]{10}\.[0-9]{10})?\.parquet")
-_REPAIR = "`ldpipe store repair` rolls the table back to version {good} (the aggregators re-read the rest from Kafka)"
+_REPAIR = (
+    "`ldpipe store repair` rolls the table back to version {good} (the aggregators re-read the "
+    "rest from Kafka)"
+)
+_NO_GOOD = (
+    "no whole version is left: restore the table from a backup, or move it away and rebuild it "
+    "with `ldpipe replay`"
+)
 
 
 @dataclass(frozen=True)
@@ -167,10 +174,10 @@ def check_table(table: str | Path, *, deep: bool = True) -> TableCheck:
                 added_at[urllib.parse.unquote(add["path"])] = version
         if whole(version) and intact:
             last_good, offsets = version, dict(replay.apps)
-    for path in sorted(replay.live):  # the files the newest version reads
-        if files.get(path) is not None:
-            found(root / path, f"segment file {files[path]} (added at version "
-                  f"{added_at.get(path)})", added_at.get(path, newest))  # fmt: skip
+    for name in sorted(replay.live):  # the files the newest version reads
+        if files.get(name) is not None:
+            found(root / name, f"segment file {files[name]} (added at version "
+                  f"{added_at.get(name)})", added_at.get(name, newest))  # fmt: skip
     return TableCheck(str(root), newest, last_good, tuple(_with_fixes(damage, last_good)), offsets)
 
 
@@ -181,8 +188,7 @@ def _with_fixes(damage: list[Damage], good: int | None) -> Iterator[Damage]:
         elif d.version is None:
             yield Damage(d.path, d.what, "delete it (the log entries it summarises are whole)")
         elif good is None:
-            yield Damage(d.path, d.what, "no whole version is left: restore the table from a "
-                         "backup, or move it away and rebuild it with `ldpipe replay`", d.version)  # fmt: skip
+            yield Damage(d.path, d.what, _NO_GOOD, d.version)
         else:
             yield Damage(d.path, d.what, _REPAIR.format(good=good), d.version)
 
@@ -257,7 +263,8 @@ def _check_file(path: Path, size: int, *, deep: bool) -> str | None:
             for _ in parquet.iter_batches(batch_size=4096):
                 pass
     except (OSError, pa.ArrowException) as exc:
-        return f"cannot be read as Parquet ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
+        words = str(exc).strip().splitlines()
+        return f"cannot be read as Parquet ({words[0] if words else type(exc).__name__})"
     return None
 
 

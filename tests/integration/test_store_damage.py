@@ -96,8 +96,16 @@ def deployment(tmp_path: Path) -> Deployment:
 
 def _ldpipe(d: Deployment, *words: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "ldpipe.infra.cli", *words, "--config", str(d.config),
-         "--use-case", USE_CASE],
+        [
+            sys.executable,
+            "-m",
+            "ldpipe.infra.cli",
+            *words,
+            "--config",
+            str(d.config),
+            "--use-case",
+            USE_CASE,
+        ],
         cwd=d.root,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
         stdin=subprocess.DEVNULL,

@@ -24,7 +24,7 @@ from ldpipe.aggregator.maintenance import (
     verify,
 )
 from ldpipe.infra.storage.protocol import SegmentStore
-from ldpipe.infra.storage.sketch_store import open_sketch_store
+from ldpipe.infra.storage.sketch_store import StoreError, open_sketch_store
 from ldpipe.schemas.config import UseCase, load_config, select_use_case
 
 __all__ = ["add_parser", "run"]
@@ -177,8 +177,14 @@ def _verify(
     else:
         for problem in problems:
             print(problem)
-        print(f"{store.uri}: {len(problems)} problem(s)")
-    return 1 if problems else 0
+    if problems:
+        raise StoreError(
+            f"{store.uri}: {len(problems)} problem(s), one per line above with its fix "
+            f"(docs/operations.md, \"A damaged sketch store\")"
+        )
+    if not as_json:
+        print(f"{store.uri}: 0 problems")
+    return 0
 
 
 def _repair(store: SegmentStore, dry_run: bool, as_json: bool) -> int:
@@ -199,8 +205,11 @@ def _repair(store: SegmentStore, dry_run: bool, as_json: bool) -> int:
     else:
         for damage in check.damage:
             print(damage)
+    if check.damage and check.last_good is None:
+        raise StoreError(done.describe())
+    if not as_json:
         print(done.describe())
-    return 1 if check.damage and check.last_good is None else 0
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:

@@ -73,7 +73,7 @@ def test_a_garbled_table_is_a_store_error_naming_the_store_and_the_fix(tmp_path:
             read()
         message = str(caught.value)
         assert message.startswith(f"cannot read the sketch store {tmp_path}/emoji: ")
-        assert "`ldpipe store verify` checks it" in message and "\n" not in message
+        assert "`ldpipe store verify` names the damaged files" in message and "\n" not in message
         assert isinstance(caught.value, StoreError)
 
 

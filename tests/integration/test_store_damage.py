@@ -30,10 +30,19 @@ import pytest
 from ldpipe.aggregator.snapshot import write_snapshot
 from ldpipe.aggregator.snapshot_contents import SnapshotFile
 from ldpipe.infra.cli.init import init
+from ldpipe.infra.runtime.kafka import KafkaSettings
 from ldpipe.infra.storage.sketch_store import StoreFullError, open_sketch_store
 from ldpipe.infra.storage.table_check import check_table
 from ldpipe.schemas.config import UseCase, load_config
 from ldpipe.schemas.mechanisms import Sketch
+from tests.integration.pipeline_helpers import (
+    assert_same_sketch,
+    live_sketch,
+    make_pipeline,
+    make_workload,
+    offline_sketch,
+    publish,
+)
 from tests.store_helpers import seal_windows
 
 USE_CASE = "emoji"
@@ -183,7 +192,9 @@ def test_damage_is_one_line_then_repaired_with_exact_accounting(
     verify = _ldpipe(deployment, "store", "verify")
     assert verify.returncode == 1, verify
     assert "Traceback" not in verify.stderr and "panicked" not in verify.stderr, verify.stderr
-    problems = verify.stdout.strip().splitlines()[:-1]
+    problems = verify.stdout.strip().splitlines()
+    assert _one_line(verify).endswith("problem(s), one per line above with its fix "
+                                      '(docs/operations.md, "A damaged sketch store")')  # fmt: skip
     assert any(expected in line for line in problems), verify.stdout
     assert all("ldpipe store repair" in line for line in problems), verify.stdout
     assert problems and all(line.startswith("_delta_log/") or line.startswith("part-")
@@ -294,7 +305,7 @@ def test_a_damaged_checkpoint_is_removed_and_nothing_is_lost(deployment: Deploym
 
     verify = _ldpipe(deployment, "store", "verify")
     assert verify.returncode == 1, verify
-    lines = verify.stdout.strip().splitlines()[:-1]
+    lines = verify.stdout.strip().splitlines()
     assert lines == [
         f"_delta_log/{checkpoint.name}: checkpoint 3 cannot be read as Parquet (truncated or "
         f"corrupt); delete it (the log entries it summarises are whole)",
@@ -307,3 +318,54 @@ def test_a_damaged_checkpoint_is_removed_and_nothing_is_lost(deployment: Deploym
     assert repaired.returncode == 0 and "kept version 3" in repaired.stdout, repaired
     assert _ldpipe(deployment, "store", "verify").returncode == 0
     assert _accounting(deployment) == (SENT, 0)
+
+
+N1, N2 = 2000, 1000  # reports of two batches, aggregated one after the other
+
+
+def test_a_repaired_store_is_filled_again_from_kafka_exactly(
+    broker: KafkaSettings, tmp_path: Path
+) -> None:
+    """The real pipeline on the embedded broker: 3,000 reports aggregated, the segment file of
+    the newest commit deleted, the store repaired (rolled back), the aggregator started again:
+    it reads the rolled-back reports from the shuffled topic once, and the store's sketch is the
+    offline sketch of all 3,000 reports, bit for bit."""
+    pipe = make_pipeline(tmp_path, broker.bootstrap_servers, n_min=500, max_reports=1000)
+    first, second = make_workload(pipe, N1, seed=21), make_workload(pipe, N2, seed=22)
+    bound = 120.0  # seconds for a few windows to seal on a loaded machine (window settings: 1 s)
+    pipe.start_shuffler()
+    pipe.start_aggregator()
+    try:
+        publish(pipe, first.keys, first.values)  # type: ignore[arg-type]
+        pipe.wait_until(lambda: pipe.aggregated() >= N1, bound, "the aggregator", poll=0.5)
+        publish(pipe, second.keys, second.values)  # type: ignore[arg-type]
+        pipe.wait_until(lambda: pipe.aggregated() >= N1 + N2, bound, "the aggregator", poll=0.5)
+    finally:
+        pipe.stop_all()
+    assert pipe.aggregated() == N1 + N2
+    table = Path(pipe.store().uri)
+    newest = max(table.glob("_delta_log/*.json"))
+    added = [json.loads(line)["add"]["path"] for line in newest.read_text("utf-8").splitlines()
+             if "add" in json.loads(line)]  # fmt: skip
+    assert added, f"the newest commit {newest.name} adds no segment"
+    for name in added:
+        (table / name).unlink()
+
+    words = ["--config", str(pipe.config_path), "--use-case", pipe.use_case.name]
+    cli = [sys.executable, "-m", "ldpipe.infra.cli", "store"]
+    verify = subprocess.run([*cli, "verify", *words], capture_output=True, text=True, check=False)
+    assert verify.returncode == 1 and "segment file is missing" in verify.stdout, verify
+    repair = subprocess.run([*cli, "repair", *words], capture_output=True, text=True, check=False)
+    assert repair.returncode == 0 and "rolled back from version" in repair.stdout, repair
+    held = pipe.aggregated()
+    assert held < N1 + N2
+
+    pipe.start_aggregator()
+    try:
+        pipe.wait_until(lambda: pipe.aggregated() >= N1 + N2, bound, "the aggregator", poll=0.5)
+    finally:
+        pipe.stop_all()
+    assert pipe.aggregated() == N1 + N2  # held + read again from Kafka = sent
+    expected: Sketch = offline_sketch(pipe, first.values)[0]
+    expected += offline_sketch(pipe, second.values)[0]
+    assert_same_sketch(live_sketch(pipe.use_case), expected)

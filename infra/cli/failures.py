@@ -14,6 +14,7 @@ only once imported (``sys.modules``), so ``ldpipe --help`` loads none of them.
 
 from __future__ import annotations
 
+import errno
 import json
 import re
 import sys
@@ -114,6 +115,11 @@ def _os(exc: OSError) -> Failure:
         fix = "a file and a directory were confused: check the path"
     elif isinstance(exc, ConnectionError):
         fix = "check that the server it connects to is running and reachable"
+    elif exc.errno in (errno.ENOSPC, errno.EDQUOT):  # a full disk (or quota): issue 22
+        fix = (
+            "free space on that file system (or move what is written there elsewhere), then "
+            "start it again: what was committed before is whole and the restart resumes from it"
+        )
     else:
         fix = "check the path, the disk and the network"
     return Failure(f"{where}{why} ({_kind(exc)}); {fix}", RUNTIME)

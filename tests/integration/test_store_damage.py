@@ -369,3 +369,13 @@ def test_a_repaired_store_is_filled_again_from_kafka_exactly(
     expected: Sketch = offline_sketch(pipe, first.values)[0]
     expected += offline_sketch(pipe, second.values)[0]
     assert_same_sketch(live_sketch(pipe.use_case), expected)
+
+
+def test_a_full_disk_elsewhere_is_one_line_naming_the_path() -> None:
+    """An ENOSPC that no ldpipe code wrapped (a checkpoint, a log file) still names the path."""
+    from ldpipe.infra.cli.failures import explain
+
+    failure = explain(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/var/lib/ldpipe/x.arrow"))
+    assert failure.code == 1 and "\n" not in failure.message
+    assert failure.message.startswith("/var/lib/ldpipe/x.arrow: No space left on device")
+    assert "free space on that file system" in failure.message

@@ -14,7 +14,6 @@ only once imported (``sys.modules``), so ``ldpipe --help`` loads none of them.
 
 from __future__ import annotations
 
-import errno
 import json
 import re
 import sys
@@ -23,7 +22,7 @@ import tomllib
 from dataclasses import dataclass
 from typing import Any
 
-from ldpipe.infra.storage.engine import engine_errors, is_engine_panic
+from ldpipe.infra.storage.engine import engine_errors, is_disk_full, is_engine_panic
 from ldpipe.schemas.errors import LdpipeError
 
 __all__ = ["Failure", "ThreadFailures", "explain", "install_thread_hook"]
@@ -100,6 +99,21 @@ def _store(exc: BaseException) -> Failure | None:
     )
 
 
+def _disk_full(exc: BaseException) -> Failure | None:
+    """A full disk (or quota), whoever raised it (Python, Arrow, delta-rs): the path and the fix,
+    not a damaged-store diagnosis."""
+    if isinstance(exc, LdpipeError) or not is_disk_full(exc):
+        return None
+    path = getattr(exc, "filename", None)
+    where = f"{path}: " if path is not None else ""
+    return Failure(
+        f"{where}no space left on the device ({_first_line(exc)}; {_kind(exc)}); free space on "
+        f"that file system (or move what is written there elsewhere), then start it again: what "
+        f"was committed before is whole and the restart resumes from it",
+        RUNTIME,
+    )
+
+
 def _os(exc: OSError) -> Failure:
     path = exc.filename if exc.filename is not None else None
     where = f"{path}: " if path is not None else ""
@@ -115,11 +129,6 @@ def _os(exc: OSError) -> Failure:
         fix = "a file and a directory were confused: check the path"
     elif isinstance(exc, ConnectionError):
         fix = "check that the server it connects to is running and reachable"
-    elif exc.errno in (errno.ENOSPC, errno.EDQUOT):  # a full disk (or quota): issue 22
-        fix = (
-            "free space on that file system (or move what is written there elsewhere), then "
-            "start it again: what was committed before is whole and the restart resumes from it"
-        )
     else:
         fix = "check the path, the disk and the network"
     return Failure(f"{where}{why} ({_kind(exc)}); {fix}", RUNTIME)
@@ -129,7 +138,7 @@ def explain(exc: BaseException) -> Failure:
     """The one line (without the ``ldpipe CMD: error:`` prefix) and exit code for ``exc``."""
     if isinstance(exc, KeyboardInterrupt):
         return Failure("interrupted", INTERRUPTED)
-    for special in (_kafka, _store):
+    for special in (_disk_full, _kafka, _store):
         found = special(exc)
         if found is not None:
             return found

@@ -37,7 +37,6 @@ their use case with :func:`open_sketch_store` and depend on the
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import logging
 import time
@@ -58,7 +57,7 @@ from deltalake.fs import DeltaStorageHandler
 from deltalake.transaction import AddAction, RemoveAction
 
 from ldpipe.infra.runtime.secret_refs import resolve_all
-from ldpipe.infra.storage.engine import is_engine_panic
+from ldpipe.infra.storage.engine import is_disk_full, is_engine_panic
 from ldpipe.infra.storage.segments import (
     HEADER_COLUMNS,
     HEADER_ROW,
@@ -109,14 +108,6 @@ class StoreDamagedError(StoreError):
 class StoreFullError(StoreError):
     """The disk (or quota) under the store is full: a commit failed before its log entry, so
     nothing was committed and the table reads as before; free space and the commit succeeds."""
-
-
-def is_disk_full(exc: BaseException) -> bool:
-    """ENOSPC (or EDQUOT), from Python, Arrow or delta-rs (whose errors carry only its words)."""
-    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return True
-    text = str(exc)
-    return "No space left on device" in text or "os error 28" in text or "Disk quota" in text
 
 
 @dataclass(frozen=True)

@@ -377,5 +377,10 @@ def test_a_full_disk_elsewhere_is_one_line_naming_the_path() -> None:
 
     failure = explain(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/var/lib/ldpipe/x.arrow"))
     assert failure.code == 1 and "\n" not in failure.message
-    assert failure.message.startswith("/var/lib/ldpipe/x.arrow: No space left on device")
+    assert failure.message.startswith("/var/lib/ldpipe/x.arrow: no space left on the device")
     assert "free space on that file system" in failure.message
+    import pyarrow as pa
+
+    arrow = explain(pa.ArrowIOError("Generic LocalFileSystem error: No space left on device"))
+    assert arrow.message.startswith("no space left on the device"), arrow.message
+    assert "store verify" not in arrow.message

@@ -384,3 +384,18 @@ def test_a_full_disk_elsewhere_is_one_line_naming_the_path() -> None:
     arrow = explain(pa.ArrowIOError("Generic LocalFileSystem error: No space left on device"))
     assert arrow.message.startswith("no space left on the device"), arrow.message
     assert "store verify" not in arrow.message
+
+
+def test_files_vacuumed_after_a_compaction_are_not_damage(deployment: Deployment) -> None:
+    """Old versions name files a vacuum deleted (replaced by a compaction): the newest version
+    is whole, so nothing is reported and the newest version is the good one."""
+    from ldpipe.aggregator.maintenance import compact, verify
+
+    store = seal_windows(deployment.use_case, [(0, 3600, _sketch(deployment.use_case, 5))],
+                         offsets={0: SENT + 5}, store=str(deployment.root / "store"))  # fmt: skip
+    assert [error for _change, error in compact(store)] == [None]
+    assert store.vacuum(0)  # the two replaced files are gone
+    check = check_table(deployment.table)
+    assert check.ok and check.last_good == check.newest == store.version(), check
+    assert verify(store) == []
+    assert _accounting(deployment)[0] == SENT + 5  # every report still counted once

@@ -3,7 +3,8 @@
 delta-rs panics, or aborts the process, on some damaged tables (a truncated log entry: a Rust
 panic; a deleted Parquet file read through its dataset: "terminate called without an active
 exception", rc -6). So :func:`check_table` reads what the Delta protocol puts on disk itself
-(PROTOCOL.md of delta-io/delta, "Delta Log Entries", "Checkpoints", "Last Checkpoint File"):
+(the Delta Transaction Log Protocol, sections "Delta Log Entries", "Checkpoints" and "Last
+Checkpoint File"):
 ``_delta_log/<version:020>.json`` (one JSON action per line), ``<version:020>.checkpoint.parquet``
 and ``_last_checkpoint``, with json and pyarrow only, and finds
 

@@ -6,8 +6,12 @@
   segment, the days of a month older than ``retain_days_days`` one ``month`` segment, so a
   30-day query reads about 30 sketches, not 720;
 * **retain**: months older than ``retain_months`` (when it is not 0) are deleted;
-* **verify**: every segment's rows agree with its header (row count within k, m counters per
-  row, row totals summing to n), one mechanism per epoch.
+* **verify**: the table's files are whole (its log and segment files, read without delta-rs:
+  ``infra/storage/table_check.py``), no aggregator checkpoint was built on offsets the store no
+  longer holds (its latest commits were lost), every segment's rows agree with its header (row
+  count within k, m counters per row, row totals summing to n), one mechanism per epoch;
+* **repair**: a damaged table rolled back to its newest whole version (:func:`repair`); the
+  aggregators resume from that version's offsets and read the rest again from Kafka.
 
 Every change is one :meth:`SegmentStore.replace` commit: readers see the old segments or the
 new one, never both, and a segment committed into the range meanwhile makes it fail and change
@@ -22,29 +26,37 @@ import calendar
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.compute as pc  # type: ignore[import-untyped]
 
+from ldpipe.aggregator.snapshot import list_snapshots
+from ldpipe.aggregator.snapshot_files import latest_snapshot
 from ldpipe.infra.storage.protocol import SegmentStore
 from ldpipe.infra.storage.segments import SegmentData, SegmentInfo
 from ldpipe.infra.storage.sketch_store import StoreError
+from ldpipe.infra.storage.table_check import Damage, TableCheck, check_table, roll_back
 from ldpipe.schemas.config_tables import StoreConfig
 
 __all__ = [
     "Change",
+    "CheckpointAhead",
     "Problem",
+    "Repair",
     "compact",
     "day_range",
     "month_range",
     "plan_compaction",
     "plan_retention",
+    "repair",
     "retain",
     "verify",
+    "verify_checkpoints",
 ]
 
 log = logging.getLogger(__name__)
@@ -83,6 +95,29 @@ class Problem:
 
     def __str__(self) -> str:
         return f"segment {self.segment}: {self.what}"
+
+
+@dataclass(frozen=True)
+class CheckpointAhead:
+    """An aggregator checkpoint built on store offsets the store no longer holds: the store lost
+    its latest commit(s) (a deleted log entry, a restore from an older backup)."""
+
+    path: Path
+    writer: str
+    ahead: tuple[tuple[int, int, int | None], ...]  # (partition, checkpoint's base, store's)
+
+    def __str__(self) -> str:
+        parts = ", ".join(f"{p}: {b} > {'-' if c is None else c}" for p, b, c in self.ahead)
+        return (
+            f"{self.path}: checkpoint of {self.writer} was built on store offsets beyond the "
+            f"store's ({parts}): the store lost its latest commit(s) (a deleted log entry or an "
+            f"older backup); restart the aggregators: they resume from the store's offsets and "
+            f"read the lost reports again from Kafka (lost for good where its retention no "
+            f"longer holds them)"
+        )
+
+
+Finding = Problem | Damage | CheckpointAhead
 
 
 def _stamp(seconds: int) -> str:
@@ -224,7 +259,108 @@ def retain(
     return list(_run(store, changes, writer, progress))
 
 
-def verify(store: SegmentStore) -> list[Problem]:
+def _local(store: SegmentStore) -> Path | None:
+    return None if "://" in store.uri else Path(store.uri)
+
+
+def verify(
+    store: SegmentStore, *, checkpoints: Sequence[Path] = (), topic: str | None = None
+) -> list[Finding]:
+    """The table's files (local tables: ``table_check``), then, if they are whole, the newest
+    checkpoint of every writer in ``checkpoints`` against the store's offsets of ``topic`` and
+    every segment's rows against its header. A damaged table is not read with delta-rs (it may
+    panic or abort the process on one)."""
+    local = _local(store)
+    if local is not None:
+        damage = check_table(local).damage
+        if damage:
+            return list(damage)
+    found: list[Finding] = []
+    if topic is not None:
+        found.extend(verify_checkpoints(store, checkpoints, topic))
+    found.extend(verify_rows(store))
+    return found
+
+
+def verify_checkpoints(
+    store: SegmentStore, directories: Sequence[Path], topic: str
+) -> list[CheckpointAhead]:
+    """The newest valid checkpoint of every writer in ``directories`` whose store offsets (the
+    ``bases`` it was built on) lie beyond the store's committed offsets of ``topic``."""
+    found = []
+    for directory in directories:
+        if not Path(directory).is_dir():
+            continue
+        for writer in sorted({ref.writer for ref in list_snapshots(directory)}):
+            snap = latest_snapshot(directory, writer=writer)
+            if snap is None:
+                continue
+            bases = {int(p): b for p, b in dict(snap.state.get("bases", {})).items()}
+            if not bases or not any(t == topic for t, _p in snap.offsets):
+                continue
+            committed = store.committed_offsets(topic, sorted(bases))
+            ahead = tuple(
+                (p, b, committed[p])
+                for p, b in sorted(bases.items())
+                if b is not None and (committed[p] is None or b > committed[p])
+            )
+            if ahead:
+                found.append(
+                    CheckpointAhead(snap.source or Path(directory) / snap.name, writer, ahead)
+                )
+    return found
+
+
+@dataclass(frozen=True)
+class Repair:
+    """What :func:`repair` did (or, dry, would do)."""
+
+    check: TableCheck
+    rolled_back: bool
+    moved_to: Path | None
+
+    def describe(self) -> str:
+        c = self.check
+        if c.ok:
+            return f"{c.table}: no damage found, nothing to repair"
+        if c.last_good is None:
+            return (
+                f"{c.table}: no whole version is left; restore it from a backup, or move it "
+                f"away and rebuild it with `ldpipe replay`"
+            )
+        offsets = ", ".join(f"{a}={v}" for a, v in sorted(c.offsets.items())) or "none"
+        verb = "rolled back" if self.rolled_back else "would roll back"
+        moved = f"; the removed log files are in {self.moved_to}" if self.moved_to else ""
+        if c.newest == c.last_good:
+            verb = "removed" if self.rolled_back else "would remove"
+            return (
+                f"{c.table}: {verb} the damaged log files, kept version {c.last_good} "
+                f"(committed offsets now {offsets}){moved}; if a newest entry was lost, restart "
+                f"the aggregators: they read everything after these offsets again from Kafka"
+            )
+        return (
+            f"{c.table}: {verb} from version {c.newest} to {c.last_good} (committed offsets "
+            f"now {offsets}){moved}; restart the aggregators: they read everything after these "
+            f"offsets again from Kafka (reports no longer in the topic are lost)"
+        )
+
+
+def repair(store: SegmentStore, *, dry_run: bool = False) -> Repair:
+    """Roll a damaged local table back to its newest whole version (``table_check``)."""
+    local = _local(store)
+    if local is None:
+        raise StoreError(
+            f"{store.uri}: `ldpipe store repair` works on a local table; copy the table to a "
+            f"directory, repair it there and copy it back (docs/operations.md)"
+        )
+    check = check_table(local)
+    if check.ok or check.last_good is None or dry_run:
+        return Repair(check, False, None)
+    damaged_log = [d.path for d in check.damage if d.path.startswith("_delta_log/")]
+    return Repair(check, True, roll_back(local, check.last_good, also=damaged_log))
+
+
+def verify_rows(store: SegmentStore) -> list[Problem]:
     """Every segment's rows against its header; one mechanism per epoch; unique ids."""
     head = store.head()
     if head is None:

@@ -22,7 +22,7 @@ import tomllib
 from dataclasses import dataclass
 from typing import Any
 
-from ldpipe.infra.storage.engine import engine_errors, is_engine_panic
+from ldpipe.infra.storage.engine import engine_errors, is_disk_full, is_engine_panic
 from ldpipe.schemas.errors import LdpipeError
 
 __all__ = ["Failure", "ThreadFailures", "explain", "install_thread_hook"]
@@ -92,8 +92,24 @@ def _store(exc: BaseException) -> Failure | None:
     what = "delta-rs panicked" if is_engine_panic(exc) else "a table could not be read"
     return Failure(
         f"{what}: {_first_line(exc)} ({_kind(exc)}); if it is a sketch store, `ldpipe store "
-        f"verify --config FILE` checks it: restore its missing or damaged files from a backup, "
-        f"or move it away and rebuild it with `ldpipe replay`",
+        f"verify --config FILE` names its damaged files and `ldpipe store repair` rolls it back "
+        f"to its newest whole version (or restore it from a backup, or rebuild it with "
+        f"`ldpipe replay`)",
+        RUNTIME,
+    )
+
+
+def _disk_full(exc: BaseException) -> Failure | None:
+    """A full disk (or quota), whoever raised it (Python, Arrow, delta-rs): the path and the fix,
+    not a damaged-store diagnosis."""
+    if isinstance(exc, LdpipeError) or not is_disk_full(exc):
+        return None
+    path = getattr(exc, "filename", None)
+    where = f"{path}: " if path is not None else ""
+    return Failure(
+        f"{where}no space left on the device ({_first_line(exc)}; {_kind(exc)}); free space on "
+        f"that file system (or move what is written there elsewhere), then start it again: what "
+        f"was committed before is whole and the restart resumes from it",
         RUNTIME,
     )
 
@@ -122,7 +138,7 @@ def explain(exc: BaseException) -> Failure:
     """The one line (without the ``ldpipe CMD: error:`` prefix) and exit code for ``exc``."""
     if isinstance(exc, KeyboardInterrupt):
         return Failure("interrupted", INTERRUPTED)
-    for special in (_kafka, _store):
+    for special in (_disk_full, _kafka, _store):
         found = special(exc)
         if found is not None:
             return found

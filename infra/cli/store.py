@@ -1,4 +1,4 @@
-"""``ldpipe store list | compact | retain | verify``: look after a use case's sketch store."""
+"""``ldpipe store list | compact | retain | verify | repair``: look after a sketch store."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
@@ -18,11 +19,12 @@ from ldpipe.aggregator.maintenance import (
     compact,
     plan_compaction,
     plan_retention,
+    repair,
     retain,
     verify,
 )
 from ldpipe.infra.storage.protocol import SegmentStore
-from ldpipe.infra.storage.sketch_store import open_sketch_store
+from ldpipe.infra.storage.sketch_store import StoreError, open_sketch_store
 from ldpipe.schemas.config import UseCase, load_config, select_use_case
 
 __all__ = ["add_parser", "run"]
@@ -31,7 +33,7 @@ __all__ = ["add_parser", "run"]
 def add_parser(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "store",
-        help="list, compact, roll up, retain and verify a use case's sketch store",
+        help="list, compact, roll up, retain, verify and repair a use case's sketch store",
         description="Look after the sketch store the aggregators seal windows into "
         "(docs/store.md). Every change is one atomic commit; queries running meanwhile see the "
         "store before or after it, never half of it.",
@@ -42,17 +44,33 @@ def add_parser(sub: Any) -> None:
         ("list", "the windows the store holds: segments, reports, levels; committed offsets"),
         ("compact", "merge each window's segments into one"),
         ("retain", "roll windows up into days and days into months; delete old months"),
-        ("verify", "check every segment's rows against its header"),
+        (
+            "verify",
+            "check the table's files and log, the checkpoints' offsets, every "
+            "segment's rows against its header",
+        ),
+        ("repair", "roll a damaged table back to its newest whole version"),
     ):
         a = actions.add_parser(name, help=help_text, description=help_text)
         a.add_argument("--config", required=True, help="pipeline configuration (TOML)")
         a.add_argument("--use-case", help="use case name (default: the only one configured)")
         a.add_argument("--store", help="sketch store URI (default: the use case's store.uri)")
         a.add_argument("--json", action="store_true", help="print one JSON object")
-        if name in ("compact", "retain"):
+        if name == "verify":
+            a.add_argument(
+                "--checkpoints",
+                action="append",
+                type=Path,
+                metavar="DIR",
+                help="an aggregator checkpoint directory to compare with the store's offsets "
+                "(repeat for members on other machines; default: the use case's "
+                "snapshot.directory)",
+            )
+        if name in ("compact", "retain", "repair"):
             a.add_argument(
                 "--dry-run", action="store_true", help="print what would change, change nothing"
             )
+        if name in ("compact", "retain"):
             a.add_argument(
                 "--vacuum",
                 action="store_true",
@@ -148,16 +166,50 @@ def _change(store: SegmentStore, args: argparse.Namespace, use_case: UseCase) ->
     return 1 if failed else 0
 
 
-def _verify(store: SegmentStore, as_json: bool) -> int:
-    problems = verify(store)
+def _verify(
+    store: SegmentStore, use_case: UseCase, checkpoints: list[Path] | None, as_json: bool
+) -> int:
+    directories = checkpoints or [Path(use_case.snapshot.directory)]
+    problems = verify(store, checkpoints=directories, topic=use_case.topics.shuffled)
     if as_json:
         json.dump({"store": store.uri, "problems": [str(p) for p in problems]}, sys.stdout)
         print()
     else:
         for problem in problems:
             print(problem)
-        print(f"{store.uri}: {len(store.segments())} segments, {len(problems)} problem(s)")
-    return 1 if problems else 0
+    if problems:
+        raise StoreError(
+            f"{store.uri}: {len(problems)} problem(s), one per line above with its fix "
+            f"(docs/operations.md, \"A damaged sketch store\")"
+        )
+    if not as_json:
+        print(f"{store.uri}: 0 problems")
+    return 0
+
+
+def _repair(store: SegmentStore, dry_run: bool, as_json: bool) -> int:
+    done = repair(store, dry_run=dry_run)
+    check = done.check
+    if as_json:
+        payload = {
+            "store": store.uri,
+            "damage": [str(d) for d in check.damage],
+            "newest": check.newest,
+            "last_good": check.last_good,
+            "rolled_back": done.rolled_back,
+            "moved_to": None if done.moved_to is None else str(done.moved_to),
+            "offsets": check.offsets,
+        }
+        json.dump(payload, sys.stdout)
+        print()
+    else:
+        for damage in check.damage:
+            print(damage)
+    if check.damage and check.last_good is None:
+        raise StoreError(done.describe())
+    if not as_json:
+        print(done.describe())
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
@@ -166,5 +218,7 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "list":
         return _list(use_case, store, args.json)
     if args.action == "verify":
-        return _verify(store, args.json)
+        return _verify(store, use_case, args.checkpoints, args.json)
+    if args.action == "repair":
+        return _repair(store, args.dry_run, args.json)
     return _change(store, args, use_case)

@@ -10,10 +10,11 @@ resort (``infra/cli/failures.py``) for any that escape, and :func:`engine_loaded
 
 from __future__ import annotations
 
+import errno
 import sys
 from typing import Final
 
-__all__ = ["ENGINE", "engine_errors", "engine_loaded", "is_engine_panic"]
+__all__ = ["ENGINE", "engine_errors", "engine_loaded", "is_disk_full", "is_engine_panic"]
 
 #: the Python package of the table engine
 ENGINE: Final = "deltalake"
@@ -35,3 +36,14 @@ def is_engine_panic(exc: BaseException) -> bool:
     """A Rust panic surfacing through pyo3 (``pyo3_runtime.PanicException``, a BaseException
     that Python code cannot name before one is raised): matched by its class name."""
     return type(exc).__name__ == "PanicException"
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """ENOSPC (or EDQUOT) from Python, Arrow or delta-rs, whose errors carry only its words
+    (``No space left on device (os error 28)``)."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    text = str(exc)
+    return any(
+        words in text for words in ("No space left on device", "os error 28", "Disk quota exceeded")
+    )

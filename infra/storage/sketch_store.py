@@ -57,7 +57,7 @@ from deltalake.fs import DeltaStorageHandler
 from deltalake.transaction import AddAction, RemoveAction
 
 from ldpipe.infra.runtime.secret_refs import resolve_all
-from ldpipe.infra.storage.engine import is_engine_panic
+from ldpipe.infra.storage.engine import is_disk_full, is_engine_panic
 from ldpipe.infra.storage.segments import (
     HEADER_COLUMNS,
     HEADER_ROW,
@@ -77,6 +77,7 @@ __all__ = [
     "StaleCommitError",
     "StoreDamagedError",
     "StoreError",
+    "StoreFullError",
     "TableVersion",
     "app_id",
     "open_sketch_store",
@@ -102,6 +103,11 @@ class StoreDamagedError(StoreError):
     or damaged Parquet file, an unreachable bucket, a panic. The seam's translation of the
     engine's own errors, so no caller needs to know them; the message names the store and the
     fix (``ldpipe store verify``, a backup, ``ldpipe replay``)."""
+
+
+class StoreFullError(StoreError):
+    """The disk (or quota) under the store is full: a commit failed before its log entry, so
+    nothing was committed and the table reads as before; free space and the commit succeeds."""
 
 
 @dataclass(frozen=True)
@@ -174,9 +180,9 @@ class SketchStore:
         lines = str(exc).strip().splitlines()  # delta-rs may append a Rust backtrace
         what = lines[0].strip() if lines else type(exc).__name__
         return StoreDamagedError(
-            f"cannot read the sketch store {self.uri}: {what}; `ldpipe store verify` checks "
-            f"it: restore its damaged or missing files from a backup, or move it away and "
-            f"rebuild it with `ldpipe replay`"
+            f"cannot read the sketch store {self.uri}: {what}; `ldpipe store verify` names "
+            f"the damaged files and `ldpipe store repair` rolls the table back to its newest "
+            f"whole version (or restore it from a backup; docs/operations.md)"
         )
 
     def unwritable(self, exc: BaseException) -> StoreDamagedError:
@@ -190,15 +196,32 @@ class SketchStore:
             f"verify`"
         )
 
+    def full(self, exc: BaseException) -> StoreFullError:
+        """A write that found the disk full, as one line naming the store and the fix."""
+        where = self.uri if "://" in self.uri else str(Path(self.uri).resolve())
+        return StoreFullError(
+            f"no space left on the device holding the sketch store {where}: nothing was "
+            f"committed and the table reads as before; free space there (or move the store and "
+            f"set [use_case.store] uri), then restart the writer: it resumes from the store's "
+            f"offsets"
+        )
+
     @contextlib.contextmanager
     def _engine(self, *, writing: bool = False) -> Iterator[None]:
         """delta-rs's and Arrow's failures inside (its panics too), as
-        :class:`StoreDamagedError`; ours and everything else pass."""
+        :class:`StoreDamagedError` (a full disk while writing: :class:`StoreFullError`); ours
+        and everything else pass."""
         translate = self.unwritable if writing else self.unreadable
         try:
             yield
-        except (DeltaError, pa.ArrowException) as exc:
-            raise translate(exc) from exc
+        except StoreError:
+            raise
+        except (DeltaError, pa.ArrowException, OSError) as exc:
+            if writing and is_disk_full(exc):
+                raise self.full(exc) from exc
+            if isinstance(exc, DeltaError | pa.ArrowException):
+                raise translate(exc) from exc
+            raise  # a plain OSError names its path: the command line explains it
         except BaseException as exc:
             if is_engine_panic(exc):
                 raise translate(exc) from exc
@@ -255,12 +278,27 @@ class SketchStore:
         self._ensure_table()
         data = encode_segments(segments, positions, writer)
         added = self._write_file(data, segments) if data.num_rows else []
+        try:
+            return self._commit_log(added, len(segments), positions, writer, crash_point)
+        except BaseException as exc:
+            if is_disk_full(exc):  # the file no log entry names: give its space back
+                self._discard(added)
+            raise
+
+    def _commit_log(
+        self,
+        added: list[AddAction],
+        count: int,
+        positions: Mapping[tuple[str, int], tuple[int | None, int]],
+        writer: str,
+        crash_point: Callable[[str], None] | None,
+    ) -> int:
         if crash_point is not None:
             crash_point("written")
         transactions = [Transaction(app_id(t, p), end) for (t, p), (_, end) in positions.items()]
         properties = CommitProperties(
             app_transactions=transactions,
-            custom_metadata={"ldpipe.writer": writer, "ldpipe.segments": str(len(segments))},
+            custom_metadata={"ldpipe.writer": writer, "ldpipe.segments": str(count)},
             max_commit_retries=_COMMIT_ATTEMPTS,
         )
         for attempt in range(_COMMIT_ATTEMPTS):
@@ -312,15 +350,22 @@ class SketchStore:
         return self._fs
 
     def _write_file(self, data: Any, segments: Sequence[SegmentData]) -> list[AddAction]:
+        """Write the segments' Parquet file (before any log entry names it: a failure here,
+        a full disk, leaves the table as it was, and the partial file is deleted)."""
         name = f"part-{uuid.uuid4().hex}.zstd.parquet"
         fs = self._filesystem()
-        pq.write_table(
-            data,
-            name,
-            filesystem=fs,
-            compression="zstd",
-            row_group_size=rows_per_group(segments),
-        )
+        try:
+            pq.write_table(
+                data,
+                name,
+                filesystem=fs,
+                compression="zstd",
+                row_group_size=rows_per_group(segments),
+            )
+        except BaseException:
+            with contextlib.suppress(OSError, pa.ArrowException):
+                fs.delete_file(name)
+            raise
         size = fs.get_file_info(name).size
         stats = json.dumps({"numRecords": data.num_rows})
         return [AddAction(name, size, {}, int(time.time() * 1000), True, stats)]
@@ -533,5 +578,3 @@ class SketchStore:
 # ---- encoding ----------------------------------------------------------------------------------
 def _writer_properties(segments: Sequence[SegmentData]) -> WriterProperties:
     return WriterProperties(compression="ZSTD", max_row_group_size=rows_per_group(segments))
-
-

@@ -104,7 +104,7 @@ def test_a_damaged_store_is_one_line_naming_it_and_the_fix(
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
     assert err.startswith(f"ldpipe store: error: cannot read the sketch store {tmp_path}/store")
-    assert "`ldpipe store verify` checks it" in err
+    assert "`ldpipe store verify` names the damaged files" in err
 
 
 def test_a_dying_background_thread_is_one_line_and_stops_the_command(

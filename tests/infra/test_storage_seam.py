@@ -20,6 +20,7 @@ from ldpipe.infra.storage.sketch_store import (
     SketchStore,
     StoreDamagedError,
     StoreError,
+    StoreFullError,
     open_sketch_store,
 )
 from ldpipe.schemas.config import load_config
@@ -73,7 +74,7 @@ def test_a_garbled_table_is_a_store_error_naming_the_store_and_the_fix(tmp_path:
             read()
         message = str(caught.value)
         assert message.startswith(f"cannot read the sketch store {tmp_path}/emoji: ")
-        assert "`ldpipe store verify` checks it" in message and "\n" not in message
+        assert "`ldpipe store verify` names the damaged files" in message and "\n" not in message
         assert isinstance(caught.value, StoreError)
 
 
@@ -131,11 +132,13 @@ def test_a_failed_write_is_a_store_error_naming_what_to_check(
     store = SketchStore(tmp_path, "emoji")
     store.commit([segment(1)], {(T, 0): (None, 1)}, writer="a")
     monkeypatch.setattr(store_module.DeltaTable, "create_write_transaction", fails)
-    with pytest.raises(StoreDamagedError) as caught:
+    files = sorted((tmp_path / "emoji").glob("*.parquet"))
+    with pytest.raises(StoreFullError) as caught:  # a full disk: named as such (issue 22)
         store.commit([segment(2)], {(T, 0): (1, 2)}, writer="a")
     assert str(caught.value).startswith(
-        f"cannot write to the sketch store {tmp_path}/emoji: Generic LocalFileSystem error: No "
-        f"space left on device; check that it is reachable and writable"
+        f"no space left on the device holding the sketch store {tmp_path}/emoji: nothing was "
+        f"committed and the table reads as before; free space there"
     )
+    assert sorted((tmp_path / "emoji").glob("*.parquet")) == files  # its file deleted again
     monkeypatch.undo()
     assert store.committed_offsets(T, [0]) == {0: 1}  # nothing was committed

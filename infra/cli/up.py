@@ -81,6 +81,14 @@ def add_parser(sub: Any) -> None:
         "--bootstrap-servers", help="Kafka brokers host:port[,...] (overrides the configuration)"
     )
     p.add_argument(
+        "--connect-timeout",
+        type=positive_seconds,
+        default=15.0,
+        metavar="SECONDS",
+        help="give up, in one line, if the configuration's brokers do not answer within this "
+        "long (default: 15)",
+    )
+    p.add_argument(
         "--metrics-ports-from",
         type=port,
         metavar="PORT",
@@ -188,7 +196,7 @@ def _broker(config: PipelineConfig, args: argparse.Namespace) -> Iterator[str]:
     if not args.embedded_broker:
         servers = require_bootstrap_servers(config.kafka, args.bootstrap_servers)
         kafka = KafkaSettings(servers, dict(config.kafka.extra))
-        kafka.check_reachable()
+        kafka.check_reachable(args.connect_timeout)
         ensure_topics(kafka, config_topics(config))
         yield servers
         return

@@ -114,6 +114,14 @@ def test_up_runs_init_s_deployment_restarts_killed_services_and_accounts_exactly
             "discovery-shuffler@words", "discovery-aux@words", "discovery-server@words",
             "issuer", "gateway",
         }  # fmt: skip
+        tables = log.read_text(errors="replace").count("SERVICE ")
+        up.send_signal(signal.SIGUSR1)  # one more status table, on request
+        _wait(
+            lambda: log.read_text(errors="replace").count("SERVICE ") == tables + 1,
+            STARTUP,
+            "the status table SIGUSR1 asks for",
+            log,
+        )
         produced = subprocess.run(
             [
                 sys.executable,

@@ -1,12 +1,13 @@
 """``ldpipe up --config pipeline.toml``: run every service a configuration needs, supervised.
 
 Per use case a shuffler and an aggregator (and the discovery shuffler, aux server and server
-when ``[use_case.discovery]`` is set); the token issuer and the gateway once when ``[gateway]``
-is set. Each runs as a child process (``python -m ldpipe.infra.cli ...``) under
-``infra/runtime/supervisor.py``: restarted with bounded exponential backoff when it exits, its
-lines prefixed with its name, one status table at start, on SIGUSR1 and every
-``--status-every`` seconds (``ldpipe up --status`` prints a running one's), and a clean stop on
-SIGTERM or Ctrl-C (children get SIGTERM, then SIGKILL after ``--grace`` seconds; exit 0).
+when ``[use_case.discovery]`` is set; ``sfp-discover --every`` for an SFP use case); the token
+issuer and the gateway once when ``[gateway]`` is set. Each runs as a child process
+(``python -m ldpipe.infra.cli ...``) under ``infra/runtime/supervisor.py``: restarted with
+bounded exponential backoff when it exits, its lines prefixed with its name, one status table
+at start, on SIGUSR1 and every ``--status-every`` seconds (``ldpipe up --status`` prints a
+running one's), and a clean stop on SIGTERM or Ctrl-C (children get SIGTERM, then SIGKILL
+after ``--grace`` seconds; exit 0).
 
 The configuration must name its Kafka cluster (``[kafka] bootstrap_servers``) or the command
 must say ``--embedded-broker``: then a development broker starts first (in memory, as
@@ -138,7 +139,9 @@ def deployment(
     bootstrap_servers: str | None = None,
     metrics_ports_from: int | None = None,
 ) -> list[ChildSpec]:
-    """The services ``config`` needs, in start order, as supervised children; each gets
+    """The services ``config`` needs, in start order, as supervised children (an SFP use case's
+    fragments use case is one more use case; its puzzle runs as ``sfp-discover --every`` the
+    window length); each gets
     ``--bootstrap-servers`` when given (the issuer talks to no broker) and a metrics port
     when ``metrics_ports_from`` is."""
     path = Path(config_path).resolve()
@@ -155,6 +158,11 @@ def deployment(
         if uc.discovery is not None:
             for service in ("discovery-shuffler", "discovery-aux", "discovery-server"):
                 planned.append((f"{service}@{uc.name}", [service, "--use-case", uc.name], True))
+        if uc.sfp is not None and not uc.derived:  # the puzzle, once a window
+            every = ["--every", str(uc.snapshot.window_seconds)]
+            planned.append(
+                (f"sfp-discover@{uc.name}", ["sfp-discover", "--use-case", uc.name, *every], False)
+            )
     if config.gateway is not None:
         planned.append(("issuer", ["issuer"], False))
         planned.append(("gateway", ["gateway"], True))
@@ -165,7 +173,7 @@ def deployment(
         if next_port is not None and name != "issuer":  # it serves /metrics on its own port
             metrics, next_port = next_port, next_port + 1
             if metrics > 65535:
-                raise UpError(
+                raise ValueError(
                     f"--metrics-ports-from {metrics_ports_from}: {len(planned)} services need "
                     f"more ports than there are above it; give a lower port"
                 )

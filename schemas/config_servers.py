@@ -33,14 +33,27 @@ __all__ = [
     "gateway_table",
     "issuer_table",
     "kafka_table",
+    "require_bootstrap_servers",
 ]
+
+NO_BROKER = (
+    'the configuration names no Kafka cluster: add [kafka] bootstrap_servers = "host:port" '
+    "to it, or pass --bootstrap-servers host:port (for one machine, `ldpipe up --embedded-broker` "
+    "starts a broker and points every service at it)"
+)
 
 
 @dataclass(frozen=True)
 class KafkaConfig:
-    """Where the brokers are; ``extra`` passes librdkafka settings through (security, ...)."""
+    """Where the brokers are; ``extra`` passes librdkafka settings through (security, ...).
 
-    bootstrap_servers: str = "127.0.0.1:9092"
+    ``bootstrap_servers`` has no default: a configuration without it names no cluster, and a
+    command that needs Kafka refuses (:func:`require_bootstrap_servers`) rather than joining
+    whatever broker listens on a well-known port (issue 22: a stray configuration fenced another
+    pipeline's shuffler that way).
+    """
+
+    bootstrap_servers: str | None = None
     extra: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -105,7 +118,8 @@ _GATEWAY_FLOATS = ("body_timeout_seconds", "directory_refresh_seconds")
 
 
 def kafka_table(raw: Mapping[str, Any]) -> KafkaConfig:
-    """The ``[kafka]`` table (every key optional)."""
+    """The ``[kafka]`` table (every key optional here; a Kafka command needs
+    ``bootstrap_servers``: :func:`require_bootstrap_servers`)."""
     kafka_raw = get_value("configuration", raw, "kafka", dict, {})
     check_keys("kafka", kafka_raw, {"bootstrap_servers", "extra"})
     extra = get_value("kafka", kafka_raw, "extra", dict, {})
@@ -115,6 +129,19 @@ def kafka_table(raw: Mapping[str, Any]) -> KafkaConfig:
         **field_values("kafka", kafka_raw, KafkaConfig, {"bootstrap_servers": str}),
         extra={str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in extra.items()},
     )
+
+
+def require_bootstrap_servers(kafka: KafkaConfig, override: str | None = None) -> str:
+    """The brokers a command talks to: ``override`` (``--bootstrap-servers``) or the
+    configuration's; ``ConfigError`` naming the fix when neither names one.
+
+    >>> require_bootstrap_servers(KafkaConfig(), "kafka:9092")
+    'kafka:9092'
+    """
+    servers = override or kafka.bootstrap_servers
+    if not servers:
+        raise ConfigError(NO_BROKER)
+    return servers
 
 
 def gateway_table(raw: Mapping[str, Any], base: Path, issuer: IssuerSettings) -> GatewayConfig:

@@ -152,7 +152,16 @@ EXPECTED = (
             r"wrote 19 files into my-deployment/",
             r"produced 20,000 reports \(0 failed\)",
             r"(?m)^emoji: 20,000 reports in \d+ window\(s\)",
-            r"(?m)^broker stopped$",
+            r"(?m)^gateway +running ",  # ldpipe up --status: every service under ldpipe up
+            r"(?m)^up \| stopped$",
+        ),
+    ),
+    Expect(
+        "--metrics-ports-from 19560",  # operations.md: ldpipe up restarts a killed shuffler
+        (
+            r"produced 5,000 reports \(0 failed\)",
+            r"(?m)^shuffler@emoji +running ",
+            r"(?m)^up \| shuffler@emoji exited with -9 after [\d.]+ s; restarting in 1\.0 s$",
         ),
     ),
     Expect("ldpipe params --epsilon 4", (r'"epsilon":', r'"f1":')),

@@ -63,7 +63,8 @@ def run(args: argparse.Namespace) -> int:
     if args.config:
         config = load_config(args.config)
         topics += config_topics(config)
-        host, _, configured = config.kafka.bootstrap_servers.split(",")[0].rpartition(":")
+        named = config.kafka.bootstrap_servers or ""
+        host, _, configured = named.split(",")[0].rpartition(":")
         if port is None and host in ("127.0.0.1", "localhost") and configured.isdigit():
             port = int(configured)
     stop = threading.Event()

@@ -23,6 +23,7 @@ from ldpipe.infra.runtime.observability import (
     service_registry,
 )
 from ldpipe.schemas.config import PipelineConfig, UseCase, load_config, select_use_case
+from ldpipe.schemas.config_servers import require_bootstrap_servers
 
 __all__ = [
     "ServiceContext",
@@ -100,9 +101,12 @@ class ServiceContext:
 
 def kafka_settings(config: PipelineConfig, args: argparse.Namespace) -> KafkaSettings:
     """The configuration's Kafka settings, with --bootstrap-servers and -X applied over them,
-    once a broker has answered (within ``--connect-timeout``; else one line names why)."""
+    once a broker has answered (within ``--connect-timeout``; else one line names why); a
+    configuration that names no cluster, without ``--bootstrap-servers``, is refused in one
+    line (no implicit broker)."""
     extra: dict[str, Any] = {**config.kafka.extra, **parse_extra(args.kafka_extra)}
-    kafka = KafkaSettings(args.bootstrap_servers or config.kafka.bootstrap_servers, extra)
+    servers = require_bootstrap_servers(config.kafka, args.bootstrap_servers)
+    kafka = KafkaSettings(servers, extra)
     kafka.check_reachable(getattr(args, "connect_timeout", 15.0))
     return kafka
 

@@ -75,10 +75,34 @@ def _kafka(exc: BaseException) -> Failure | None:
     if not kafka or not isinstance(exc, kafka):
         return None
     error: Any = exc.args[0] if exc.args else None
+    fenced = _fenced(error)
+    if fenced is not None:
+        return fenced
     what = f"{error.name()}: {error.str()}" if hasattr(error, "str") else _first_line(exc)
     return Failure(
         f"Kafka failed: {what}; check [kafka] bootstrap_servers in the configuration (or "
         f"--bootstrap-servers) and that the broker is running and reachable",
+        RUNTIME,
+    )
+
+
+def _fenced(error: Any) -> Failure | None:
+    """A transactional producer fenced by a newer one with its ``transactional.id``
+    (``_FENCED``, ``PRODUCER_FENCED``; KIP-98): another instance took over, so this one must
+    not go on, and restarting it would fence the other in turn."""
+    names = ("_FENCED", "PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH")
+    name = error.name() if hasattr(error, "name") else ""
+    if name not in names:
+        return None
+    from ldpipe.infra.runtime.kafka import transactional_ids
+
+    ids = transactional_ids()
+    which = f"transactional id {ids[-1]}" if ids else "the same transactional id"
+    return Failure(
+        f"another instance with {which} took over (Kafka fenced this producer: {name}); "
+        f"this one stopped without committing, so nothing is lost or counted twice. If that "
+        f"was not meant, two configurations share the broker, the use case and --instance: "
+        f"stop one, or give each its own [kafka] bootstrap_servers or --instance",
         RUNTIME,
     )
 

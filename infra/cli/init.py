@@ -12,9 +12,11 @@ and token counts in ``issuer.sqlite3``), a ``[gateway]`` table, and the gateway'
 key (role ``ohttp``, ``ohttp-keys/``). Keys live beside the configuration, never in the
 package. Nothing existing is overwritten.
 
-Then it prints the steps (:func:`steps`) that take the emoji use case to a first answer when run
-as printed: without the services' ``--metrics-port`` Prometheus scraped nothing, and without a
-step that tells when a window is sealed the query answered ten rows of zeros.
+Then it prints the one command that runs it all (:data:`UP`, ``ldpipe up``: the development
+broker and every service, supervised), and the same step by step (:func:`steps`), which take the
+emoji use case to a first answer when run as printed: without the services' ``--metrics-port``
+Prometheus scraped nothing, and without a step that tells when a window is sealed the query
+answered ten rows of zeros.
 """
 
 from __future__ import annotations
@@ -31,7 +33,10 @@ from ldpipe.schemas.discovery.tags import TagKey
 from ldpipe.schemas.discovery_settings import TAG_KEY_SUFFIX, save_tag_key
 from ldpipe.schemas.keys import KeyPair, save_key_pair
 
-__all__ = ["ISSUER_KEYS", "STARTER_KEYS", "Ports", "add_parser", "init", "run", "steps"]
+__all__ = ["ISSUER_KEYS", "STARTER_KEYS", "UP", "Ports", "add_parser", "init", "run", "steps"]
+
+#: the one command that runs the starter deployment (``ldpipe up``: infra/cli/up.py)
+UP = "ldpipe up --config pipeline.toml --embedded-broker"
 
 # (directory, name, key id, role): analyzer ids and shuffler ids never collide, so one key
 # directory may hold them all and "two different private keys have key id N" cannot happen
@@ -50,14 +55,19 @@ _TAG_KEY = ("keys/tag", "words", 31)
 PIPELINE = """\
 #:schema ./pipeline.schema.json
 # A starter deployment written by `ldpipe init` (`ldpipe docs configuration` has every option).
-# Paths are relative to this file. From this directory, the steps `ldpipe init` printed:
+# Paths are relative to this file. From this directory, the whole deployment in one command
+# (the broker and every service, supervised; Ctrl-C stops it all):
+#
+#   {up}
+#
+# or the same step by step, as `ldpipe init` printed:
 #
 {steps}
 #
 # and for discovery (`words`, devices from words.txt): `ldpipe docs discovery`.
 
 [kafka]
-bootstrap_servers = "127.0.0.1:{broker_port}"   # your Kafka brokers (or `ldpipe broker`)
+bootstrap_servers = "127.0.0.1:{broker_port}"   # your brokers (or: ldpipe up --embedded-broker)
 
 [[use_case]]
 name = "emoji"
@@ -138,6 +148,8 @@ issuer.sqlite3*
 snapshots/
 store/
 prometheus-data/
+.ldpipe-up.json
+broker-*.log
 """
 
 PROMETHEUS = """\
@@ -324,6 +336,7 @@ def init(directory: str | Path, ports: Ports = Ports()) -> list[Path]:
     commented = "\n".join(f"#   {line}" for line in (*broker, *services, *commands))
     pipeline = PIPELINE.format(
         steps=commented,
+        up=UP,
         broker_port=ports.broker,
         issuer_port=ports.issuer,
         gateway_port=ports.gateway,
@@ -372,7 +385,19 @@ def run(args: argparse.Namespace) -> int:
         print(f"  {path.relative_to(root)}")
     broker, services, commands = steps(ports)
     print(
-        f"\nnext: cd {root}, then start the broker in a terminal of its own; it runs until\n"
+        f"\nrun it: cd {root}, then one command starts the development broker and every service\n"
+        "the configuration needs (shufflers, aggregators, discovery services, issuer, gateway),\n"
+        "each supervised: restarted when it exits, its lines prefixed with its name; Ctrl-C\n"
+        "stops them all, and the broker forgets every report (`ldpipe docs operations`,\n"
+        '"Running a deployment: ldpipe up"):'
+    )
+    print(f"  {UP}")
+    print(
+        "then, in another terminal, the last group of steps below (from `ldpipe issuer\n"
+        "credentials add` on).\n\nOr the same step by step, to see each part:"
+    )
+    print(
+        f"next: cd {root}, then start the broker in a terminal of its own; it runs until\n"
         f"Ctrl-C (and then forgets every report):"
     )
     print("\n".join(f"  {line}" for line in broker))

@@ -45,6 +45,8 @@ class Command:
 COMMANDS: tuple[Command, ...] = (
     Command("demo", "demo", "Start here",
             "run the whole pipeline locally (broker, shuffler, aggregators, query)"),
+    Command("up", "up", "Services",
+            "run every service a configuration needs, supervised (restarts, one status table)"),
     Command("broker", "broker", "Services",
             "run an in-memory Kafka-compatible broker for development (Ctrl-C stops it)"),
     Command("shuffler", "shuffler", "Services",
@@ -101,6 +103,9 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
              "ldpipe demo --protocol sfp"),
     "init": ("ldpipe init my-deployment",),
     "docs": ("ldpipe docs", "ldpipe docs cli", "ldpipe docs operations"),
+    "up": ("ldpipe up --config pipeline.toml --embedded-broker",
+           "ldpipe up --config pipeline.toml --metrics-ports-from 9101 --status-every 600",
+           "ldpipe up --config pipeline.toml --status"),
     "broker": ("ldpipe broker --config pipeline.toml", "ldpipe broker --port 9092"),
     "shuffler": ("ldpipe shuffler --config pipeline.toml --use-case emoji --metrics-port 9101",),
     "aggregator": (

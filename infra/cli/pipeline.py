@@ -13,7 +13,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from confluent_kafka import Consumer, TopicPartition
 from ldpipe.infra.cli.init import ISSUER_KEYS
 from ldpipe.infra.runtime.epochs_io import load_epochs
 from ldpipe.infra.runtime.kafka import KafkaSettings, ensure_topics
+from ldpipe.infra.runtime.supervisor import ldpipe_command, terminate
 from ldpipe.infra.runtime.topics import config_topics
 from ldpipe.infra.storage.sketch_store import SketchStore, open_sketch_store
 from ldpipe.producers.client import DeviceClient
@@ -286,14 +286,7 @@ class LocalPipeline:
         ensure_topics(self.kafka, config_topics(self.config))
 
     def command(self, *args: str) -> list[str]:
-        return [
-            sys.executable,
-            "-m",
-            "ldpipe.infra.cli",
-            *args,
-            "--config",
-            str(self.config_path),
-        ]
+        return ldpipe_command(*args, config=self.config_path)
 
     def start(
         self, name: str, args: Sequence[str], *, env: Mapping[str, str] | None = None
@@ -390,16 +383,9 @@ class LocalPipeline:
             process.wait(30)
 
     def stop_all(self, timeout: float = 20.0) -> None:
-        for process in self.processes.values():
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        for process in self.processes.values():
-            try:
-                process.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(5)
+        """SIGTERM every service, SIGKILL those still running after ``timeout`` seconds (as
+        ``ldpipe up`` stops its children: ``infra/runtime/supervisor.py``)."""
+        terminate(self.processes.values(), timeout)
 
     def log_tail(self, name: str, lines: int = 30) -> str:
         path = self.workdir / f"{name}.log"

@@ -67,7 +67,7 @@ QUICK = {("query", "garbled store"), ("store verify", "missing segment"), ("dlq"
          ("store list", "missing config"), ("simulate", "missing dataset file"),
          ("params", "bad option value"), ("issuer", "missing key"),
          ("issuer credentials add", "missing config"),
-         ("conformance", "bad option value")}  # fmt: skip
+         ("conformance", "bad option value"), ("up", "dead broker")}  # fmt: skip
 # commands that take no configuration: only the bad value and a missing dataset file apply
 NO_FILES = {"demo", "params", "simulate", "discover-sim", "privacy amplification", "keys tag",
             "keys generate", "init", "conformance"}  # fmt: skip

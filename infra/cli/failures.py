@@ -94,7 +94,7 @@ def _fenced(error: Any) -> Failure | None:
     name = error.name() if hasattr(error, "name") else ""
     if name not in names:
         return None
-    from ldpipe.infra.runtime.kafka import transactional_ids
+    from ldpipe.infra.runtime.clients import transactional_ids
 
     ids = transactional_ids()
     which = f"transactional id {ids[-1]}" if ids else "the same transactional id"

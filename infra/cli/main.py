@@ -80,7 +80,7 @@ COMMANDS: tuple[Command, ...] = (
     Command("produce", "produce", "Operate",
             "simulate devices: randomize, encrypt and publish one report each"),
     Command("store", "store", "Operate",
-            "list, compact, roll up, retain and verify a use case's sketch store"),
+            "list, compact, roll up, retain, verify and repair a use case's sketch store"),
     Command("replay", "replay", "Operate",
             "rerun an aggregation from the shuffled topic into a separate sketch store"),
     Command("adapt", "adapt", "Operate",

@@ -16,7 +16,16 @@ from confluent_kafka import Consumer, Producer
 
 from ldpipe.infra.runtime.kafka import KafkaSettings
 
-__all__ = ["ClientFactory", "KafkaClients"]
+__all__ = ["ClientFactory", "KafkaClients", "transactional_ids"]
+
+#: the transactional ids this process built producers with (insertion order), so that a fenced
+#: producer's failure line can name the id another instance took over
+_TRANSACTIONAL_IDS: dict[str, None] = {}
+
+
+def transactional_ids() -> tuple[str, ...]:
+    """The ``transactional.id`` of every producer this process built, first first."""
+    return tuple(_TRANSACTIONAL_IDS)
 
 
 class ClientFactory(Protocol):
@@ -41,4 +50,7 @@ class KafkaClients:
         return Consumer(self.settings.consumer_config(group, overrides))
 
     def producer(self, overrides: Mapping[str, Any]) -> Producer:
-        return Producer(self.settings.producer_config(overrides))
+        config = self.settings.producer_config(overrides)
+        if config.get("transactional.id"):  # remembered for the fenced line (cli/failures.py)
+            _TRANSACTIONAL_IDS.setdefault(str(config["transactional.id"]))
+        return Producer(config)

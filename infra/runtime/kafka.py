@@ -52,20 +52,10 @@ __all__ = [
     "read_tail",
     "read_to_end",
     "require_topics",
-    "transactional_ids",
     "wait_for_assignment",
 ]
 
 log = logging.getLogger(__name__)
-
-#: the transactional ids this process configured producers with (insertion order), so that a
-#: fenced producer's failure line can name the id another instance took over
-_TRANSACTIONAL_IDS: dict[str, None] = {}
-
-
-def transactional_ids() -> tuple[str, ...]:
-    """The ``transactional.id`` of every producer this process configured, first first."""
-    return tuple(_TRANSACTIONAL_IDS)
 
 #: Consumer settings we default, and why (docs/broker.md has the measurements):
 #: a short session timeout makes group joins and failover take seconds, not ~25 s; offsets are
@@ -254,11 +244,8 @@ class KafkaSettings:
         self, overrides: Mapping[str, Any] | None = None, /, **more: Any
     ) -> dict[str, Any]:
         """Config for ``Producer``; dotted keys go in ``overrides``, callbacks may go in ``more``
-        (``error_cb=...``). A ``transactional.id`` is remembered for :func:`transactional_ids`."""
-        config = self._config({}, overrides, more)
-        if config.get("transactional.id"):
-            _TRANSACTIONAL_IDS.setdefault(str(config["transactional.id"]))
-        return config
+        (``error_cb=...``)."""
+        return self._config({}, overrides, more)
 
     def consumer_config(
         self, group_id: str, overrides: Mapping[str, Any] | None = None, /, **more: Any

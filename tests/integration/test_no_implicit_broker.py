@@ -15,9 +15,10 @@ import uuid
 from pathlib import Path
 
 import pytest
-from confluent_kafka import KafkaException, Producer
+from confluent_kafka import KafkaException
 
 from ldpipe.infra.cli.failures import explain
+from ldpipe.infra.runtime.clients import KafkaClients
 from ldpipe.infra.runtime.kafka import KafkaSettings
 from ldpipe.schemas.config import load_config
 from ldpipe.schemas.config_checks import ConfigError
@@ -79,11 +80,12 @@ def test_a_fenced_producer_is_one_line_naming_its_transactional_id(
     ``init_transactions`` fences the first, whose next transactional call fails fatally."""
     topic = topic_factory()  # type: ignore[operator]
     tid = f"ldpipe-shuffler-emoji-fence-{uuid.uuid4().hex[:8]}"
-    first = Producer(broker.producer_config({"transactional.id": tid}))
+    clients = KafkaClients(broker)  # how the run loop builds a service's producer
+    first = clients.producer({"transactional.id": tid})
     first.init_transactions(30)
     first.begin_transaction()
     first.produce(topic, b"before")
-    second = Producer(broker.producer_config({"transactional.id": tid}))
+    second = clients.producer({"transactional.id": tid})
     second.init_transactions(30)  # bumps the epoch: the first is fenced
     with pytest.raises(KafkaException) as raised:
         first.produce(topic, b"after")

@@ -176,7 +176,10 @@ def test_up_runs_init_s_deployment_restarts_killed_services_and_accounts_exactly
 
         def accounted() -> bool:
             stored = sum(s.n for s in open_sketch_store(emoji).segments())
-            dead = count_dead_letters(kafka, emoji.topics.dlq).distinct
+            # refused reports; not the ``duplicate`` letters, copies of shuffled records already
+            # counted (the embedded broker lets a window aborted by the kill -9 through:
+            # docs/broker.md, difference 1), as tests/integration/test_crash.py counts them
+            dead = count_dead_letters(kafka, emoji.topics.dlq).count()
             if stored + dead != seen[0]:
                 seen[0], seen[1] = stored + dead, time.monotonic()
             assert time.monotonic() - seen[1] < STALL, f"stuck at {seen[0]} of {N}: see {log}"
@@ -184,7 +187,7 @@ def test_up_runs_init_s_deployment_restarts_killed_services_and_accounts_exactly
             return stored + dead == N
 
         _wait(accounted, 24 * 3600.0, f"{N} reports in the store or dead letters", log)
-        dead = count_dead_letters(kafka, emoji.topics.dlq).distinct
+        dead = count_dead_letters(kafka, emoji.topics.dlq).count()
         pids = [r.pid for r in _rows(root).values() if r.pid is not None]
     finally:
         if up.poll() is None:

@@ -102,7 +102,11 @@ def kafka_settings(config: PipelineConfig, args: argparse.Namespace) -> KafkaSet
     """The configuration's Kafka settings, with --bootstrap-servers and -X applied over them,
     once a broker has answered (within ``--connect-timeout``; else one line names why)."""
     extra: dict[str, Any] = {**config.kafka.extra, **parse_extra(args.kafka_extra)}
-    kafka = KafkaSettings(args.bootstrap_servers or config.kafka.bootstrap_servers, extra)
+    kafka = KafkaSettings(
+        args.bootstrap_servers or config.kafka.bootstrap_servers,
+        extra,
+        outage_seconds=config.kafka.outage_seconds,
+    )
     kafka.check_reachable(getattr(args, "connect_timeout", 15.0))
     return kafka
 

@@ -12,9 +12,15 @@ A new service is a template to fill in: it names its topics, group and client se
   partition-EOF event seen), the service's own stop condition (``finished``);
 * consumer errors: partition EOF to ``at_end``; out-of-range positions to ``out_of_range``
   (the service decides, e.g. to stop on data loss); any other error is logged;
-* readiness (``/readyz``: set at the first assignment), progress (the last record's time, for
-  the idle timeout), the consumer lag per partition (``infra/runtime/lag.py``), crash points
+* readiness (``/readyz``): ready from the first assignment while the broker answers and,
+  for a group member, while it owns a partition or has owned none only briefly
+  (``infra/runtime/serving.py``); progress (the last record's time, for the idle timeout), the
+  consumer lag per partition (``infra/runtime/lag.py``), crash points
   (``infra/runtime/crash.py``);
+* broker pauses: a step that fails retriably is called again, for up to
+  ``LoopSpec.outage_seconds`` (``[kafka] outage_seconds``) of broker silence, then
+  :class:`~ldpipe.infra.runtime.serving.BrokerOutageError`; a fenced producer is
+  :class:`~ldpipe.infra.runtime.serving.FencedError`;
 * the order of a commit, in :meth:`RunLoop.transaction` (numbered, the order matters):
 
   1. ``begin_transaction``;
@@ -24,10 +30,12 @@ A new service is a template to fill in: it names its topics, group and client se
   4. ``send_offsets_to_transaction`` with those offsets and the consumer's group metadata;
   5. ``commit_transaction``, then crash point ``<name>.after_commit``.
 
-  An error that requires an abort aborts the transaction and rewinds the consumer to the
-  group's committed offsets (the records are consumed again), and the service forgets what it
-  held (``aborted``); the rest of the batch is dropped. Any other error is the service's to
-  report (``failed``). A crash anywhere before step 5 completes aborts the transaction too:
+  A step (3-5) that fails retriably (the broker paused, its coordinator moved) is called again
+  until it succeeds or the broker has been silent for ``outage_seconds``. An error that requires
+  an abort aborts the transaction and rewinds the consumer to the group's committed offsets
+  (the records are consumed again), and the service forgets what it held (``aborted``); the
+  rest of the batch is dropped. A fatal fenced producer raises ``FencedError``; any other error
+  is the service's to report (``failed``). A crash anywhere before step 5 completes aborts the transaction too:
   the next producer with the same ``transactional.id`` fences it.
 
 The smallest service — count records, commit after each batch in one transaction:
@@ -59,7 +67,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
@@ -72,8 +80,17 @@ from confluent_kafka import (
 )
 
 from ldpipe.infra.runtime.clients import ClientFactory
+from ldpipe.infra.runtime.kafka import CONSUMER_DEFAULTS
 from ldpipe.infra.runtime.lag import ConsumerLag
+from ldpipe.infra.runtime.loop_metrics import LoopMetrics
 from ldpipe.infra.runtime.observability import Readiness
+from ldpipe.infra.runtime.serving import (
+    BROKER_DOWN,
+    FencedError,
+    Serving,
+    is_fenced,
+    is_transient,
+)
 
 __all__ = [
     "OUT_OF_RANGE",
@@ -91,6 +108,9 @@ OUT_OF_RANGE = frozenset({KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_O
 
 Partitions = list[TopicPartition]
 Rebalance = Callable[[Consumer, Partitions], None]
+T = TypeVar("T")
+
+_PROBE_EVERY = 1.0  # seconds between metadata probes while the broker is silent
 
 
 def _no_crash(_point: str) -> None:
@@ -122,10 +142,25 @@ class LoopSpec:
     batch_size: int = 2000
     poll_timeout: float = 0.2
     flush_timeout: float = 10.0  # for what the producer still holds when the loop closes
+    outage_seconds: float = 300.0  # broker silence ridden out before BrokerOutageError
+    unowned_seconds: float | None = None  # owning nothing this long: not ready (3 x session)
+    retry_backoff: float = 0.5  # seconds between calls of a step that failed retriably
 
     @property
     def transactional(self) -> bool:
         return "transactional.id" in self.producer_config
+
+    @property
+    def owning_bound(self) -> float:
+        """Seconds a group member may own nothing before it is not ready: ``unowned_seconds``,
+        or 3 x the session timeout (a member that left is noticed after one session timeout,
+        and a rebalance takes about one more)."""
+        if self.unowned_seconds is not None:
+            return self.unowned_seconds
+        session = self.consumer_config.get(
+            "session.timeout.ms", CONSUMER_DEFAULTS["session.timeout.ms"]
+        )
+        return 3 * float(session) / 1000
 
     @property
     def cooperative(self) -> bool:
@@ -180,6 +215,9 @@ class RunLoop:
         readiness: Readiness | None = None,
         lag: ConsumerLag | None = None,
         clock: Callable[[], float] = time.time,
+        metrics: LoopMetrics | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.spec = spec
         self.handlers = handlers
@@ -188,6 +226,18 @@ class RunLoop:
         self.readiness = readiness or Readiness()
         self.lag = lag
         self.clock = clock
+        self.metrics = metrics
+        self.monotonic = monotonic
+        self.sleep = sleep
+        self.serving = Serving(
+            spec.name,
+            self.readiness,
+            outage_seconds=spec.outage_seconds,
+            unowned_seconds=spec.owning_bound,
+            metrics=metrics,
+            clock=monotonic,
+        )
+        self._probed = monotonic()
         self.assigned: set[tuple[str, int]] = set()
         self.at_end: set[tuple[str, int]] = set()  # partitions whose EOF event came last
         self.last_activity = time.monotonic()
@@ -212,11 +262,14 @@ class RunLoop:
         """Build the clients (once): the producer first, initialised for transactions when it
         is transactional, then the consumer."""
         if self._consumer is None or self._producer is None:
-            producer = self.clients.producer(self.spec.producer_config)
+            watch = {"error_cb": self.serving.error_cb}  # the broker's reachability
+            producer = self.clients.producer({**self.spec.producer_config, **watch})
             if self.spec.transactional:
                 producer.init_transactions(30)
             self._producer = producer
-            self._consumer = self.clients.consumer(self.spec.group, self.spec.consumer_config)
+            self._consumer = self.clients.consumer(
+                self.spec.group, {**self.spec.consumer_config, **watch}
+            )
         return self._consumer, self._producer
 
     def close(self) -> None:
@@ -244,7 +297,7 @@ class RunLoop:
             else:
                 consumer.assign(taken)
         self.assigned |= {(tp.topic, tp.partition) for tp in (taken or partitions)}
-        self.readiness.set(True)
+        self.serving.assigned(len(self.assigned))
 
     def _revoke(self, consumer: Consumer, partitions: Partitions) -> None:
         self._give_up(consumer, partitions, self.handlers.on_revoke)
@@ -260,6 +313,7 @@ class RunLoop:
         self.at_end -= gone
         if self.spec.cooperative:
             consumer.incremental_unassign(partitions)
+        self.serving.assigned(len(self.assigned))
 
     def _start(self, consumer: Consumer) -> None:
         fixed = self.handlers.assignment(consumer) if self.handlers.assignment else None
@@ -273,7 +327,7 @@ class RunLoop:
             return
         consumer.assign(fixed)
         self.assigned = {(tp.topic, tp.partition) for tp in fixed}
-        self.readiness.set(True)
+        self.serving.fixed()
 
     # ---- the loop -------------------------------------------------------------------------
     def run(
@@ -302,6 +356,7 @@ class RunLoop:
                 )
                 now = self.clock()
                 self.dispatch(messages, now)
+                self.watch(consumer)
                 if h.due is not None and h.release is not None and h.due(now):
                     h.release(now)
                     self.touch()
@@ -335,6 +390,7 @@ class RunLoop:
         for msg in messages:
             err = msg.error()
             if err is None:
+                self.serving.broker_up()
                 run.append(msg)
                 self.at_end.discard((msg.topic() or "", msg.partition() or 0))
                 self.touch()
@@ -353,12 +409,67 @@ class RunLoop:
                         return
             elif err.code() in OUT_OF_RANGE and h.out_of_range is not None:
                 raise h.out_of_range(msg)
+            elif err.code() in BROKER_DOWN:
+                self.serving.broker_down(err.name())
             else:
                 log.warning("consumer error: %s", err)
         if run:
             h.process(run, now)
 
+    def watch(self, consumer: Consumer) -> None:
+        """After every poll: while the broker is silent, probe it (metadata, at most once a
+        second) and exit with ``BrokerOutageError`` past the bound; then readiness and gauges."""
+        if self.serving.down_since is not None:
+            now = self.monotonic()
+            if now - self._probed >= _PROBE_EVERY:
+                self._probed = now
+                try:
+                    consumer.list_topics(timeout=_PROBE_EVERY)
+                except KafkaException:
+                    pass
+                else:
+                    self.serving.broker_up()
+            over = self.serving.outage_over_bound()
+            if over is not None:
+                raise over
+        self.serving.check()
+
     # ---- commits --------------------------------------------------------------------------
+    def retrying(self, step: str, call: Callable[[], T]) -> T:
+        """``call()``, called again after each retriable failure (the broker paused or its
+        coordinator moved) until it succeeds or the broker has been silent for longer than
+        ``outage_seconds`` (``BrokerOutageError``). Other errors propagate."""
+        while True:
+            try:
+                result = call()
+            except KafkaException as exc:
+                error: KafkaError = exc.args[0]
+                if not is_transient(error):
+                    raise
+                self.serving.broker_down(error.name())
+                over = self.serving.outage_over_bound()
+                if over is not None:
+                    raise over from exc
+                if self.metrics is not None:
+                    self.metrics.transaction_retries.labels(service=self.spec.name).inc()
+                log.info("%s: %s failed retriably (%s); calling it again", self.spec.name, step, error)
+                self.serving.check()
+                self.sleep(self.spec.retry_backoff)
+                continue
+            self.serving.broker_up()
+            return result
+
+    def _flush(self, producer: Producer) -> None:
+        """Deliver every produced record (step 3), however long the broker pauses (within the
+        bound): a flush that times out with records left is a retriable failure."""
+
+        def flush() -> None:
+            left = producer.flush(30)
+            if left:
+                raise KafkaException(KafkaError(KafkaError._TIMED_OUT, f"{left} records undelivered"))
+
+        self.retrying("flush", flush)
+
     def transaction(
         self,
         produce: Callable[[Producer], Sequence[TopicPartition]],
@@ -367,36 +478,68 @@ class RunLoop:
         failed: Callable[[KafkaError, KafkaException], BaseException] | None = None,
     ) -> bool:
         """One transaction in the order of the module docstring (steps 1-5); ``produce`` writes
-        the records and returns the offsets they consumed. False if it was aborted: the
-        consumer is rewound to the committed offsets and ``aborted(error)`` runs. Another Kafka
-        error raises ``failed(error, exc)`` (default: the ``KafkaException``)."""
+        the records and returns the offsets they consumed. Steps 3-5 are called again after a
+        retriable failure (:meth:`retrying`). False if it was aborted: the consumer is rewound
+        to the committed offsets and ``aborted(error)`` runs. A fenced producer raises
+        ``FencedError``; another Kafka error raises ``failed(error, exc)`` (default: the
+        ``KafkaException``)."""
         consumer, producer = self.consumer, self.producer
         try:
             producer.begin_transaction()  # 1
             offsets = list(produce(producer))  # 2
-            producer.flush(30)  # 3: every record is written before the crash point
+            self._flush(producer)  # 3: every record is written before the crash point
             self.crash_point(f"{self.spec.name}.before_commit")
             metadata = consumer.consumer_group_metadata()
-            producer.send_offsets_to_transaction(offsets, metadata, 30)  # 4
-            producer.commit_transaction(30)  # 5
+            self.retrying(  # 4
+                "send_offsets_to_transaction",
+                lambda: producer.send_offsets_to_transaction(offsets, metadata, 30),
+            )
+            self.retrying("commit_transaction", lambda: producer.commit_transaction(30))  # 5
         except KafkaException as exc:
             error: KafkaError = exc.args[0]
-            if error.txn_requires_abort():
-                producer.abort_transaction(30)
-                self.rewind()
-                if aborted is not None:
-                    aborted(error)
-                return False
-            if failed is not None:
-                raise failed(error, exc) from exc
-            raise
+            if not error.txn_requires_abort():
+                raise self._unrecoverable(error, exc, failed) from exc
+            try:
+                self.retrying("abort_transaction", lambda: producer.abort_transaction(30))
+                self.retrying("rewind", self.rewind)
+            except KafkaException as again:
+                raise self._unrecoverable(again.args[0], again, failed) from again
+            if self.metrics is not None:
+                self.metrics.transactions_aborted.labels(service=self.spec.name).inc()
+            if aborted is not None:
+                aborted(error)
+            return False
         self.crash_point(f"{self.spec.name}.after_commit")
         return True
 
+    def _unrecoverable(
+        self,
+        error: KafkaError,
+        exc: KafkaException,
+        failed: Callable[[KafkaError, KafkaException], BaseException] | None,
+    ) -> BaseException:
+        """What a transaction that can be neither retried nor aborted raises."""
+        if is_fenced(error):
+            tid = self.spec.producer_config.get("transactional.id")
+            return FencedError(
+                f"{self.spec.name}: another instance took over transactional id {tid!r} "
+                f"(this producer was fenced: {error.str()}); this one stops. If no other "
+                f"instance should be running, give each instance its own --instance "
+                f"(docs/operations.md#fenced-instance)",
+                error=error,
+            )
+        if failed is not None:
+            return failed(error, exc)
+        return exc
+
     def commit(self, offsets: Sequence[TopicPartition]) -> None:
         """Commit ``offsets`` to the group, synchronously (the services that are not
-        transactional commit after their output is durable)."""
-        self.consumer.commit(offsets=list(offsets), asynchronous=False)
+        transactional commit after their output is durable); called again after a retriable
+        failure, within the outage bound."""
+        self.retrying(
+            "commit",
+            lambda: self.consumer.commit(offsets=list(offsets), asynchronous=False),
+        )
 
     def rewind(self) -> None:
         """Seek every assigned partition back to the group's committed offset (the start of the

@@ -273,6 +273,10 @@ class FakeProducer:
             self.consumer.committed_[(tp.topic, tp.partition)] = tp.offset
         self._sent = []
 
+    def purge(self, in_queue: bool = True, in_flight: bool = True, blocking: bool = True) -> None:
+        self.events.append("purge")
+        self.pending, self._sent = [], []
+
     def abort_transaction(self, timeout: float = -1) -> None:
         self._step("abort_transaction")
         self.pending, self._sent = [], []

@@ -110,7 +110,18 @@ Partitions = list[TopicPartition]
 Rebalance = Callable[[Consumer, Partitions], None]
 T = TypeVar("T")
 
-_PROBE_EVERY = 1.0  # seconds between metadata probes while the broker is silent
+# A frozen broker (SIGSTOP, a stalled VM) keeps its connections open: librdkafka reports no
+# error for a long while (requests time out after socket.timeout.ms, 60 s), so the loop asks
+# for metadata itself: every _PROBE_UP seconds while the broker answers, every _PROBE_DOWN
+# while it does not; no answer within _PROBE_TIMEOUT is a sign of a silent broker.
+_PROBE_UP = 5.0
+_PROBE_DOWN = 1.0
+_PROBE_TIMEOUT = 2.0
+_STEP_TIMEOUT = 10.0  # seconds one call of a transaction step may block
+
+
+class TransactionStuck(Exception):
+    """A transaction step keeps failing while the broker answers: settle it (``_settle``)."""
 
 
 def _no_crash(_point: str) -> None:
@@ -238,6 +249,7 @@ class RunLoop:
             clock=monotonic,
         )
         self._probed = monotonic()
+        self._watch = {"error_cb": self.serving.error_cb}  # the broker's reachability
         self.assigned: set[tuple[str, int]] = set()
         self.at_end: set[tuple[str, int]] = set()  # partitions whose EOF event came last
         self.last_activity = time.monotonic()
@@ -260,15 +272,14 @@ class RunLoop:
 
     def open(self) -> tuple[Consumer, Producer]:
         """Build the clients (once): the producer first, initialised for transactions when it
-        is transactional, then the consumer."""
+        is transactional, then the consumer; both report errors to ``serving.error_cb``."""
         if self._consumer is None or self._producer is None:
-            watch = {"error_cb": self.serving.error_cb}  # the broker's reachability
-            producer = self.clients.producer({**self.spec.producer_config, **watch})
+            producer = self.clients.producer({**self.spec.producer_config, **self._watch})
             if self.spec.transactional:
                 producer.init_transactions(30)
             self._producer = producer
             self._consumer = self.clients.consumer(
-                self.spec.group, {**self.spec.consumer_config, **watch}
+                self.spec.group, {**self.spec.consumer_config, **self._watch}
             )
         return self._consumer, self._producer
 
@@ -417,28 +428,41 @@ class RunLoop:
             h.process(run, now)
 
     def watch(self, consumer: Consumer) -> None:
-        """After every poll: while the broker is silent, probe it (metadata, at most once a
-        second) and exit with ``BrokerOutageError`` past the bound; then readiness and gauges."""
+        """After every poll: probe the broker (a metadata request, every few seconds, every
+        second while it is silent), exit with ``BrokerOutageError`` when it has been silent for
+        longer than the bound; then readiness and gauges."""
+        now = self.monotonic()
+        down = self.serving.down_since is not None
+        if now - self._probed >= (_PROBE_DOWN if down else _PROBE_UP):
+            self._probed = now
+            try:
+                consumer.list_topics(timeout=_PROBE_TIMEOUT)
+            except KafkaException as exc:
+                self.serving.broker_down(exc.args[0].name() if exc.args else "no metadata")
+            else:
+                self.serving.broker_up()
         if self.serving.down_since is not None:
-            now = self.monotonic()
-            if now - self._probed >= _PROBE_EVERY:
-                self._probed = now
-                try:
-                    consumer.list_topics(timeout=_PROBE_EVERY)
-                except KafkaException:
-                    pass
-                else:
-                    self.serving.broker_up()
             over = self.serving.outage_over_bound()
             if over is not None:
                 raise over
         self.serving.check()
 
     # ---- commits --------------------------------------------------------------------------
+    def probe(self) -> bool:
+        """Whether the broker answers a metadata request now (within a few seconds)."""
+        try:
+            self.consumer.list_topics(timeout=_PROBE_TIMEOUT)
+        except KafkaException:
+            return False
+        return True
+
     def retrying(self, step: str, call: Callable[[], T]) -> T:
-        """``call()``, called again after each retriable failure (the broker paused or its
-        coordinator moved) until it succeeds or the broker has been silent for longer than
-        ``outage_seconds`` (``BrokerOutageError``). Other errors propagate."""
+        """``call()``, called again after each retriable failure while the broker is silent,
+        until it succeeds or the broker has been silent for longer than ``outage_seconds``
+        (``BrokerOutageError``). A step that fails retriably twice while the broker answers
+        is stuck (:class:`TransactionStuck`: the transaction coordinator cannot finish it).
+        Other errors propagate."""
+        answered = 0
         while True:
             try:
                 result = call()
@@ -446,12 +470,17 @@ class RunLoop:
                 error: KafkaError = exc.args[0]
                 if not is_transient(error):
                     raise
-                self.serving.broker_down(error.name())
+                if self.metrics is not None:
+                    self.metrics.transaction_retries.labels(service=self.spec.name).inc()
+                if self.probe():
+                    answered += 1
+                    if answered >= 2:
+                        raise TransactionStuck(f"{step}: {error.str()}") from exc
+                else:
+                    self.serving.broker_down(error.name())
                 over = self.serving.outage_over_bound()
                 if over is not None:
                     raise over from exc
-                if self.metrics is not None:
-                    self.metrics.transaction_retries.labels(service=self.spec.name).inc()
                 log.info("%s: %s failed retriably (%s); calling it again", self.spec.name, step, error)
                 self.serving.check()
                 self.sleep(self.spec.retry_backoff)
@@ -464,9 +493,11 @@ class RunLoop:
         bound): a flush that times out with records left is a retriable failure."""
 
         def flush() -> None:
-            left = producer.flush(30)
+            left = producer.flush(_STEP_TIMEOUT)
             if left:
-                raise KafkaException(KafkaError(KafkaError._TIMED_OUT, f"{left} records undelivered"))
+                raise KafkaException(
+                    KafkaError(KafkaError._TIMED_OUT, f"{left} records undelivered")
+                )
 
         self.retrying("flush", flush)
 
@@ -480,10 +511,12 @@ class RunLoop:
         """One transaction in the order of the module docstring (steps 1-5); ``produce`` writes
         the records and returns the offsets they consumed. Steps 3-5 are called again after a
         retriable failure (:meth:`retrying`). False if it was aborted: the consumer is rewound
-        to the committed offsets and ``aborted(error)`` runs. A fenced producer raises
+        to the committed offsets and ``aborted(error)`` runs. A transaction the coordinator
+        cannot finish is settled by a new producer (:meth:`_settle`). A fenced producer raises
         ``FencedError``; another Kafka error raises ``failed(error, exc)`` (default: the
         ``KafkaException``)."""
         consumer, producer = self.consumer, self.producer
+        offsets: list[TopicPartition] = []
         try:
             producer.begin_transaction()  # 1
             offsets = list(produce(producer))  # 2
@@ -492,16 +525,24 @@ class RunLoop:
             metadata = consumer.consumer_group_metadata()
             self.retrying(  # 4
                 "send_offsets_to_transaction",
-                lambda: producer.send_offsets_to_transaction(offsets, metadata, 30),
+                lambda: producer.send_offsets_to_transaction(offsets, metadata, _STEP_TIMEOUT),
             )
-            self.retrying("commit_transaction", lambda: producer.commit_transaction(30))  # 5
+            self.retrying(  # 5
+                "commit_transaction", lambda: producer.commit_transaction(_STEP_TIMEOUT)
+            )
+        except TransactionStuck as stuck:
+            return self._settle(offsets, str(stuck), aborted)
         except KafkaException as exc:
             error: KafkaError = exc.args[0]
             if not error.txn_requires_abort():
                 raise self._unrecoverable(error, exc, failed) from exc
             try:
-                self.retrying("abort_transaction", lambda: producer.abort_transaction(30))
+                self.retrying(
+                    "abort_transaction", lambda: producer.abort_transaction(_STEP_TIMEOUT)
+                )
                 self.retrying("rewind", self.rewind)
+            except TransactionStuck as stuck:
+                return self._settle(offsets, str(stuck), aborted)
             except KafkaException as again:
                 raise self._unrecoverable(again.args[0], again, failed) from again
             if self.metrics is not None:
@@ -511,6 +552,53 @@ class RunLoop:
             return False
         self.crash_point(f"{self.spec.name}.after_commit")
         return True
+
+    def _settle(
+        self,
+        offsets: Sequence[TopicPartition],
+        why: str,
+        aborted: Callable[[KafkaError], None] | None,
+    ) -> bool:
+        """Settle a transaction the coordinator cannot finish (a pause longer than the
+        transaction timeout makes librdkafka bump the producer's epoch, which not every broker
+        supports: Tansu answers it with an error, forever). A new producer with the same
+        ``transactional.id`` is initialised: the coordinator then completes the old
+        transaction (committed if its commit had reached it, else aborted) and fences the old
+        producer, as after a restart. The group's committed offsets say which: True if they
+        include this transaction's ``offsets`` (it was committed), else the consumer is rewound
+        to them and ``aborted`` runs (False)."""
+        log.warning(
+            "%s: the transaction is stuck while the broker answers (%s); settling it with a "
+            "new producer",
+            self.spec.name,
+            why,
+        )
+        old, self._producer = self._producer, None
+        if old is not None:
+            old.purge()  # the stuck transaction's records are the coordinator's to settle now
+        producer = self.clients.producer({**self.spec.producer_config, **self._watch})
+        self.retrying("init_transactions", lambda: producer.init_transactions(_STEP_TIMEOUT))
+        self._producer = producer
+        consumer = self.consumer
+        committed = self.retrying(
+            "committed", lambda: consumer.committed(consumer.assignment(), timeout=_STEP_TIMEOUT)
+        )
+        done = {(tp.topic, tp.partition): tp.offset for tp in committed}
+        if offsets and all(done.get((tp.topic, tp.partition), -1) >= tp.offset for tp in offsets):
+            log.warning("%s: the stuck transaction had been committed", self.spec.name)
+            self.crash_point(f"{self.spec.name}.after_commit")
+            return True
+        for tp in committed:
+            consumer.seek(
+                TopicPartition(tp.topic, tp.partition, tp.offset if tp.offset >= 0 else OFFSET_BEGINNING)
+            )
+        self._rewound = True
+        if self.metrics is not None:
+            self.metrics.transactions_aborted.labels(service=self.spec.name).inc()
+        if aborted is not None:
+            aborted(KafkaError(KafkaError._TIMED_OUT, why))
+        log.warning("%s: the stuck transaction was aborted; its records come again", self.spec.name)
+        return False
 
     def _unrecoverable(
         self,

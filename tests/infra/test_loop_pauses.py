@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 
 import pytest
-from confluent_kafka import KafkaError, Producer, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 from prometheus_client import CollectorRegistry
 
 from ldpipe.infra.runtime.fakes import FakeClients, FakeError, FakeMessage
@@ -54,10 +54,17 @@ class Echo:
         self.failed: list[int] = []
         self.states: list[tuple[bool, str]] = []
         self.polls = 4  # the loop stops after this many polls
+        self.silent_while_failing = True  # else the broker answers metadata throughout
 
         def sleep(seconds: float) -> None:
             self.states.append(self.readiness.state())
             self.clock.sleep(seconds)
+            # the broker answers metadata again once the paused steps have no failures left
+            if self.silent_while_failing:
+                left = any(isinstance(v, list) and v for v in clients.fail.values())
+                clients.consumer_.reachable = not left
+
+        clients.consumer_.reachable = not any(clients.fail.values())  # silent while failing
 
         self.loop = RunLoop(
             spec,
@@ -181,12 +188,18 @@ def test_a_plain_commit_rides_out_a_pause() -> None:
         committed.append(len(messages))
 
     clock = Clock()
+    clients.consumer_.reachable = False
+
+    def sleep(seconds: float) -> None:
+        clock.sleep(seconds)
+        clients.consumer_.reachable = clients.events.count("list_topics") >= 3
+
     loop = RunLoop(
         LoopSpec("plain", ("in",), "g"),
         Handlers(process=process),  # type: ignore[arg-type]
         clients=clients,
         monotonic=clock,
-        sleep=clock.sleep,
+        sleep=sleep,
     )
     loop.run(idle_timeout=0.0)
     assert committed == [2] and clients.consumer_.committed_ == {("in", 0): 2}
@@ -196,8 +209,6 @@ def _failing_then(call: object, n: int) -> object:
     errors = timed_out(n)
 
     def commit(**kwargs: object) -> None:
-        from confluent_kafka import KafkaException
-
         if errors:
             raise KafkaException(errors.pop(0))
         call(**kwargs)  # type: ignore[operator]
@@ -278,3 +289,47 @@ def test_a_fixed_assignment_is_never_owning_nothing() -> None:
     )
     echo.loop.run()
     assert echo.readiness.state() == (True, "")
+
+
+def test_a_step_failing_while_the_broker_answers_is_settled_by_a_new_producer() -> None:
+    # a pause longer than the transaction timeout: the commit times out although the broker
+    # answers metadata (Tansu refuses librdkafka's epoch bump, forever)
+    clients = FakeClients(
+        [records(0, 2), records(0, 2)], fail={"commit_transaction": timed_out(2)}
+    )
+    echo = Echo(clients)
+    echo.silent_while_failing, clients.consumer_.reachable = False, True
+    echo.loop.run()
+    assert clients.events.count("init_transactions") == 2  # a new producer
+    assert "purge" in clients.events and "seek in:0:0" in clients.events
+    assert echo.aborts == [KafkaError._TIMED_OUT]
+    assert clients.producer_.committed == [("out", b"v0"), ("out", b"v1")]  # redone, once
+    assert clients.producer_.offsets == [("in", 0, 2)]
+
+
+def test_a_stuck_transaction_that_was_committed_counts_as_committed() -> None:
+    clients = FakeClients([records(0, 2)])
+    producer = clients.producer_
+    commit = producer.commit_transaction
+    errors = timed_out(2)
+
+    def committed_then_timed_out(timeout: float = -1) -> None:
+        if len(errors) == 2:
+            commit(timeout)  # the coordinator got it; the answer never came
+        if errors:
+            raise KafkaException(errors.pop(0))
+
+    producer.commit_transaction = committed_then_timed_out  # type: ignore[method-assign]
+    echo = Echo(clients)
+    echo.silent_while_failing, clients.consumer_.reachable = False, True
+    outcomes: list[bool] = []
+    echo.loop.handlers = Handlers(
+        process=lambda ms, now: outcomes.append(  # type: ignore[arg-type,misc]
+            echo.loop.transaction(lambda p: offsets_after(ms))  # type: ignore[arg-type]
+        ),
+        finished=echo.finished,
+    )
+    echo.loop.run()
+    assert outcomes == [True]
+    assert not any(e.startswith("seek") for e in clients.events)
+    assert clients.events.count("init_transactions") == 2

@@ -456,12 +456,13 @@ class RunLoop:
             return False
         return True
 
-    def retrying(self, step: str, call: Callable[[], T]) -> T:
+    def retrying(self, step: str, call: Callable[[], T], *, answers: bool = True) -> T:
         """``call()``, called again after each retriable failure while the broker is silent,
         until it succeeds or the broker has been silent for longer than ``outage_seconds``
         (``BrokerOutageError``). A step that fails retriably twice while the broker answers
         is stuck (:class:`TransactionStuck`: the transaction coordinator cannot finish it).
-        Other errors propagate."""
+        Other errors propagate. A success means the broker answered unless ``answers`` is
+        false (a flush also ends when its records failed)."""
         answered = 0
         while True:
             try:
@@ -485,7 +486,8 @@ class RunLoop:
                 self.serving.check()
                 self.sleep(self.spec.retry_backoff)
                 continue
-            self.serving.broker_up()
+            if answers:
+                self.serving.broker_up()
             return result
 
     def _flush(self, producer: Producer) -> None:
@@ -499,7 +501,7 @@ class RunLoop:
                     KafkaError(KafkaError._TIMED_OUT, f"{left} records undelivered")
                 )
 
-        self.retrying("flush", flush)
+        self.retrying("flush", flush, answers=False)
 
     def transaction(
         self,

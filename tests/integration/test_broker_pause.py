@@ -25,7 +25,7 @@ import pytest
 
 from ldpipe.infra.runtime.broker import EmbeddedBroker
 from ldpipe.infra.runtime.dead_letters import count_dead_letters
-from tests.integration.test_metrics import scrape
+from tests.integration.test_metrics import scrape, value
 from tests.integration.pipeline_helpers import (
     assert_same_sketch,
     live_sketch,
@@ -33,7 +33,6 @@ from tests.integration.pipeline_helpers import (
     make_workload,
     offline_sketch,
     publish,
-    release_the_last_window,
 )
 
 PAUSE = 20.0  # seconds the broker is frozen: > the shuffler's transaction timeout below
@@ -54,6 +53,13 @@ def readyz(port: int) -> int | None:
         return None
 
 
+def buffered(port: int) -> float:
+    """Reports the shuffler holds in its open window."""
+    samples = scrape(port)
+    found = value(samples, "ldpipe_shuffler_buffered_reports") if samples else None
+    return found or 0.0
+
+
 @pytest.mark.slow
 def test_a_broker_pause_longer_than_the_transaction_timeout_is_ridden_out(
     tmp_path: Path,
@@ -62,7 +68,7 @@ def test_a_broker_pause_longer_than_the_transaction_timeout_is_ridden_out(
         pipe = make_pipeline(
             tmp_path / "pipe",
             broker.bootstrap_servers,
-            n_min=100,
+            n_min=1,  # every report is released without a restart (a restart is not the test)
             max_reports=10_000,
             max_wait_seconds=2.0,  # a window fills for 2 s: most likely open when the broker stops
             snapshot_interval=0.3,
@@ -98,6 +104,9 @@ def test_a_broker_pause_longer_than_the_transaction_timeout_is_ridden_out(
                 pipe.wait_until(lambda port=port: readyz(port) == 200, 120, f"{name} ready")
             publisher.start()
             pipe.wait_until(lambda: pipe.aggregated() > 0, 120, "the first sealed window")
+            # stop the broker while the shuffler holds an open window: its release is then a
+            # transaction in flight during the pause
+            pipe.wait_until(lambda: buffered(PORTS["shuffler"]) > 0, 60, "an open window")
             assert broker.pid is not None
             os.kill(broker.pid, signal.SIGSTOP)
             paused = time.monotonic()
@@ -114,7 +123,6 @@ def test_a_broker_pause_longer_than_the_transaction_timeout_is_ridden_out(
             assert not publisher.is_alive(), "publishing did not finish after the pause"
             # ready again once the broker answers: within a session timeout and a rebalance
             pipe.wait_until(lambda: readyz(PORTS["shuffler"]) == 200, 60, "shuffler ready again")
-            release_the_last_window(pipe)
             pipe.wait_until(lambda: pipe.shuffler_backlog() == 0, 180, "the shuffler")
             dlq = pipe.use_case.topics.dlq
 
@@ -131,7 +139,11 @@ def test_a_broker_pause_longer_than_the_transaction_timeout_is_ridden_out(
             metrics = scrape(PORTS["shuffler"])
         finally:
             pipe.stop_all()
-        print({k: v for k, v in (metrics or {}).items() if "loop" in k})
+        assert metrics is not None
+        retried = value(metrics, "ldpipe_loop_transaction_retries_total", service="shuffler")
+        settled = value(metrics, "ldpipe_loop_transactions_aborted_total", service="shuffler")
+        print(f"shuffler: {retried} transaction steps retried, {settled} transactions aborted")
+        assert (retried or 0) + (settled or 0) >= 1  # a transaction was in flight in the pause
         log = (tmp_path / "pipe" / "shuffler.log").read_text()
         assert "unreachable" in log, log[-3000:]
         assert 503 in seen["shuffler"], seen["shuffler"]  # not ready while the broker was frozen

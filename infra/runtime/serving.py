@@ -14,7 +14,7 @@ its assignment; it sets the service's :class:`~ldpipe.infra.runtime.observabilit
   (3 x the session timeout by default) is not ready and logs one warning; owning nothing briefly
   is a rebalance, for longer a stalled group (docs/operations.md#owning-nothing).
 
-Kafka's transactional error classes (KIP-98, librdkafka's ``INTRODUCTION.md`` "Transactional
+Kafka's transactional error classes (KIP-98; librdkafka's introduction, "Transactional
 Producer API"): a *retriable* error means call the same step again, one that *requires abort*
 means abort, rewind and redo, a *fatal* one means this producer can do nothing more; a fatal
 fenced producer (another instance with the same ``transactional.id`` took over) is

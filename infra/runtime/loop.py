@@ -34,9 +34,11 @@ A new service is a template to fill in: it names its topics, group and client se
   until it succeeds or the broker has been silent for ``outage_seconds``. An error that requires
   an abort aborts the transaction and rewinds the consumer to the group's committed offsets
   (the records are consumed again), and the service forgets what it held (``aborted``); the
-  rest of the batch is dropped. A fatal fenced producer raises ``FencedError``; any other error
-  is the service's to report (``failed``). A crash anywhere before step 5 completes aborts the transaction too:
-  the next producer with the same ``transactional.id`` fences it.
+  rest of the batch is dropped. A transaction the coordinator cannot finish while the broker
+  answers (a pause longer than the transaction timeout) is settled by a new producer. A fatal
+  fenced producer raises ``FencedError``; any other error is the service's to report
+  (``failed``). A crash anywhere before step 5 completes aborts the transaction too: the next
+  producer with the same ``transactional.id`` fences it.
 
 The smallest service — count records, commit after each batch in one transaction:
 
@@ -120,7 +122,7 @@ _PROBE_TIMEOUT = 2.0
 _STEP_TIMEOUT = 10.0  # seconds one call of a transaction step may block
 
 
-class TransactionStuck(Exception):
+class TransactionStuckError(Exception):
     """A transaction step keeps failing while the broker answers: settle it (``_settle``)."""
 
 
@@ -460,7 +462,7 @@ class RunLoop:
         """``call()``, called again after each retriable failure while the broker is silent,
         until it succeeds or the broker has been silent for longer than ``outage_seconds``
         (``BrokerOutageError``). A step that fails retriably twice while the broker answers
-        is stuck (:class:`TransactionStuck`: the transaction coordinator cannot finish it).
+        is stuck (:class:`TransactionStuckError`: the transaction coordinator cannot finish it).
         Other errors propagate. A success means the broker answered unless ``answers`` is
         false (a flush also ends when its records failed)."""
         answered = 0
@@ -476,13 +478,15 @@ class RunLoop:
                 if self.probe():
                     answered += 1
                     if answered >= 2:
-                        raise TransactionStuck(f"{step}: {error.str()}") from exc
+                        raise TransactionStuckError(f"{step}: {error.str()}") from exc
                 else:
                     self.serving.broker_down(error.name())
                 over = self.serving.outage_over_bound()
                 if over is not None:
                     raise over from exc
-                log.info("%s: %s failed retriably (%s); calling it again", self.spec.name, step, error)
+                log.info(
+                    "%s: %s failed retriably (%s); calling it again", self.spec.name, step, error
+                )
                 self.serving.check()
                 self.sleep(self.spec.retry_backoff)
                 continue
@@ -532,7 +536,7 @@ class RunLoop:
             self.retrying(  # 5
                 "commit_transaction", lambda: producer.commit_transaction(_STEP_TIMEOUT)
             )
-        except TransactionStuck as stuck:
+        except TransactionStuckError as stuck:
             return self._settle(offsets, str(stuck), aborted)
         except KafkaException as exc:
             error: KafkaError = exc.args[0]
@@ -543,7 +547,7 @@ class RunLoop:
                     "abort_transaction", lambda: producer.abort_transaction(_STEP_TIMEOUT)
                 )
                 self.retrying("rewind", self.rewind)
-            except TransactionStuck as stuck:
+            except TransactionStuckError as stuck:
                 return self._settle(offsets, str(stuck), aborted)
             except KafkaException as again:
                 raise self._unrecoverable(again.args[0], again, failed) from again
@@ -592,7 +596,9 @@ class RunLoop:
             return True
         for tp in committed:
             consumer.seek(
-                TopicPartition(tp.topic, tp.partition, tp.offset if tp.offset >= 0 else OFFSET_BEGINNING)
+                TopicPartition(
+                    tp.topic, tp.partition, tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
+                )
             )
         self._rewound = True
         if self.metrics is not None:

@@ -294,9 +294,7 @@ def test_a_fixed_assignment_is_never_owning_nothing() -> None:
 def test_a_step_failing_while_the_broker_answers_is_settled_by_a_new_producer() -> None:
     # a pause longer than the transaction timeout: the commit times out although the broker
     # answers metadata (Tansu refuses librdkafka's epoch bump, forever)
-    clients = FakeClients(
-        [records(0, 2), records(0, 2)], fail={"commit_transaction": timed_out(2)}
-    )
+    clients = FakeClients([records(0, 2), records(0, 2)], fail={"commit_transaction": timed_out(2)})
     echo = Echo(clients)
     echo.silent_while_failing, clients.consumer_.reachable = False, True
     echo.loop.run()

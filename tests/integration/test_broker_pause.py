@@ -25,7 +25,6 @@ import pytest
 
 from ldpipe.infra.runtime.broker import EmbeddedBroker
 from ldpipe.infra.runtime.dead_letters import count_dead_letters
-from tests.integration.test_metrics import scrape, value
 from tests.integration.pipeline_helpers import (
     assert_same_sketch,
     live_sketch,
@@ -34,6 +33,7 @@ from tests.integration.pipeline_helpers import (
     offline_sketch,
     publish,
 )
+from tests.integration.test_metrics import scrape, value
 
 PAUSE = 20.0  # seconds the broker is frozen: > the shuffler's transaction timeout below
 TRANSACTION_TIMEOUT_MS = 10_000

@@ -69,10 +69,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, TypeVar
+from typing import Any
 
 from confluent_kafka import (
-    OFFSET_BEGINNING,
     Consumer,
     KafkaError,
     KafkaException,
@@ -86,13 +85,8 @@ from ldpipe.infra.runtime.kafka import CONSUMER_DEFAULTS
 from ldpipe.infra.runtime.lag import ConsumerLag
 from ldpipe.infra.runtime.loop_metrics import LoopMetrics
 from ldpipe.infra.runtime.observability import Readiness
-from ldpipe.infra.runtime.serving import (
-    BROKER_DOWN,
-    FencedError,
-    Serving,
-    is_fenced,
-    is_transient,
-)
+from ldpipe.infra.runtime.serving import BROKER_DOWN, Serving
+from ldpipe.infra.runtime.transactions import PROBE_TIMEOUT, TransactionSteps
 
 __all__ = [
     "OUT_OF_RANGE",
@@ -110,20 +104,12 @@ OUT_OF_RANGE = frozenset({KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_O
 
 Partitions = list[TopicPartition]
 Rebalance = Callable[[Consumer, Partitions], None]
-T = TypeVar("T")
-
 # A frozen broker (SIGSTOP, a stalled VM) keeps its connections open: librdkafka reports no
 # error for a long while (requests time out after socket.timeout.ms, 60 s), so the loop asks
 # for metadata itself: every _PROBE_UP seconds while the broker answers, every _PROBE_DOWN
-# while it does not; no answer within _PROBE_TIMEOUT is a sign of a silent broker.
+# while it does not (each probe waits up to PROBE_TIMEOUT, transactions.py).
 _PROBE_UP = 5.0
 _PROBE_DOWN = 1.0
-_PROBE_TIMEOUT = 2.0
-_STEP_TIMEOUT = 10.0  # seconds one call of a transaction step may block
-
-
-class TransactionStuckError(Exception):
-    """A transaction step keeps failing while the broker answers: settle it (``_settle``)."""
 
 
 def _no_crash(_point: str) -> None:
@@ -215,7 +201,7 @@ class Handlers:
     failing: Callable[[BaseException], None] | None = None
 
 
-class RunLoop:
+class RunLoop(TransactionSteps):
     """One service's consumer, producer and loop (see the module docstring)."""
 
     def __init__(
@@ -438,7 +424,7 @@ class RunLoop:
         if now - self._probed >= (_PROBE_DOWN if down else _PROBE_UP):
             self._probed = now
             try:
-                consumer.list_topics(timeout=_PROBE_TIMEOUT)
+                consumer.list_topics(timeout=PROBE_TIMEOUT)
             except KafkaException as exc:
                 self.serving.broker_down(exc.args[0].name() if exc.args else "no metadata")
             else:
@@ -448,203 +434,6 @@ class RunLoop:
             if over is not None:
                 raise over
         self.serving.check()
-
-    # ---- commits --------------------------------------------------------------------------
-    def probe(self) -> bool:
-        """Whether the broker answers a metadata request now (within a few seconds)."""
-        try:
-            self.consumer.list_topics(timeout=_PROBE_TIMEOUT)
-        except KafkaException:
-            return False
-        return True
-
-    def retrying(self, step: str, call: Callable[[], T], *, answers: bool = True) -> T:
-        """``call()``, called again after each retriable failure while the broker is silent,
-        until it succeeds or the broker has been silent for longer than ``outage_seconds``
-        (``BrokerOutageError``). A step that fails retriably twice while the broker answers
-        is stuck (:class:`TransactionStuckError`: the transaction coordinator cannot finish it).
-        Other errors propagate. A success means the broker answered unless ``answers`` is
-        false (a flush also ends when its records failed)."""
-        answered = 0
-        while True:
-            try:
-                result = call()
-            except KafkaException as exc:
-                error: KafkaError = exc.args[0]
-                if not is_transient(error):
-                    raise
-                if self.metrics is not None:
-                    self.metrics.transaction_retries.labels(service=self.spec.name).inc()
-                if self.probe():
-                    answered += 1
-                    if answered >= 2:
-                        raise TransactionStuckError(f"{step}: {error.str()}") from exc
-                else:
-                    self.serving.broker_down(error.name())
-                over = self.serving.outage_over_bound()
-                if over is not None:
-                    raise over from exc
-                log.info(
-                    "%s: %s failed retriably (%s); calling it again", self.spec.name, step, error
-                )
-                self.serving.check()
-                self.sleep(self.spec.retry_backoff)
-                continue
-            if answers:
-                self.serving.broker_up()
-            return result
-
-    def _flush(self, producer: Producer) -> None:
-        """Deliver every produced record (step 3), however long the broker pauses (within the
-        bound): a flush that times out with records left is a retriable failure."""
-
-        def flush() -> None:
-            left = producer.flush(_STEP_TIMEOUT)
-            if left:
-                raise KafkaException(
-                    KafkaError(KafkaError._TIMED_OUT, f"{left} records undelivered")
-                )
-
-        self.retrying("flush", flush, answers=False)
-
-    def transaction(
-        self,
-        produce: Callable[[Producer], Sequence[TopicPartition]],
-        *,
-        aborted: Callable[[KafkaError], None] | None = None,
-        failed: Callable[[KafkaError, KafkaException], BaseException] | None = None,
-    ) -> bool:
-        """One transaction in the order of the module docstring (steps 1-5); ``produce`` writes
-        the records and returns the offsets they consumed. Steps 3-5 are called again after a
-        retriable failure (:meth:`retrying`). False if it was aborted: the consumer is rewound
-        to the committed offsets and ``aborted(error)`` runs. A transaction the coordinator
-        cannot finish is settled by a new producer (:meth:`_settle`). A fenced producer raises
-        ``FencedError``; another Kafka error raises ``failed(error, exc)`` (default: the
-        ``KafkaException``)."""
-        consumer, producer = self.consumer, self.producer
-        offsets: list[TopicPartition] = []
-        try:
-            producer.begin_transaction()  # 1
-            offsets = list(produce(producer))  # 2
-            self._flush(producer)  # 3: every record is written before the crash point
-            self.crash_point(f"{self.spec.name}.before_commit")
-            metadata = consumer.consumer_group_metadata()
-            self.retrying(  # 4
-                "send_offsets_to_transaction",
-                lambda: producer.send_offsets_to_transaction(offsets, metadata, _STEP_TIMEOUT),
-            )
-            self.retrying(  # 5
-                "commit_transaction", lambda: producer.commit_transaction(_STEP_TIMEOUT)
-            )
-        except TransactionStuckError as stuck:
-            return self._settle(offsets, str(stuck), aborted)
-        except KafkaException as exc:
-            error: KafkaError = exc.args[0]
-            if not error.txn_requires_abort():
-                raise self._unrecoverable(error, exc, failed) from exc
-            try:
-                self.retrying(
-                    "abort_transaction", lambda: producer.abort_transaction(_STEP_TIMEOUT)
-                )
-                self.retrying("rewind", self.rewind)
-            except TransactionStuckError as stuck:
-                return self._settle(offsets, str(stuck), aborted)
-            except KafkaException as again:
-                raise self._unrecoverable(again.args[0], again, failed) from again
-            if self.metrics is not None:
-                self.metrics.transactions_aborted.labels(service=self.spec.name).inc()
-            if aborted is not None:
-                aborted(error)
-            return False
-        self.crash_point(f"{self.spec.name}.after_commit")
-        return True
-
-    def _settle(
-        self,
-        offsets: Sequence[TopicPartition],
-        why: str,
-        aborted: Callable[[KafkaError], None] | None,
-    ) -> bool:
-        """Settle a transaction the coordinator cannot finish (a pause longer than the
-        transaction timeout makes librdkafka bump the producer's epoch, which not every broker
-        supports: Tansu answers it with an error, forever). A new producer with the same
-        ``transactional.id`` is initialised: the coordinator then completes the old
-        transaction (committed if its commit had reached it, else aborted) and fences the old
-        producer, as after a restart. The group's committed offsets say which: True if they
-        include this transaction's ``offsets`` (it was committed), else the consumer is rewound
-        to them and ``aborted`` runs (False)."""
-        log.warning(
-            "%s: the transaction is stuck while the broker answers (%s); settling it with a "
-            "new producer",
-            self.spec.name,
-            why,
-        )
-        old, self._producer = self._producer, None
-        if old is not None:
-            old.purge()  # the stuck transaction's records are the coordinator's to settle now
-        producer = self.clients.producer({**self.spec.producer_config, **self._watch})
-        self.retrying("init_transactions", lambda: producer.init_transactions(_STEP_TIMEOUT))
-        self._producer = producer
-        consumer = self.consumer
-        committed = self.retrying(
-            "committed", lambda: consumer.committed(consumer.assignment(), timeout=_STEP_TIMEOUT)
-        )
-        done = {(tp.topic, tp.partition): tp.offset for tp in committed}
-        if offsets and all(done.get((tp.topic, tp.partition), -1) >= tp.offset for tp in offsets):
-            log.warning("%s: the stuck transaction had been committed", self.spec.name)
-            self.crash_point(f"{self.spec.name}.after_commit")
-            return True
-        for tp in committed:
-            consumer.seek(
-                TopicPartition(
-                    tp.topic, tp.partition, tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
-                )
-            )
-        self._rewound = True
-        if self.metrics is not None:
-            self.metrics.transactions_aborted.labels(service=self.spec.name).inc()
-        if aborted is not None:
-            aborted(KafkaError(KafkaError._TIMED_OUT, why))
-        log.warning("%s: the stuck transaction was aborted; its records come again", self.spec.name)
-        return False
-
-    def _unrecoverable(
-        self,
-        error: KafkaError,
-        exc: KafkaException,
-        failed: Callable[[KafkaError, KafkaException], BaseException] | None,
-    ) -> BaseException:
-        """What a transaction that can be neither retried nor aborted raises."""
-        if is_fenced(error):
-            tid = self.spec.producer_config.get("transactional.id")
-            return FencedError(
-                f"{self.spec.name}: another instance took over transactional id {tid!r} "
-                f"(this producer was fenced: {error.str()}); this one stops. If no other "
-                f"instance should be running, give each instance its own --instance "
-                f"(docs/operations.md#fenced-instance)",
-                error=error,
-            )
-        if failed is not None:
-            return failed(error, exc)
-        return exc
-
-    def commit(self, offsets: Sequence[TopicPartition]) -> None:
-        """Commit ``offsets`` to the group, synchronously (the services that are not
-        transactional commit after their output is durable); called again after a retriable
-        failure, within the outage bound."""
-        self.retrying(
-            "commit",
-            lambda: self.consumer.commit(offsets=list(offsets), asynchronous=False),
-        )
-
-    def rewind(self) -> None:
-        """Seek every assigned partition back to the group's committed offset (the start of the
-        log where none is committed), and drop the rest of the current batch."""
-        consumer = self.consumer
-        for tp in consumer.committed(consumer.assignment(), timeout=10):
-            offset = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
-            consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
-        self._rewound = True
 
 
 class WindowedService(ABC):

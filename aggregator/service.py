@@ -78,6 +78,7 @@ from ldpipe.infra.runtime.kafka import (
 )
 from ldpipe.infra.runtime.lag import ConsumerLag
 from ldpipe.infra.runtime.loop import Handlers, LoopSpec, RunLoop
+from ldpipe.infra.runtime.loop_metrics import LoopMetrics
 from ldpipe.infra.runtime.observability import Readiness
 from ldpipe.infra.storage.protocol import SegmentStore
 from ldpipe.infra.storage.sketch_store import StaleCommitError, open_sketch_store
@@ -137,8 +138,10 @@ class Aggregator:
             lambda point: self.crash_point(f"aggregator.{point}"),
         )
         self.clock = clock
-        self.metrics = AggregatorMetrics.create(registry or CollectorRegistry())
-        # ready (/readyz) once it has partitions to read: its first assignment, even an empty one
+        self.registry = registry or CollectorRegistry()
+        self.metrics = AggregatorMetrics.create(self.registry)
+        # /readyz: the run loop's (infra/runtime/serving.py): not ready before the first
+        # assignment, while the broker is silent, or while nothing is owned past a bound
         self.readiness = readiness or Readiness()
         # the configured epoch now; run() adds the published ones (ldp.<uc>.params)
         self.decoder = EpochDecoder(use_case, kafka, keyring)
@@ -358,6 +361,7 @@ class Aggregator:
                 batch_size=self.options.batch_size,
                 poll_timeout=0.2,
                 flush_timeout=30.0,
+                outage_seconds=self.kafka.outage_seconds,
             ),
             Handlers(
                 process=self._process,
@@ -374,6 +378,7 @@ class Aggregator:
             clients=self.clients,
             readiness=self.readiness,
             lag=ConsumerLag(self.metrics.consumer_lag, self._labels),
+            metrics=LoopMetrics.create(self.registry),
         )
         self.aggregated = 0
         try:

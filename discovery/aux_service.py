@@ -56,6 +56,7 @@ from ldpipe.infra.runtime.kafka import (
     require_topics,
 )
 from ldpipe.infra.runtime.loop import Handlers, LoopSpec, RunLoop, WindowedService
+from ldpipe.infra.runtime.loop_metrics import LoopMetrics
 from ldpipe.infra.runtime.observability import Readiness
 from ldpipe.schemas.config import UseCase
 from ldpipe.schemas.discovery.exceptions import DiscoveryServiceError
@@ -159,7 +160,8 @@ class DiscoveryAux(WindowedService):
             self.params,
             randomness=randomness,
         )
-        self.metrics = AuxMetrics.create(registry or CollectorRegistry())
+        registry = registry or CollectorRegistry()
+        self.metrics = AuxMetrics.create(registry)
         self.readiness = readiness or Readiness()  # ready (/readyz) at its first assignment
         self._labels = {"use_case": use_case.name}
         self.metrics.release_epsilon.labels(**self._labels).set(self.guarantee.epsilon)
@@ -180,6 +182,7 @@ class DiscoveryAux(WindowedService):
                     "transactional.id": f"ldpipe-discovery-aux-{name}",
                     "linger.ms": 5,
                 },
+                outage_seconds=kafka.outage_seconds,
             ),
             Handlers(
                 process=self._process,
@@ -191,6 +194,7 @@ class DiscoveryAux(WindowedService):
             clients=clients or KafkaClients(kafka),
             crash_point=crash_point,
             readiness=self.readiness,
+            metrics=LoopMetrics.create(registry),
         )
 
     # ---- on the run loop (infra/runtime/loop.py) -----------------------------------------

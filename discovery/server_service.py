@@ -47,6 +47,7 @@ from ldpipe.infra.runtime.kafka import (
     require_topics,
 )
 from ldpipe.infra.runtime.loop import Handlers, LoopSpec, RunLoop, WindowedService
+from ldpipe.infra.runtime.loop_metrics import LoopMetrics
 from ldpipe.infra.runtime.observability import Readiness
 from ldpipe.infra.storage.discovery_store import (
     DiscoveryWindow,
@@ -105,7 +106,8 @@ class DiscoveryRecorder(WindowedService):
         )
         log.info("tag keys accepted: %s", ", ".join(str(key.key_id) for key in tag_keys))
         self.store = open_discovery_store(use_case)
-        self.metrics = ServerMetrics.create(registry or CollectorRegistry())
+        registry = registry or CollectorRegistry()
+        self.metrics = ServerMetrics.create(registry)
         self.readiness = readiness or Readiness()  # ready (/readyz) at its first assignment
         self._labels = {"use_case": use_case.name}
         self.windows_recorded = 0
@@ -121,6 +123,7 @@ class DiscoveryRecorder(WindowedService):
                 consumer_config=EXACTLY_ONCE_CONSUMER,
                 producer_config={"enable.idempotence": True},
                 batch_size=500,
+                outage_seconds=kafka.outage_seconds,
             ),
             Handlers(
                 process=self._process,
@@ -130,6 +133,7 @@ class DiscoveryRecorder(WindowedService):
             ),
             clients=clients or KafkaClients(kafka),
             readiness=self.readiness,
+            metrics=LoopMetrics.create(registry),
         )
 
     def windows_done(self) -> int:

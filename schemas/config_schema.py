@@ -176,6 +176,7 @@ def config_json_schema() -> dict[str, Any]:
             "kafka": _table(
                 {
                     "bootstrap_servers": _of(str),
+                    "outage_seconds": _of(float),
                     "extra": {
                         "type": "object",
                         "description": "librdkafka settings; secrets as ${env:NAME} or "

@@ -55,6 +55,8 @@ class KafkaConfig:
 
     bootstrap_servers: str | None = None
     extra: Mapping[str, str] = field(default_factory=dict)
+    # broker silence the Kafka services ride out (retrying) before they exit (infra/runtime/loop.py)
+    outage_seconds: float = 300.0
 
 
 @dataclass(frozen=True)
@@ -121,12 +123,15 @@ def kafka_table(raw: Mapping[str, Any]) -> KafkaConfig:
     """The ``[kafka]`` table (every key optional here; a Kafka command needs
     ``bootstrap_servers``: :func:`require_bootstrap_servers`)."""
     kafka_raw = get_value("configuration", raw, "kafka", dict, {})
-    check_keys("kafka", kafka_raw, {"bootstrap_servers", "extra"})
+    check_keys("kafka", kafka_raw, {"bootstrap_servers", "extra", "outage_seconds"})
     extra = get_value("kafka", kafka_raw, "extra", dict, {})
     if not all(isinstance(v, str | int | float | bool) for v in extra.values()):
         raise ConfigError("kafka.extra: values must be strings, numbers or booleans")
+    kinds = {"bootstrap_servers": str, "outage_seconds": float}
+    values = field_values("kafka", kafka_raw, KafkaConfig, kinds)
+    positive("kafka.outage_seconds", values["outage_seconds"])
     return KafkaConfig(
-        **field_values("kafka", kafka_raw, KafkaConfig, {"bootstrap_servers": str}),
+        **values,
         extra={str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in extra.items()},
     )
 

@@ -53,6 +53,7 @@ from ldpipe.infra.runtime.kafka import (
 )
 from ldpipe.infra.runtime.lag import ConsumerLag
 from ldpipe.infra.runtime.loop import Handlers, LoopSpec, RunLoop, WindowedService
+from ldpipe.infra.runtime.loop_metrics import LoopMetrics
 from ldpipe.infra.runtime.observability import Readiness
 from ldpipe.schemas.config import UseCase
 from ldpipe.schemas.envelope import ENVELOPE_VERSION, NESTED_VERSION, EnvelopeError
@@ -143,7 +144,8 @@ class Shuffler(WindowedService):
         self.kafka = kafka
         self.instance = instance
         self.clock = clock
-        self.metrics = ShufflerMetrics.create(registry or CollectorRegistry())
+        registry = registry or CollectorRegistry()
+        self.metrics = ShufflerMetrics.create(registry)
         # ready (/readyz) once the group assigned it partitions (maybe none) and counts restored
         self.readiness = readiness or Readiness()
         cfg = use_case.shuffle
@@ -186,6 +188,7 @@ class Shuffler(WindowedService):
                 f"ldpipe-shuffler-{use_case.name}",
                 consumer_config=EXACTLY_ONCE_CONSUMER,
                 producer_config={"transactional.id": self.transactional_id, "linger.ms": 5},
+                outage_seconds=kafka.outage_seconds,
             ),
             Handlers(
                 process=self._process,
@@ -201,6 +204,7 @@ class Shuffler(WindowedService):
             readiness=self.readiness,
             lag=ConsumerLag(self.metrics.consumer_lag, self._labels),
             clock=clock,
+            metrics=LoopMetrics.create(registry),
         )
 
     def _size_limit(self, *, fresh: bool = False) -> int:

@@ -106,7 +106,7 @@ def kafka_settings(config: PipelineConfig, args: argparse.Namespace) -> KafkaSet
     line (no implicit broker)."""
     extra: dict[str, Any] = {**config.kafka.extra, **parse_extra(args.kafka_extra)}
     servers = require_bootstrap_servers(config.kafka, args.bootstrap_servers)
-    kafka = KafkaSettings(servers, extra)
+    kafka = KafkaSettings(servers, extra, outage_seconds=config.kafka.outage_seconds)
     kafka.check_reachable(getattr(args, "connect_timeout", 15.0))
     return kafka
 

@@ -5,7 +5,9 @@ unit tests of failure paths (aborts, rewinds, revocations mid-batch, failed comm
 returns the batches it was given, one per ``consume``, and assigns the partitions they name at
 the first ``consume`` (as a subscription's callback would); its producer keeps what a
 transaction produced apart from what was committed. ``fail`` makes one producer step raise a
-Kafka error (``FakeError(abortable=True)`` for one that requires an abort). Every client call
+Kafka error (``FakeError(abortable=True)`` for one that requires an abort), or, given a list,
+raises its errors one call at a time (a broker pause: ``[FakeError(_TIMED_OUT, retriable_=True)]
+* 3``); a consumer that is not ``reachable`` fails its metadata probe. Every client call
 is appended to ``events``, so a test can assert their order. Integration tests use the embedded
 broker instead; these fakes speak only what the loop and its services call.
 """
@@ -31,6 +33,7 @@ class FakeError:
     code_: int = KafkaError._FAIL
     abortable: bool = False
     fatal_: bool = False
+    retriable_: bool = False
 
     def code(self) -> int:
         return self.code_
@@ -45,7 +48,10 @@ class FakeError:
         return self.fatal_
 
     def retriable(self) -> bool:
-        return False
+        return self.retriable_
+
+    def name(self) -> builtins.str:
+        return f"fake-{self.code_}"
 
     def __str__(self) -> builtins.str:
         return self.str()
@@ -106,6 +112,7 @@ class FakeConsumer:
     callbacks: dict[str, Rebalance] = field(default_factory=dict)
     pending_assign: list[TopicPartition] | None = None
     closed: bool = False
+    reachable: bool = True
 
     def subscribe(self, topics: list[str], **callbacks: Rebalance) -> None:
         self.events.append("subscribe")
@@ -194,6 +201,13 @@ class FakeConsumer:
         for tp in offsets:
             self.committed_[(tp.topic, tp.partition)] = tp.offset
 
+    def list_topics(self, timeout: float = -1) -> object:
+        """The metadata probe: fails while the broker is not ``reachable``."""
+        self.events.append("list_topics")
+        if not self.reachable:
+            raise KafkaException(FakeError(KafkaError._TRANSPORT, retriable_=True))
+        return object()
+
     def consumer_group_metadata(self) -> object:
         return "group-metadata"
 
@@ -211,7 +225,7 @@ class FakeProducer:
 
     consumer: FakeConsumer
     events: list[str]
-    fail: Mapping[str, FakeError] = field(default_factory=dict)
+    fail: Mapping[str, FakeError | list[FakeError]] = field(default_factory=dict)
     pending: list[tuple[str, bytes | None]] = field(default_factory=list)
     committed: list[tuple[str, bytes | None]] = field(default_factory=list)
     offsets: list[tuple[str, int, int]] = field(default_factory=list)
@@ -221,6 +235,8 @@ class FakeProducer:
     def _step(self, name: str) -> None:
         self.events.append(name)
         error = self.fail.get(name)
+        if isinstance(error, list):
+            error = error.pop(0) if error else None
         if error is not None:
             raise KafkaException(error)
 
@@ -257,6 +273,10 @@ class FakeProducer:
             self.consumer.committed_[(tp.topic, tp.partition)] = tp.offset
         self._sent = []
 
+    def purge(self, in_queue: bool = True, in_flight: bool = True, blocking: bool = True) -> None:
+        self.events.append("purge")
+        self.pending, self._sent = [], []
+
     def abort_transaction(self, timeout: float = -1) -> None:
         self._step("abort_transaction")
         self.pending, self._sent = [], []
@@ -267,7 +287,7 @@ class FakeClients:
     """A :class:`~ldpipe.infra.runtime.clients.ClientFactory` of one fake consumer and producer."""
 
     batches: list[list[FakeMessage]]
-    fail: Mapping[str, FakeError] = field(default_factory=dict)
+    fail: Mapping[str, FakeError | list[FakeError]] = field(default_factory=dict)
     committed: Mapping[tuple[str, int], int] = field(default_factory=dict)
     events: list[str] = field(default_factory=list)
     consumer_: FakeConsumer = field(init=False)

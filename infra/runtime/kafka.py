@@ -165,6 +165,7 @@ class KafkaSettings:
 
     bootstrap_servers: str
     extra: Mapping[str, str] = field(default_factory=dict, repr=False)
+    outage_seconds: float = 300.0  # broker silence a service rides out ([kafka] outage_seconds)
 
     def __repr__(self) -> str:  # never print credentials (sasl.password, ssl.key.password...)
         shown = {

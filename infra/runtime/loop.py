@@ -12,9 +12,15 @@ A new service is a template to fill in: it names its topics, group and client se
   partition-EOF event seen), the service's own stop condition (``finished``);
 * consumer errors: partition EOF to ``at_end``; out-of-range positions to ``out_of_range``
   (the service decides, e.g. to stop on data loss); any other error is logged;
-* readiness (``/readyz``: set at the first assignment), progress (the last record's time, for
-  the idle timeout), the consumer lag per partition (``infra/runtime/lag.py``), crash points
+* readiness (``/readyz``): ready from the first assignment while the broker answers and,
+  for a group member, while it owns a partition or has owned none only briefly
+  (``infra/runtime/serving.py``); progress (the last record's time, for the idle timeout), the
+  consumer lag per partition (``infra/runtime/lag.py``), crash points
   (``infra/runtime/crash.py``);
+* broker pauses: a step that fails retriably is called again, for up to
+  ``LoopSpec.outage_seconds`` (``[kafka] outage_seconds``) of broker silence, then
+  :class:`~ldpipe.infra.runtime.serving.BrokerOutageError`; a fenced producer is
+  :class:`~ldpipe.infra.runtime.serving.FencedError`;
 * the order of a commit, in :meth:`RunLoop.transaction` (numbered, the order matters):
 
   1. ``begin_transaction``;
@@ -24,11 +30,15 @@ A new service is a template to fill in: it names its topics, group and client se
   4. ``send_offsets_to_transaction`` with those offsets and the consumer's group metadata;
   5. ``commit_transaction``, then crash point ``<name>.after_commit``.
 
-  An error that requires an abort aborts the transaction and rewinds the consumer to the
-  group's committed offsets (the records are consumed again), and the service forgets what it
-  held (``aborted``); the rest of the batch is dropped. Any other error is the service's to
-  report (``failed``). A crash anywhere before step 5 completes aborts the transaction too:
-  the next producer with the same ``transactional.id`` fences it.
+  A step (3-5) that fails retriably (the broker paused, its coordinator moved) is called again
+  until it succeeds or the broker has been silent for ``outage_seconds``. An error that requires
+  an abort aborts the transaction and rewinds the consumer to the group's committed offsets
+  (the records are consumed again), and the service forgets what it held (``aborted``); the
+  rest of the batch is dropped. A transaction the coordinator cannot finish while the broker
+  answers (a pause longer than the transaction timeout) is settled by a new producer. A fatal
+  fenced producer raises ``FencedError``; any other error is the service's to report
+  (``failed``). A crash anywhere before step 5 completes aborts the transaction too: the next
+  producer with the same ``transactional.id`` fences it.
 
 The smallest service — count records, commit after each batch in one transaction:
 
@@ -62,7 +72,6 @@ from types import MappingProxyType
 from typing import Any
 
 from confluent_kafka import (
-    OFFSET_BEGINNING,
     Consumer,
     KafkaError,
     KafkaException,
@@ -72,8 +81,12 @@ from confluent_kafka import (
 )
 
 from ldpipe.infra.runtime.clients import ClientFactory
+from ldpipe.infra.runtime.kafka import CONSUMER_DEFAULTS
 from ldpipe.infra.runtime.lag import ConsumerLag
+from ldpipe.infra.runtime.loop_metrics import LoopMetrics
 from ldpipe.infra.runtime.observability import Readiness
+from ldpipe.infra.runtime.serving import BROKER_DOWN, Serving
+from ldpipe.infra.runtime.transactions import PROBE_TIMEOUT, TransactionSteps
 
 __all__ = [
     "OUT_OF_RANGE",
@@ -91,6 +104,12 @@ OUT_OF_RANGE = frozenset({KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_O
 
 Partitions = list[TopicPartition]
 Rebalance = Callable[[Consumer, Partitions], None]
+# A frozen broker (SIGSTOP, a stalled VM) keeps its connections open: librdkafka reports no
+# error for a long while (requests time out after socket.timeout.ms, 60 s), so the loop asks
+# for metadata itself: every _PROBE_UP seconds while the broker answers, every _PROBE_DOWN
+# while it does not (each probe waits up to PROBE_TIMEOUT, transactions.py).
+_PROBE_UP = 5.0
+_PROBE_DOWN = 1.0
 
 
 def _no_crash(_point: str) -> None:
@@ -122,10 +141,25 @@ class LoopSpec:
     batch_size: int = 2000
     poll_timeout: float = 0.2
     flush_timeout: float = 10.0  # for what the producer still holds when the loop closes
+    outage_seconds: float = 300.0  # broker silence ridden out before BrokerOutageError
+    unowned_seconds: float | None = None  # owning nothing this long: not ready (3 x session)
+    retry_backoff: float = 0.5  # seconds between calls of a step that failed retriably
 
     @property
     def transactional(self) -> bool:
         return "transactional.id" in self.producer_config
+
+    @property
+    def owning_bound(self) -> float:
+        """Seconds a group member may own nothing before it is not ready: ``unowned_seconds``,
+        or 3 x the session timeout (a member that left is noticed after one session timeout,
+        and a rebalance takes about one more)."""
+        if self.unowned_seconds is not None:
+            return self.unowned_seconds
+        session = self.consumer_config.get(
+            "session.timeout.ms", CONSUMER_DEFAULTS["session.timeout.ms"]
+        )
+        return 3 * float(session) / 1000
 
     @property
     def cooperative(self) -> bool:
@@ -167,7 +201,7 @@ class Handlers:
     failing: Callable[[BaseException], None] | None = None
 
 
-class RunLoop:
+class RunLoop(TransactionSteps):
     """One service's consumer, producer and loop (see the module docstring)."""
 
     def __init__(
@@ -180,6 +214,9 @@ class RunLoop:
         readiness: Readiness | None = None,
         lag: ConsumerLag | None = None,
         clock: Callable[[], float] = time.time,
+        metrics: LoopMetrics | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.spec = spec
         self.handlers = handlers
@@ -188,6 +225,19 @@ class RunLoop:
         self.readiness = readiness or Readiness()
         self.lag = lag
         self.clock = clock
+        self.metrics = metrics
+        self.monotonic = monotonic
+        self.sleep = sleep
+        self.serving = Serving(
+            spec.name,
+            self.readiness,
+            outage_seconds=spec.outage_seconds,
+            unowned_seconds=spec.owning_bound,
+            metrics=metrics,
+            clock=monotonic,
+        )
+        self._probed = monotonic()
+        self._watch = {"error_cb": self.serving.error_cb}  # the broker's reachability
         self.assigned: set[tuple[str, int]] = set()
         self.at_end: set[tuple[str, int]] = set()  # partitions whose EOF event came last
         self.last_activity = time.monotonic()
@@ -210,13 +260,15 @@ class RunLoop:
 
     def open(self) -> tuple[Consumer, Producer]:
         """Build the clients (once): the producer first, initialised for transactions when it
-        is transactional, then the consumer."""
+        is transactional, then the consumer; both report errors to ``serving.error_cb``."""
         if self._consumer is None or self._producer is None:
-            producer = self.clients.producer(self.spec.producer_config)
+            producer = self.clients.producer({**self.spec.producer_config, **self._watch})
             if self.spec.transactional:
                 producer.init_transactions(30)
             self._producer = producer
-            self._consumer = self.clients.consumer(self.spec.group, self.spec.consumer_config)
+            self._consumer = self.clients.consumer(
+                self.spec.group, {**self.spec.consumer_config, **self._watch}
+            )
         return self._consumer, self._producer
 
     def close(self) -> None:
@@ -244,7 +296,7 @@ class RunLoop:
             else:
                 consumer.assign(taken)
         self.assigned |= {(tp.topic, tp.partition) for tp in (taken or partitions)}
-        self.readiness.set(True)
+        self.serving.assigned(len(self.assigned))
 
     def _revoke(self, consumer: Consumer, partitions: Partitions) -> None:
         self._give_up(consumer, partitions, self.handlers.on_revoke)
@@ -260,6 +312,7 @@ class RunLoop:
         self.at_end -= gone
         if self.spec.cooperative:
             consumer.incremental_unassign(partitions)
+        self.serving.assigned(len(self.assigned))
 
     def _start(self, consumer: Consumer) -> None:
         fixed = self.handlers.assignment(consumer) if self.handlers.assignment else None
@@ -273,7 +326,7 @@ class RunLoop:
             return
         consumer.assign(fixed)
         self.assigned = {(tp.topic, tp.partition) for tp in fixed}
-        self.readiness.set(True)
+        self.serving.fixed()
 
     # ---- the loop -------------------------------------------------------------------------
     def run(
@@ -302,6 +355,7 @@ class RunLoop:
                 )
                 now = self.clock()
                 self.dispatch(messages, now)
+                self.watch(consumer)
                 if h.due is not None and h.release is not None and h.due(now):
                     h.release(now)
                     self.touch()
@@ -335,6 +389,7 @@ class RunLoop:
         for msg in messages:
             err = msg.error()
             if err is None:
+                self.serving.broker_up()
                 run.append(msg)
                 self.at_end.discard((msg.topic() or "", msg.partition() or 0))
                 self.touch()
@@ -353,59 +408,32 @@ class RunLoop:
                         return
             elif err.code() in OUT_OF_RANGE and h.out_of_range is not None:
                 raise h.out_of_range(msg)
+            elif err.code() in BROKER_DOWN:
+                self.serving.broker_down(err.name())
             else:
                 log.warning("consumer error: %s", err)
         if run:
             h.process(run, now)
 
-    # ---- commits --------------------------------------------------------------------------
-    def transaction(
-        self,
-        produce: Callable[[Producer], Sequence[TopicPartition]],
-        *,
-        aborted: Callable[[KafkaError], None] | None = None,
-        failed: Callable[[KafkaError, KafkaException], BaseException] | None = None,
-    ) -> bool:
-        """One transaction in the order of the module docstring (steps 1-5); ``produce`` writes
-        the records and returns the offsets they consumed. False if it was aborted: the
-        consumer is rewound to the committed offsets and ``aborted(error)`` runs. Another Kafka
-        error raises ``failed(error, exc)`` (default: the ``KafkaException``)."""
-        consumer, producer = self.consumer, self.producer
-        try:
-            producer.begin_transaction()  # 1
-            offsets = list(produce(producer))  # 2
-            producer.flush(30)  # 3: every record is written before the crash point
-            self.crash_point(f"{self.spec.name}.before_commit")
-            metadata = consumer.consumer_group_metadata()
-            producer.send_offsets_to_transaction(offsets, metadata, 30)  # 4
-            producer.commit_transaction(30)  # 5
-        except KafkaException as exc:
-            error: KafkaError = exc.args[0]
-            if error.txn_requires_abort():
-                producer.abort_transaction(30)
-                self.rewind()
-                if aborted is not None:
-                    aborted(error)
-                return False
-            if failed is not None:
-                raise failed(error, exc) from exc
-            raise
-        self.crash_point(f"{self.spec.name}.after_commit")
-        return True
-
-    def commit(self, offsets: Sequence[TopicPartition]) -> None:
-        """Commit ``offsets`` to the group, synchronously (the services that are not
-        transactional commit after their output is durable)."""
-        self.consumer.commit(offsets=list(offsets), asynchronous=False)
-
-    def rewind(self) -> None:
-        """Seek every assigned partition back to the group's committed offset (the start of the
-        log where none is committed), and drop the rest of the current batch."""
-        consumer = self.consumer
-        for tp in consumer.committed(consumer.assignment(), timeout=10):
-            offset = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
-            consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
-        self._rewound = True
+    def watch(self, consumer: Consumer) -> None:
+        """After every poll: probe the broker (a metadata request, every few seconds, every
+        second while it is silent), exit with ``BrokerOutageError`` when it has been silent for
+        longer than the bound; then readiness and gauges."""
+        now = self.monotonic()
+        down = self.serving.down_since is not None
+        if now - self._probed >= (_PROBE_DOWN if down else _PROBE_UP):
+            self._probed = now
+            try:
+                consumer.list_topics(timeout=PROBE_TIMEOUT)
+            except KafkaException as exc:
+                self.serving.broker_down(exc.args[0].name() if exc.args else "no metadata")
+            else:
+                self.serving.broker_up()
+        if self.serving.down_since is not None:
+            over = self.serving.outage_over_bound()
+            if over is not None:
+                raise over
+        self.serving.check()
 
 
 class WindowedService(ABC):

@@ -21,6 +21,7 @@ from ldpipe.aggregator.metrics import AggregatorMetrics, QueryMetrics
 from ldpipe.discovery.metrics import AuxMetrics, ServerMetrics, SfpMetrics
 from ldpipe.infra.gateway.metrics import GatewayMetrics
 from ldpipe.infra.issuer.metrics import IssuerMetrics
+from ldpipe.infra.runtime.loop_metrics import LoopMetrics
 from ldpipe.infra.runtime.ohttp_metrics import OHTTPMetrics
 from ldpipe.shuffler.metrics import ShufflerMetrics
 
@@ -47,6 +48,7 @@ def exported() -> dict[str, set[str]]:
         GatewayMetrics,  # the front door: the gateway and its Oblivious HTTP endpoint,
         OHTTPMetrics,  # on one registry (infra/gateway/server.py) ...
         IssuerMetrics,  # ... and the token issuer
+        LoopMetrics,  # the run loop's, under every Kafka service on it
     ):
         metrics = kind.create(registry)
         for metric in vars(metrics).values():

@@ -208,7 +208,7 @@ def test_out_of_range_is_the_services_to_raise_other_errors_are_logged(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     out = FakeMessage("in", 0, 9, error_=FakeError(KafkaError.OFFSET_OUT_OF_RANGE))
-    other = FakeMessage("in", 0, 0, error_=FakeError(KafkaError._TRANSPORT))
+    other = FakeMessage("in", 0, 0, error_=FakeError(KafkaError._FAIL))
     clients = FakeClients([[other], [out]])
     stopped: list[str] = []
     loop = RunLoop(

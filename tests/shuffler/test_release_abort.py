@@ -7,8 +7,10 @@ from __future__ import annotations
 import pytest
 from confluent_kafka import KafkaError, TopicPartition
 
+from ldpipe.infra.cli.failures import explain
 from ldpipe.infra.runtime.fakes import FakeClients, FakeError
 from ldpipe.infra.runtime.kafka import KafkaSettings
+from ldpipe.infra.runtime.serving import FencedError
 from ldpipe.schemas.config import parse_config
 from ldpipe.shuffler.exceptions import ShufflerError
 from ldpipe.shuffler.service import Shuffler
@@ -68,12 +70,36 @@ def test_an_aborted_window_is_forgotten_and_read_again() -> None:
 @pytest.mark.parametrize(
     ("error", "words"),
     [
-        (FakeError(KafkaError._FENCED, fatal_=True), "restart the shuffler"),
         (FakeError(KafkaError._STATE), "no longer knows"),
-        (FakeError(KafkaError._MSG_TIMED_OUT), "shuffler transaction failed: fake error"),
+        (
+            FakeError(KafkaError.TOPIC_AUTHORIZATION_FAILED),
+            "shuffler transaction failed: fake error",
+        ),
     ],
 )
 def test_a_producer_that_cannot_go_on_stops_the_shuffler(error: FakeError, words: str) -> None:
     shuffler = shuffler_with(FakeClients([], fail={"send_offsets_to_transaction": error}))
     with pytest.raises(ShufflerError, match=words):
         shuffler._release(1e9)
+
+
+def test_a_fenced_shuffler_stops_in_one_line_naming_its_transactional_id() -> None:
+    fenced = FakeError(KafkaError._FENCED, fatal_=True)
+    shuffler = shuffler_with(FakeClients([], fail={"send_offsets_to_transaction": fenced}))
+    with pytest.raises(FencedError, match="another instance took over transactional id") as caught:
+        shuffler._release(1e9)
+    failure = explain(caught.value)  # what the CLI prints: one line, exit 1
+    assert "\n" not in failure.message and failure.code == 1
+    assert "ldpipe-shuffler-" in failure.message
+
+
+def test_a_release_during_a_broker_pause_waits_for_the_broker() -> None:
+    pause = [FakeError(KafkaError._TIMED_OUT, retriable_=True)] * 3
+    clients = FakeClients([], fail={"commit_transaction": list(pause)})
+    clients.consumer_.reachable = False  # the broker answers nothing while it is paused
+    shuffler = shuffler_with(clients)
+    shuffler.loop.sleep = lambda _s: None  # the backoff between calls
+    assert shuffler._release(1e9)
+    assert clients.events.count("commit_transaction") == 4
+    assert "abort_transaction" not in clients.events
+    assert shuffler.windows_released == 1

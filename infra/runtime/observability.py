@@ -18,6 +18,7 @@ import logging
 import platform
 import socket
 import threading
+from collections.abc import Callable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import metadata
@@ -88,6 +89,9 @@ class Readiness:
     def __init__(self, ready: bool = False, reason: str = "starting") -> None:
         self._lock = threading.Lock()
         self._state = (ready, reason)
+        #: asked on every read: a reason not to be ready that arose while the service is blocked
+        #: in a call (it cannot set anything then), or None
+        self.blocked: Callable[[], str | None] = _never
 
     def set(self, ready: bool, reason: str = "") -> None:
         """Ready or not; ``reason`` (one line) says why not, for ``/readyz``'s 503."""
@@ -95,12 +99,19 @@ class Readiness:
             self._state = (ready, " ".join(reason.split()))
 
     def state(self) -> tuple[bool, str]:
+        blocked = self.blocked()
+        if blocked is not None:
+            return False, blocked
         with self._lock:
             return self._state
 
     @property
     def ready(self) -> bool:
         return self.state()[0]
+
+
+def _never() -> str | None:
+    return None
 
 
 def health_answer(path: str, readiness: Readiness | None) -> tuple[HTTPStatus, str] | None:

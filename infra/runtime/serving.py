@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from confluent_kafka import KafkaError
 
@@ -41,6 +42,7 @@ from ldpipe.infra.runtime.loop_metrics import LoopMetrics
 from ldpipe.infra.runtime.observability import Readiness
 
 __all__ = [
+    "ANSWER_SECONDS",
     "BROKER_DOWN",
     "FENCED",
     "TRANSIENT",
@@ -75,6 +77,11 @@ TRANSIENT = BROKER_DOWN | frozenset(
 FENCED = frozenset(
     {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
 )
+
+
+#: seconds a broker call may block before the service stops being ready: a transaction step
+#: answers in milliseconds; longer than a metadata probe's wait (2 s) is a silent broker
+ANSWER_SECONDS = 5.0
 
 
 class BrokerOutageError(PipelineKafkaError):
@@ -122,6 +129,8 @@ class Serving:
         self.down_why = ""
         self.unowned_since: float | None = clock()
         self._warned_unowned = False
+        self._waiting: tuple[str, float] | None = None  # a broker call in progress, since when
+        readiness.blocked = self.blocked
 
     # ---- what the loop tells --------------------------------------------------------------
     def assigned(self, partitions: int) -> None:
@@ -165,6 +174,41 @@ class Serving:
             )
             self.down_since = None
             self.check()
+
+    @contextmanager
+    def waiting(self, step: str) -> Iterator[None]:
+        """Around a call that blocks until the broker answers (a transaction step): while it
+        has waited for longer than ``ANSWER_SECONDS``, ``/readyz`` says so (the loop cannot
+        set readiness while it is blocked: a frozen broker reports no error, it only stays
+        silent); a call that waited that long logs one warning when it returns."""
+        since = self.clock()
+        self._waiting = (step, since)
+        try:
+            yield
+        finally:
+            self._waiting = None
+            waited = self.clock() - since
+            if waited > ANSWER_SECONDS:
+                log.warning(
+                    "%s: the broker did not answer %s for %.0f s (unreachable or paused)",
+                    self.name,
+                    step,
+                    waited,
+                )
+
+    def blocked(self) -> str | None:
+        """Why the service is not ready while blocked in a broker call, or None (read by
+        ``/readyz`` from its own thread)."""
+        waiting = self._waiting
+        if waiting is None:
+            return None
+        waited = self.clock() - waiting[1]
+        if waited <= ANSWER_SECONDS:
+            return None
+        return (
+            f"the broker has not answered {waiting[0]} for {waited:.0f} s; "
+            f"ready again when it answers"
+        )
 
     def error_cb(self, error: KafkaError) -> None:
         """The clients' ``error_cb``: broker-down codes mark the broker down, others are logged."""

@@ -83,7 +83,8 @@ class TransactionSteps:
         answered = 0
         while True:
             try:
-                result = call()
+                with self.serving.waiting(step):
+                    result = call()
             except KafkaException as exc:
                 error: KafkaError = exc.args[0]
                 if not is_transient(error):

@@ -14,7 +14,7 @@ from ldpipe.infra.runtime.fakes import FakeClients, FakeError, FakeMessage
 from ldpipe.infra.runtime.loop import Handlers, LoopSpec, RunLoop, offsets_after
 from ldpipe.infra.runtime.loop_metrics import LoopMetrics
 from ldpipe.infra.runtime.observability import Readiness
-from ldpipe.infra.runtime.serving import BrokerOutageError, FencedError
+from ldpipe.infra.runtime.serving import ANSWER_SECONDS, BrokerOutageError, FencedError, Serving
 
 TXN = LoopSpec(
     "svc", ("in",), "g", producer_config={"transactional.id": "svc-0"}, outage_seconds=60.0
@@ -331,3 +331,26 @@ def test_a_stuck_transaction_that_was_committed_counts_as_committed() -> None:
     assert outcomes == [True]
     assert not any(e.startswith("seek") for e in clients.events)
     assert clients.events.count("init_transactions") == 2
+
+
+def test_a_broker_call_blocked_past_the_bound_is_not_ready_while_it_waits(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A frozen broker reports no error: the loop is blocked in a transaction step and cannot
+    set readiness, so ``/readyz`` asks how long the step has waited (read from another
+    thread); when the step returns, one warning says the broker did not answer."""
+    now = [100.0]
+    readiness = Readiness()
+    serving = Serving("echo", readiness, clock=lambda: now[0])
+    serving.assigned(1)
+    assert readiness.state() == (True, "")
+    with caplog.at_level(logging.WARNING), serving.waiting("commit_transaction"):
+        now[0] += ANSWER_SECONDS  # at the bound: still an answer in time
+        assert readiness.state() == (True, "")
+        now[0] += 25.0
+        ready, why = readiness.state()
+        assert not ready and "has not answered commit_transaction for 30 s" in why
+    assert readiness.state() == (True, "")  # the call returned: the broker answered
+    assert [r.getMessage() for r in caplog.records] == [
+        "echo: the broker did not answer commit_transaction for 30 s (unreachable or paused)"
+    ]

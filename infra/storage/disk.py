@@ -64,6 +64,7 @@ _BY_WORDS: Final[tuple[tuple[str, Kind], ...]] = (
     ("os error 122", "quota"),
     ("Read-only file system", "read-only"),
     ("os error 30", "read-only"),
+    ("database or disk is full", "full"),  # SQLite's SQLITE_FULL (the issuer's database)
 )
 _WHAT: Final[dict[Kind, str]] = {
     "full": "no space left on the device",
@@ -151,7 +152,7 @@ def disk_writes(
 
 def write_atomically(
     final: str | os.PathLike[str],
-    write: Callable[[IO[bytes]], None],
+    write: Callable[[IO[bytes]], object],
     *,
     what: str,
     setting: str,

@@ -198,3 +198,35 @@ def test_an_unwrapped_full_disk_still_names_the_path() -> None:
 
 def test_module_exports() -> None:
     assert set(disk.__all__) >= {"DiskFullError", "disk_writes", "write_atomically"}
+
+
+def test_a_full_disk_under_up_s_status_file_is_said_once_and_supervision_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``ldpipe up``'s status file is only a view: a full disk there must not stop the
+    supervisor. It says so once (``up | ...``), keeps the old file whole and goes on."""
+    import io
+
+    from ldpipe.infra.runtime import supervisor as supervisor_module
+    from ldpipe.infra.runtime.supervisor import ChildSpec, Supervisor
+
+    status, out = tmp_path / ".ldpipe-up.json", io.StringIO()
+    sup = Supervisor([ChildSpec("x", ["true"])], out=out, status_path=status)
+    sup.write_status()
+    before = status.read_bytes()
+    real_fsync = os.fsync
+
+    def full_fsync(fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(supervisor_module.os, "getpid", lambda: 4242)  # other rows than before
+    monkeypatch.setattr(os, "fsync", full_fsync)
+    sup.write_status()
+    sup.write_status()
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"up | the status file {status}: no space")
+    assert status.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == [status.name]  # no temp file left
+    sup.write_status()
+    assert b"4242" in status.read_bytes()

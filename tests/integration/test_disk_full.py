@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from deltalake import DeltaTable
 
 from ldpipe.infra.runtime.dead_letters import count_dead_letters
 from ldpipe.infra.runtime.kafka import KafkaSettings
@@ -122,7 +123,10 @@ def test_a_full_disk_stops_the_aggregator_in_one_line_and_loses_nothing(
         assert "or move [use_case." in line and "nothing was lost" in line, line
         held = pipe.aggregated()  # the store is whole and holds what was committed
         assert N1 <= held <= N1 + N2
-        assert check_table(Path(pipe.store().uri)).ok
+        table = Path(pipe.store().uri)
+        assert check_table(table).ok
+        named = {Path(uri).name for uri in DeltaTable(str(table)).file_uris()}
+        assert {p.name for p in table.glob("*.parquet")} == named  # no partial segment file
         assert not [p for p in snapshots.iterdir() if p.name.endswith(".tmp")]  # no partial file
 
         filler.unlink()  # space is back: the operator starts the aggregator again

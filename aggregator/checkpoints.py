@@ -18,6 +18,7 @@ import logging
 import os
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -28,6 +29,7 @@ from ldpipe.aggregator.snapshot import next_sequence, write_snapshot
 from ldpipe.aggregator.snapshot_contents import SnapshotFile, WindowSketch
 from ldpipe.aggregator.snapshot_files import latest_snapshot, prune
 from ldpipe.aggregator.windows import WindowedSketches
+from ldpipe.infra.storage.disk import disk_writes
 from ldpipe.schemas.epochs import EpochSet
 from ldpipe.schemas.mechanisms import Sketch
 from ldpipe.schemas.mechanisms.params import mechanism_params
@@ -35,6 +37,18 @@ from ldpipe.schemas.mechanisms.params import mechanism_params
 __all__ = ["Checkpoints", "MemberLock", "Restored"]
 
 log = logging.getLogger(__name__)
+
+#: what a checkpoint's full disk says (``infra/storage/disk.py``, ``docs/operations.md``)
+SETTING = "[use_case.snapshot] directory"
+RESUME = (
+    "the aggregator resumes from its last commit in the sketch store and reads the rest "
+    "again from Kafka"
+)
+
+
+def _disk(path: str | os.PathLike[str], what: str) -> AbstractContextManager[None]:
+    """A full disk under ``path`` as one line (``infra/storage/disk.py``)."""
+    return disk_writes(path, what=what, setting=SETTING, resume=RESUME)
 
 
 @dataclass(frozen=True)
@@ -48,8 +62,9 @@ class MemberLock:
     @classmethod
     def acquire(cls, directory: Path, writer: str) -> MemberLock:
         try:
-            directory.mkdir(parents=True, exist_ok=True)
-            lock = open(directory / f".{writer}.lock", "a+b")  # noqa: SIM115
+            with _disk(directory, "the checkpoint directory"):
+                directory.mkdir(parents=True, exist_ok=True)
+                lock = open(directory / f".{writer}.lock", "a+b")  # noqa: SIM115
         except OSError as exc:
             raise AggregatorError(
                 f"cannot create the checkpoint directory {directory} ({exc.strerror}); "
@@ -63,9 +78,14 @@ class MemberLock:
                 f"another aggregator runs as member {writer!r} with checkpoints in "
                 f"{directory}; give each aggregator its own --member name"
             ) from None
-        lock.truncate(0)
-        lock.write(f"{os.getpid()}\n".encode())
-        lock.flush()
+        try:
+            with _disk(lock.name, "the member lock file"):
+                lock.truncate(0)
+                lock.write(f"{os.getpid()}\n".encode())
+                lock.flush()
+        except BaseException:
+            lock.close()
+            raise
         return cls(lock, next_sequence(directory, writer) - 1)
 
     def close(self) -> None:
@@ -203,8 +223,10 @@ class Checkpoints:
             },
         )
         try:
-            path = write_snapshot(self.directory, snap, crash_point=self.crash_point)
-        except PermissionError as exc:  # a full disk (other OSErrors) is not an operator's typo
+            # a full disk: one line, and write_snapshot leaves no partial file behind
+            with _disk(self.directory, "the checkpoint directory"):
+                path = write_snapshot(self.directory, snap, crash_point=self.crash_point)
+        except PermissionError as exc:  # not the disk: an operator's typo
             raise AggregatorError(
                 f"cannot write a checkpoint into {self.directory} ({exc.strerror}); give the "
                 f"aggregator's user write access to it, or set snapshot.directory elsewhere"

@@ -22,7 +22,8 @@ import tomllib
 from dataclasses import dataclass
 from typing import Any
 
-from ldpipe.infra.storage.engine import engine_errors, is_disk_full, is_engine_panic
+from ldpipe.infra.storage.disk import disk_error_kind, disk_full_message
+from ldpipe.infra.storage.engine import engine_errors, is_engine_panic
 from ldpipe.schemas.errors import LdpipeError
 
 __all__ = ["Failure", "ThreadFailures", "explain", "install_thread_hook"]
@@ -124,16 +125,22 @@ def _store(exc: BaseException) -> Failure | None:
 
 
 def _disk_full(exc: BaseException) -> Failure | None:
-    """A full disk (or quota), whoever raised it (Python, Arrow, delta-rs): the path and the fix,
-    not a damaged-store diagnosis."""
-    if isinstance(exc, LdpipeError) or not is_disk_full(exc):
+    """A full disk (or quota, or a read-only file system) that no writer wrapped in
+    ``infra/storage/disk.py``'s :class:`DiskFullError` (whose message is the line already),
+    whoever raised it (Python, Arrow, delta-rs): the path and the fix, not a damaged-store
+    diagnosis."""
+    kind = disk_error_kind(exc)
+    if isinstance(exc, LdpipeError) or kind is None:
         return None
     path = getattr(exc, "filename", None)
-    where = f"{path}: " if path is not None else ""
+    resume = "what was committed before is whole and a restart resumes from it"
+    if path is not None:
+        setting = "the setting that puts it there"
+        message = disk_full_message(path, what="", setting=setting, resume=resume, kind=kind)
+        return Failure(message, RUNTIME)
     return Failure(
-        f"{where}no space left on the device ({_first_line(exc)}; {_kind(exc)}); free space on "
-        f"that file system (or move what is written there elsewhere), then start it again: what "
-        f"was committed before is whole and the restart resumes from it",
+        f"no space left on the device ({_first_line(exc)}; {_kind(exc)}); free space on that "
+        f"file system (or move what is written there elsewhere), then start it again: {resume}",
         RUNTIME,
     )
 

@@ -36,6 +36,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO
 
+from ldpipe.infra.storage.disk import DiskFullError, write_atomically
+
 __all__ = [
     "Backoff",
     "ChildSpec",
@@ -190,6 +192,7 @@ class Supervisor:
         self.grace = grace
         self.out = out if out is not None else sys.stdout
         self.status_path = status_path
+        self._status_failed = False  # the last status write met a full disk (said once)
         self.clock = clock
         self.stopping = threading.Event()
         self.wake = threading.Event()  # a child exited, or a stop or a status was asked for
@@ -349,10 +352,22 @@ class Supervisor:
         if self.status_path is None:
             return
         rows = [asdict(row) for row in self.status()]
-        text = json.dumps({"pid": os.getpid(), "children": rows}, indent=1)
-        partial = self.status_path.with_name(self.status_path.name + ".partial")
-        partial.write_text(text + "\n", encoding="utf-8")
-        partial.replace(self.status_path)
+        text = json.dumps({"pid": os.getpid(), "children": rows}, indent=1) + "\n"
+        try:  # a full disk must not stop the supervisor: the status file is only a view
+            write_atomically(
+                self.status_path,
+                lambda sink: sink.write(text.encode()),
+                what="the status file",
+                setting="the configuration",
+                resume="the services keep running; `ldpipe up --status` shows older rows",
+            )
+        except DiskFullError as exc:
+            if not self._status_failed:
+                self._status_failed = True
+                self.out.write(f"up | {exc}\n")
+                self.out.flush()
+        else:
+            self._status_failed = False
 
 
 def status_table(rows: Iterable[ChildStatus]) -> str:

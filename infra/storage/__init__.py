@@ -9,7 +9,9 @@
 * ``protocol`` — what the services call on a sketch store (:class:`SegmentReader`,
   :class:`SegmentStore`): they depend on these, not on the Delta class;
 * ``engine`` — what the command line may know of the table engine (delta-rs) without importing
-  it: whether it is loaded, which of its errors mean a damaged store.
+  it: whether it is loaded, which of its errors mean a damaged store;
+* ``disk`` — a full, over-quota or read-only disk under any file a service writes, as one line
+  naming the path and the fix (:class:`DiskFullError`), and the atomic write every writer uses.
 
 Only ``sketch_store`` speaks to delta-rs; its failures come out as ``StoreError`` subclasses.
 """

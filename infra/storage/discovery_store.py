@@ -44,6 +44,7 @@ from typing import Any, Final
 import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
+from ldpipe.infra.storage.disk import disk_writes
 from ldpipe.schemas.config import UseCase
 from ldpipe.schemas.config_checks import ConfigError
 from ldpipe.schemas.discovery.discovered import Discovery
@@ -71,6 +72,12 @@ STORE_VERSION: Final = 1
 PROTOCOLS: Final = ("aux", "sfp")
 _METADATA_KEY: Final = b"ldpipe.discoveries"
 _DOMAIN: Final = b"ldpipe/discoveries/v1\x00"
+# what a full disk under the store says (infra/storage/disk.py, docs/operations.md)
+_SETTING: Final = "[use_case.discovery] store (or [use_case.sfp] store)"
+_RESUME: Final = (
+    "the window's released records are read again from Kafka on restart (their offset is "
+    "committed only once the window is recorded)"
+)
 _NAME_RE: Final = re.compile(
     rf"(?P<use_case>[a-z0-9_.-]{{1,{MAX_DISCOVERY_USE_CASE_LENGTH}}})@(?P<digest>[0-9a-f]{{32}})"
     r"\.parquet"
@@ -146,7 +153,8 @@ class DiscoveryStore:
         """Write ``window`` durably under its immutable name; refuse one that exists."""
         _check_window(window)
         folder = self.directory
-        folder.mkdir(parents=True, exist_ok=True)
+        with disk_writes(folder, what="the discoveries store", setting=_SETTING, resume=_RESUME):
+            folder.mkdir(parents=True, exist_ok=True)
         final = folder / window_file_name(window.use_case, window.window_id)
         if final.exists():
             raise DiscoveryExistsError(
@@ -154,16 +162,17 @@ class DiscoveryStore:
                 f"is recorded (discoveries files are immutable)"
             )
         temp = folder / f".{final.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-        try:
-            with open(temp, "xb") as sink:
-                pq.write_table(_table(window), sink, compression="zstd")
-                sink.flush()
-                os.fsync(sink.fileno())
-            publish_immutable(temp, final, DiscoveryExistsError, "discoveries")
-        except BaseException:
-            temp.unlink(missing_ok=True)
-            raise
-        fsync_directory(folder)
+        with disk_writes(folder, what="the discoveries store", setting=_SETTING, resume=_RESUME):
+            try:
+                with open(temp, "xb") as sink:
+                    pq.write_table(_table(window), sink, compression="zstd")
+                    sink.flush()
+                    os.fsync(sink.fileno())
+                publish_immutable(temp, final, DiscoveryExistsError, "discoveries")
+            except BaseException:
+                temp.unlink(missing_ok=True)  # a full disk leaves no partial file
+                raise
+            fsync_directory(folder)
         logger.info(
             "recorded %d discoveries of window %s in %s",
             len(window.discoveries),

@@ -10,9 +10,10 @@ resort (``infra/cli/failures.py``) for any that escape, and :func:`engine_loaded
 
 from __future__ import annotations
 
-import errno
 import sys
 from typing import Final
+
+from ldpipe.infra.storage.disk import is_disk_error
 
 __all__ = ["ENGINE", "engine_errors", "engine_loaded", "is_disk_full", "is_engine_panic"]
 
@@ -39,11 +40,6 @@ def is_engine_panic(exc: BaseException) -> bool:
 
 
 def is_disk_full(exc: BaseException) -> bool:
-    """ENOSPC (or EDQUOT) from Python, Arrow or delta-rs, whose errors carry only its words
-    (``No space left on device (os error 28)``)."""
-    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return True
-    text = str(exc)
-    return any(
-        words in text for words in ("No space left on device", "os error 28", "Disk quota exceeded")
-    )
+    """ENOSPC, EDQUOT or EROFS from Python, Arrow or delta-rs, whose errors carry only its words
+    (``No space left on device (os error 28)``): ``infra/storage/disk.py`` decides."""
+    return is_disk_error(exc)

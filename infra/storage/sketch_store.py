@@ -57,6 +57,7 @@ from deltalake.fs import DeltaStorageHandler
 from deltalake.transaction import AddAction, RemoveAction
 
 from ldpipe.infra.runtime.secret_refs import resolve_all
+from ldpipe.infra.storage.disk import DiskFullError, disk_error_kind, disk_full_message
 from ldpipe.infra.storage.engine import is_disk_full, is_engine_panic
 from ldpipe.infra.storage.segments import (
     HEADER_COLUMNS,
@@ -105,9 +106,10 @@ class StoreDamagedError(StoreError):
     fix (``ldpipe store verify``, a backup, ``ldpipe replay``)."""
 
 
-class StoreFullError(StoreError):
+class StoreFullError(StoreError, DiskFullError):
     """The disk (or quota) under the store is full: a commit failed before its log entry, so
-    nothing was committed and the table reads as before; free space and the commit succeeds."""
+    nothing was committed and the table reads as before; free space and the commit succeeds.
+    A :class:`~ldpipe.infra.storage.disk.DiskFullError` like every other full disk."""
 
 
 @dataclass(frozen=True)
@@ -197,14 +199,19 @@ class SketchStore:
         )
 
     def full(self, exc: BaseException) -> StoreFullError:
-        """A write that found the disk full, as one line naming the store and the fix."""
+        """A write that found the disk full, as one line naming the store and the fix
+        (``infra/storage/disk.py``, the line every full disk gives)."""
         where = self.uri if "://" in self.uri else str(Path(self.uri).resolve())
-        return StoreFullError(
-            f"no space left on the device holding the sketch store {where}: nothing was "
-            f"committed and the table reads as before; free space there (or move the store and "
-            f"set [use_case.store] uri), then restart the writer: it resumes from the store's "
-            f"offsets"
+        kind = disk_error_kind(exc) or "full"
+        message = disk_full_message(
+            where,
+            what="the sketch store",
+            setting="[use_case.store] uri",
+            resume="nothing was committed and the table reads as before; restart the writer "
+            "and it resumes from the store's offsets",
+            kind=kind,
         )
+        return StoreFullError(message, where, kind)
 
     @contextlib.contextmanager
     def _engine(self, *, writing: bool = False) -> Iterator[None]:

@@ -323,3 +323,32 @@ def test_rotation_from_the_configuration(tmp_path: Path) -> None:
     save_tag_key(TagKey(6, bytes(32)), tmp_path / "retired" / "words-6.tag.json")
     with pytest.raises(ConfigError, match="both have key id 6 but different secrets"):
         DiscoveryRecorder(s.use_case, KafkaSettings("127.0.0.1:1"))
+
+
+def test_a_full_disk_stops_before_committing_and_the_window_is_recorded_on_restart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ENOSPC writing the window's file (a fake at the Parquet write): one line naming the
+    store, no file, no commit; a restarted server records the window from the same records."""
+    import errno
+    import os
+
+    import pyarrow.parquet as pq
+
+    from ldpipe.infra.storage.disk import DiskFullError
+
+    def full(*_args: object, **_kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    s = make_setup(tmp_path)
+    (alpha,) = s.releases(["alpha"] * 3)
+    messages = window([alpha.to_bytes()])
+    monkeypatch.setattr(pq, "write_table", full)
+    with pytest.raises(DiskFullError, match=r"^the discoveries store .*: no space left"):
+        s.admit(*messages)
+    assert s.consumer.commits == [] and s.recorder.windows_recorded == 0
+    assert list((tmp_path / "snapshots" / "discoveries").iterdir()) == []
+    monkeypatch.undo()
+    again = DiscoveryRecorder(s.use_case, KafkaSettings("127.0.0.1:1"))  # the restart
+    again.admit(messages[0], s.consumer, s.producer)  # type: ignore[arg-type]
+    assert again.windows_recorded == 1 and s.consumer.commits == [1]

@@ -378,7 +378,10 @@ def test_a_full_disk_elsewhere_is_one_line_naming_the_path() -> None:
     failure = explain(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/var/lib/ldpipe/x.arrow"))
     assert failure.code == 1 and "\n" not in failure.message
     assert failure.message.startswith("/var/lib/ldpipe/x.arrow: no space left on the device")
-    assert "free space on that file system" in failure.message
+    from ldpipe.infra.storage.disk import mount_point
+
+    fs = mount_point("/var/lib/ldpipe/x.arrow")
+    assert f"; free space on {fs} or move" in failure.message, failure.message
     import pyarrow as pa
 
     arrow = explain(pa.ArrowIOError("Generic LocalFileSystem error: No space left on device"))

@@ -31,7 +31,7 @@ from ldpipe.infra.storage.identity import (
 from ldpipe.infra.storage.protocol import SegmentStore
 from ldpipe.schemas.config import PipelineConfig, UseCase
 from ldpipe.schemas.envelope import PrivateKeyLookup
-from ldpipe.schemas.keys import KeyFileError, load_public_key
+from ldpipe.schemas.keys import KeyFileError, KeyRing, load_public_key
 
 __all__ = [
     "FOREIGN_KEY",
@@ -92,8 +92,8 @@ def key_marks(keyring: PrivateKeyLookup, foreign: Iterable[int] = ()) -> tuple[s
     pairs: list[tuple[int, X25519PrivateKey]] = []
     if isinstance(keyring, Mapping):
         pairs = [(int(k), v) for k, v in keyring.items()]
-    elif hasattr(keyring, "__iter__"):
-        pairs = [(pair.key_id, pair.private_key) for pair in keyring]  # type: ignore[attr-defined]
+    elif isinstance(keyring, KeyRing):
+        pairs = [(pair.key_id, pair.private_key) for pair in keyring]
     return tuple(
         sorted(
             key_mark(key_id, key.public_key().public_bytes_raw())

@@ -241,8 +241,9 @@ class SketchStore:
         table lacks it (delta-rs refuses custom properties when creating a table)."""
         for _ in range(3):  # a concurrent writer changed the metadata first: read again
             table, mine = self._table(), self.bound
-            config = None if table is None else dict(table.metadata().configuration)
-            if mine is None or config is None or not (changes := reconcile(self.uri, config, mine)):
+            if mine is None or table is None:
+                return
+            if not (changes := reconcile(self.uri, dict(table.metadata().configuration), mine)):
                 return
             with contextlib.suppress(CommitFailedError):
                 table.alter.set_table_properties(changes, raise_if_not_exists=False)

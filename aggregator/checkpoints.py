@@ -2,10 +2,11 @@
 
 A checkpoint (the snapshot format, ``aggregator/snapshot.py``, under the member's name) holds
 the open windows with the positions and store offsets ("bases") they start from, the open spans
-(``aggregator/sealing.py``) and the newest record time per partition. It is restored once per
-process, at the first assignment, and only if it lists partitions all assigned now whose store
-offsets are still exactly its bases (a restart without a rebalance in between); otherwise its
-partitions start from the store (``docs/aggregator.md``, "Checkpoints").
+(``aggregator/sealing.py``), the newest record time per partition and the deployment's
+identity (``infra/storage/identity.py``: a checkpoint of another deployment is refused).
+It is restored once per process, at the first assignment, and only if it lists partitions all
+assigned now whose store offsets are still exactly its bases (a restart without a rebalance in
+between); otherwise its partitions start from the store (``docs/aggregator.md``, "Checkpoints").
 
 One process per member name and checkpoint directory (:class:`MemberLock`): a second one
 refuses to start in one line.
@@ -30,6 +31,7 @@ from ldpipe.aggregator.snapshot_contents import SnapshotFile, WindowSketch
 from ldpipe.aggregator.snapshot_files import latest_snapshot, prune
 from ldpipe.aggregator.windows import WindowedSketches
 from ldpipe.infra.storage.disk import disk_writes
+from ldpipe.infra.storage.identity import StoreIdentity, compare, describe
 from ldpipe.schemas.epochs import EpochSet
 from ldpipe.schemas.mechanisms import Sketch
 from ldpipe.schemas.mechanisms.params import mechanism_params
@@ -119,6 +121,7 @@ class Checkpoints:
     sequence: int = 0  # of the last checkpoint written
     read: bool = False  # restore() was called
     lock: MemberLock | None = None
+    identity: StoreIdentity | None = None  # the deployment's (aggregator/deployment.py)
 
     def lock_member(self) -> MemberLock:
         """One process per member name and checkpoint directory: a second one refuses."""
@@ -144,6 +147,7 @@ class Checkpoints:
         if snap is None:
             return None
         state = snap.state
+        self._check_identity(snap.name, state.get("identity"))
         bases = {int(p): b for p, b in dict(state.get("bases", {})).items()}
         listed = {p for (t, p) in snap.offsets if t == self.topic}
         usable = (
@@ -184,6 +188,18 @@ class Checkpoints:
             latest={int(p): int(t) for p, t in dict(state.get("latest", {})).items()},
         )
 
+    def _check_identity(self, name: str, recorded: object) -> None:
+        """A checkpoint of another deployment (``infra/storage/identity.py``) is refused."""
+        if not isinstance(recorded, str) or self.identity is None:
+            return  # written before identities, or no broker asked: nothing to compare
+        theirs = StoreIdentity.from_json(recorded, f"checkpoint {name}")
+        if compare(theirs, self.identity) is not None:
+            raise AggregatorError(
+                f"checkpoint {name} in {self.directory} belongs to {describe(theirs)}; this "
+                f"aggregator is {describe(self.identity)} — give this deployment its own "
+                f"snapshot.directory (docs/operations.md#a-store-from-another-deployment)"
+            )
+
     def write(
         self,
         *,
@@ -220,6 +236,7 @@ class Checkpoints:
                 "spans": spans.to_json(),
                 "latest": {str(p): t for p, t in sorted(latest.items())},
                 "run": uuid.uuid4().hex,
+                **({} if self.identity is None else {"identity": self.identity.to_json()}),
             },
         )
         try:

@@ -4,16 +4,19 @@ The configured epoch is known from the start; epochs published later (``ldpipe a
 them to ``ldp.<use case>.params``) are read when the aggregator starts and again, at most every
 2 s, when envelopes of an unknown epoch arrive: those are decoded once more if their epoch has
 been published since, and refused as ``wrong_epoch`` otherwise (``docs/aggregator.md``).
+Only the use case's own keys open envelopes: one sealed to another use case's key of the
+configuration is refused as ``foreign_key`` (``aggregator/deployment.py``).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
+from ldpipe.aggregator.deployment import FOREIGN_KEY, OwnKeys
 from ldpipe.aggregator.windows import DecodedBatch, decode_epochs
 from ldpipe.infra.runtime.epochs_io import read_epochs
 from ldpipe.infra.runtime.kafka import KafkaSettings
@@ -25,8 +28,10 @@ from ldpipe.schemas.envelope import (
     NESTED_VERSION,
     TAG_LENGTH,
     PrivateKeyLookup,
+    parse_header,
 )
 from ldpipe.schemas.epochs import EpochSet
+from ldpipe.schemas.errors import EnvelopeRejection
 from ldpipe.schemas.mechanisms import Reports
 
 __all__ = ["EpochDecoder", "Rejection"]
@@ -46,11 +51,13 @@ class EpochDecoder:
         kafka: KafkaSettings,
         keyring: PrivateKeyLookup,
         *,
+        foreign: Mapping[int, str] | None = None,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.use_case = use_case
         self.kafka = kafka
-        self.keyring = keyring
+        self.foreign = dict(foreign or {})  # key id -> the use case that owns it
+        self.keyring = OwnKeys(keyring, self.foreign)
         self.monotonic = monotonic
         self.epochs: EpochSet = use_case.epoch_set()
         # a use case with nested envelopes counts only inner layers that passed a shuffler
@@ -76,6 +83,7 @@ class EpochDecoder:
         parts, rejections = decode_epochs(
             values, self.keyring, self.epochs.codecs, use_case=name, version=self.version
         )
+        rejections = self._foreign(values, rejections)
         retry = [i for i, _layer, reason in rejections if reason == "wrong_epoch"]
         if not retry or self.monotonic() - self.loaded < 2.0:
             return parts, rejections
@@ -90,6 +98,7 @@ class EpochDecoder:
             use_case=name,
             version=self.version,
         )
+        rejections_again = self._foreign([values[i] for i in retry], rejections_again)
         where = np.asarray(retry, dtype=np.int64)
         for epoch, part in again.items():
             part = DecodedBatch(part.reports, where[part.positions], [])
@@ -104,3 +113,17 @@ class EpochDecoder:
         kept = [r for r in rejections if r[2] != "wrong_epoch"]
         kept += [(int(where[i]), layer, reason) for i, layer, reason in rejections_again]
         return parts, sorted(kept)
+
+    def _foreign(self, values: list[bytes | None], rejections: list[Rejection]) -> list[Rejection]:
+        """``unknown_key_id`` of a key id another use case of the configuration owns is
+        ``foreign_key``: sealed to that use case's key (``aggregator/deployment.py``)."""
+        if not self.foreign:
+            return rejections
+        out = []
+        for i, layer, reason in rejections:
+            if reason == EnvelopeRejection.UNKNOWN_KEY_ID:
+                header, _rest = parse_header(values[i])
+                if header.key_id in self.foreign:
+                    reason = FOREIGN_KEY
+            out.append((i, layer, reason))
+        return out

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import socket
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = ["AggregatorOptions", "default_member"]
@@ -38,6 +38,8 @@ class AggregatorOptions:
     dedupe_horizon: int | None = None  # default: the use case's snapshot.dedupe_horizon
     # resume partitions whose recovered position lies outside the log at the log start
     after_data_loss: bool = False
+    # key id -> use case: the other use cases' keys, never opened (aggregator/deployment.py)
+    foreign_keys: Mapping[int, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.member is not None and _MEMBER_RE.fullmatch(self.member) is None:

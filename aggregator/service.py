@@ -63,6 +63,7 @@ from ldpipe.aggregator.data_loss import (
 )
 from ldpipe.aggregator.dead_letters import DeadLetterWriter
 from ldpipe.aggregator.decoding import EpochDecoder
+from ldpipe.aggregator.deployment import DeploymentCheck, key_marks
 from ldpipe.aggregator.exceptions import AggregatorError
 from ldpipe.aggregator.metrics import AggregatorMetrics
 from ldpipe.aggregator.options import AggregatorOptions, default_member
@@ -144,7 +145,9 @@ class Aggregator:
         # assignment, while the broker is silent, or while nothing is owned past a bound
         self.readiness = readiness or Readiness()
         # the configured epoch now; run() adds the published ones (ldp.<uc>.params)
-        self.decoder = EpochDecoder(use_case, kafka, keyring)
+        self.decoder = EpochDecoder(use_case, kafka, keyring, foreign=opts.foreign_keys)
+        marks = key_marks(keyring, opts.foreign_keys)  # the use case's own (deployment.py)
+        self.deployment = DeploymentCheck(use_case.name, self.topic, marks)
         self.epochs = self.decoder.epochs
         window = opts.window_seconds or use_case.snapshot.window_seconds
         self.windows = WindowedSketches(
@@ -389,6 +392,7 @@ class Aggregator:
 
     def _opened(self, consumer: Consumer, producer: Producer) -> None:
         self.dead_letters.producer = producer
+        self.checkpoints.identity = self.deployment.check(self.store, consumer)  # before data loss
         self.dedupe.partitions_total = len(self.all_partitions(consumer))
         self._last_checkpoint = self._last_check = time.monotonic()
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ldpipe.aggregator.deployment import foreign_key_ids
 from ldpipe.aggregator.options import AggregatorOptions
 from ldpipe.aggregator.service import Aggregator
 from ldpipe.infra.cli.argtypes import positive_seconds
@@ -60,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
             member=args.member,
             store_uri=args.store,
             after_data_loss=args.after_data_loss,
+            foreign_keys=foreign_key_ids(ctx.config, ctx.use_case),
         ),
         registry=ctx.registry,
         crash_point=crash_point_from_env(),

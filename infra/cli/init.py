@@ -38,11 +38,11 @@ __all__ = ["ISSUER_KEYS", "STARTER_KEYS", "UP", "Ports", "add_parser", "init", "
 #: the one command that runs the starter deployment (``ldpipe up``: infra/cli/up.py)
 UP = "ldpipe up --config pipeline.toml --embedded-broker"
 
-# (directory, name, key id, role): analyzer ids and shuffler ids never collide, so one key
-# directory may hold them all and "two different private keys have key id N" cannot happen
+# (directory, name, key id, role): distinct key ids throughout; each use case's analyzer key in
+# a directory of its own (keys/<use case>/), which only that use case's aggregators load
 STARTER_KEYS = (
-    ("keys", "emoji", 1, "analyzer"),
-    ("keys", "words", 2, "analyzer"),
+    ("keys/emoji", "emoji", 1, "analyzer"),
+    ("keys/words", "words", 2, "analyzer"),
     ("shuffler-keys", "emoji-shuffler", 11, "shuffler"),
     ("shuffler-keys", "words-shuffler", 13, "shuffler"),
     ("aux-keys", "words-aux", 21, "analyzer"),
@@ -77,8 +77,8 @@ k = 1024                   # hash functions (sketch rows)
 m = 1024                   # hash range (sketch columns)
 epoch = 1
 dictionary = "builtin:emoji"
-public_key = "keys/emoji-1.public.json"     # what devices encrypt to
-private_keys = ["keys"]                     # what aggregators open with
+public_key = "keys/emoji/emoji-1.public.json"   # what devices encrypt to
+private_keys = ["keys/emoji"]                   # what aggregators open with (this use case's only)
 
 [use_case.shuffle]
 public_key = "shuffler-keys/emoji-shuffler-11.public.json"
@@ -98,8 +98,8 @@ mechanism = "cms"
 epsilon = 4.0
 k = 1024
 m = 1024
-public_key = "keys/words-2.public.json"
-private_keys = ["keys"]
+public_key = "keys/words/words-2.public.json"
+private_keys = ["keys/words"]
 
 [use_case.shuffle]
 public_key = "shuffler-keys/words-shuffler-13.public.json"

@@ -20,6 +20,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
 
+from ldpipe.aggregator.deployment import foreign_key_ids
 from ldpipe.aggregator.options import AggregatorOptions
 from ldpipe.aggregator.service import Aggregator
 from ldpipe.infra.cli.common import add_service_args, service_context, stop_on_signals
@@ -111,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
         group_id=f"ldpipe-replay-{ctx.use_case.name}-{time.time_ns()}",
         start_offsets=_start_offsets(args, ctx),
         dead_letters=False,
+        foreign_keys=foreign_key_ids(ctx.config, ctx.use_case),
     )
     aggregator = Aggregator(
         ctx.use_case,

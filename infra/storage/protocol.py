@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
+from ldpipe.infra.storage.identity import StoreIdentity
 from ldpipe.infra.storage.segments import SegmentData, SegmentInfo
 from ldpipe.infra.storage.sketch_store import TableVersion
 from ldpipe.schemas.mechanisms import Sketch
@@ -78,6 +79,14 @@ class SegmentStore(SegmentReader, Protocol):
         writer: str,
         expected: Iterable[str],
     ) -> int: ...
+
+    def identity(self, *, at: TableVersion | None = None) -> StoreIdentity | None:
+        """The deployment identity the table records (``identity.py``; None: none yet)."""
+        ...
+
+    def bind(self, identity: StoreIdentity) -> None:
+        """Commit as ``identity``: recorded, adopted or merged at the next commit."""
+        ...
 
     def sketch_rows(self, *, at: TableVersion | None = None) -> Iterator[Any]: ...
 

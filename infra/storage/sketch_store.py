@@ -59,6 +59,7 @@ from deltalake.transaction import AddAction, RemoveAction
 from ldpipe.infra.runtime.secret_refs import resolve_all
 from ldpipe.infra.storage.disk import DiskFullError, disk_error_kind, disk_full_message
 from ldpipe.infra.storage.engine import is_disk_full, is_engine_panic
+from ldpipe.infra.storage.identity import StoreIdentity, reconcile
 from ldpipe.infra.storage.segments import (
     HEADER_COLUMNS,
     HEADER_ROW,
@@ -160,6 +161,7 @@ class SketchStore:
         if "://" not in self.uri:
             Path(self.uri).mkdir(parents=True, exist_ok=True)
         self._fs: Any = None
+        self.bound: StoreIdentity | None = None  # the writer's identity (bind()), if any
 
     # ---- the table ----------------------------------------------------------------------
     def head(self) -> TableVersion | None:
@@ -179,23 +181,19 @@ class SketchStore:
     def unreadable(self, exc: BaseException) -> StoreDamagedError:
         """A read of the table that failed (a garbled log, a missing or damaged Parquet file,
         an unreachable bucket), as one line naming the store and the fix."""
-        lines = str(exc).strip().splitlines()  # delta-rs may append a Rust backtrace
-        what = lines[0].strip() if lines else type(exc).__name__
         return StoreDamagedError(
-            f"cannot read the sketch store {self.uri}: {what}; `ldpipe store verify` names "
-            f"the damaged files and `ldpipe store repair` rolls the table back to its newest "
-            f"whole version (or restore it from a backup; docs/operations.md)"
+            f"cannot read the sketch store {self.uri}: {_first_line(exc)}; `ldpipe store "
+            f"verify` names the damaged files and `ldpipe store repair` rolls the table back "
+            f"to its newest whole version (or restore it from a backup; docs/operations.md)"
         )
 
     def unwritable(self, exc: BaseException) -> StoreDamagedError:
         """A write to the table that failed in delta-rs, as one line naming the store and what
         to check."""
-        lines = str(exc).strip().splitlines()
-        what = lines[0].strip() if lines else type(exc).__name__
         return StoreDamagedError(
-            f"cannot write to the sketch store {self.uri}: {what}; check that it is reachable "
-            f"and writable (its uri, storage_options and credentials), then run `ldpipe store "
-            f"verify`"
+            f"cannot write to the sketch store {self.uri}: {_first_line(exc)}; check that it "
+            f"is reachable and writable (its uri, storage_options and credentials), then run "
+            f"`ldpipe store verify`"
         )
 
     def full(self, exc: BaseException) -> StoreFullError:
@@ -233,6 +231,30 @@ class SketchStore:
             if is_engine_panic(exc):
                 raise translate(exc) from exc
             raise
+
+    def identity(self, *, at: TableVersion | None = None) -> StoreIdentity | None:
+        """The deployment identity the table records (None: no table, or written before)."""
+        table = at.handle if at is not None else self._table()
+        with self._engine():
+            config = {} if table is None else dict(table.metadata().configuration)
+        return StoreIdentity.from_configuration(config, f"sketch store {self.uri}")
+
+    def bind(self, identity: StoreIdentity) -> None:
+        """Commit as ``identity`` (recorded, or merged into the table's: ``identity.reconcile``)."""
+        self.bound = identity
+
+    def _record_identity(self) -> None:
+        """Record the bound identity (``identity.reconcile``) in one metadata commit if the
+        table lacks it (delta-rs refuses custom properties when creating a table)."""
+        for _ in range(3):  # a concurrent writer changed the metadata first: read again
+            table, mine = self._table(), self.bound
+            if mine is None or table is None:
+                return
+            if not (changes := reconcile(self.uri, dict(table.metadata().configuration), mine)):
+                return
+            with contextlib.suppress(CommitFailedError):
+                table.alter.set_table_properties(changes, raise_if_not_exists=False)
+                return
 
     def version(self) -> int | None:
         """The newest version's number (None: no table yet)."""
@@ -283,6 +305,7 @@ class SketchStore:
         crash_point: Callable[[str], None] | None,
     ) -> int:
         self._ensure_table()
+        self._record_identity()
         data = encode_segments(segments, positions, writer)
         added = self._write_file(data, segments) if data.num_rows else []
         try:
@@ -337,12 +360,8 @@ class SketchStore:
             if self._table() is not None:
                 return
             try:
-                write_deltalake(
-                    self.uri,
-                    SCHEMA.empty_table(),
-                    mode="append",
-                    storage_options=self._options,
-                )
+                empty = SCHEMA.empty_table()
+                write_deltalake(self.uri, empty, mode="append", storage_options=self._options)
                 return
             except Exception as exc:  # another writer created it first: use theirs
                 if self._table() is None:
@@ -362,13 +381,8 @@ class SketchStore:
         name = f"part-{uuid.uuid4().hex}.zstd.parquet"
         fs = self._filesystem()
         try:
-            pq.write_table(
-                data,
-                name,
-                filesystem=fs,
-                compression="zstd",
-                row_group_size=rows_per_group(segments),
-            )
+            groups = rows_per_group(segments)
+            pq.write_table(data, name, filesystem=fs, compression="zstd", row_group_size=groups)
         except BaseException:
             with contextlib.suppress(OSError, pa.ArrowException):
                 fs.delete_file(name)
@@ -573,15 +587,15 @@ class SketchStore:
         if table is None:
             return []
         with self._engine(writing=True):
-            return list(
-                table.vacuum(
-                    retention_hours=retention_hours,
-                    dry_run=False,
-                    enforce_retention_duration=False,
-                )
-            )
+            found = table.vacuum(retention_hours, dry_run=False, enforce_retention_duration=False)
+            return list(found)
 
 
 # ---- encoding ----------------------------------------------------------------------------------
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()  # delta-rs may append a Rust backtrace
+    return lines[0].strip() if lines else type(exc).__name__
+
+
 def _writer_properties(segments: Sequence[SegmentData]) -> WriterProperties:
     return WriterProperties(compression="ZSTD", max_row_group_size=rows_per_group(segments))

@@ -27,10 +27,10 @@ def test_init_writes_a_deployment_whose_keys_all_load(tmp_path: Path) -> None:
     assert [uc.name for uc in config.declared] == ["emoji", "words"]
     ids = [key_id for _, _, key_id, _ in STARTER_KEYS]
     assert len(set(ids)) == len(ids)
-    analyzer = KeyRing.load(root / "keys")
-    assert sorted(analyzer.key_ids) == [1, 2]  # one directory, two use cases, distinct ids
-    for uc in config.declared:
-        assert load_public_key(uc.public_key).key_id in analyzer.key_ids
+    for uc in config.declared:  # each use case's key in its own directory, and only its own
+        assert uc.private_keys == (root / "keys" / uc.name,)
+        analyzer = KeyRing.load(*uc.private_keys)
+        assert analyzer.key_ids == (load_public_key(uc.public_key).key_id,)
         assert uc.shuffle.public_key is not None
         shuffler = KeyRing.load(*uc.shuffle.private_keys, role="shuffler")
         assert load_public_key(uc.shuffle.public_key).key_id in shuffler.key_ids

@@ -173,8 +173,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> World:
     missing_key = _rewrite(
         good,
         root / "missing-key.toml",
-        ('public_key = "keys/emoji-1.public.json"', 'public_key = "keys/emoji-9.public.json"'),
-        ('private_keys = ["keys"]', 'private_keys = ["no-such-keys"]'),
+        ('public_key = "keys/emoji/emoji-1.public.json"', 'public_key = "keys/e-9.public.json"'),
+        ('private_keys = ["keys/emoji"]', 'private_keys = ["no-such-keys"]'),
         (
             'private_keys = ["shuffler-keys/emoji-shuffler-11.private.json"]',
             'private_keys = ["shuffler-keys/emoji-shuffler-99.private.json"]',

@@ -43,6 +43,7 @@ __all__ = [
     "column_sums_reference",
     "default_threads",
     "kernel",
+    "run_row_ranges",
 ]
 
 KERNEL_ENV = "LDPIPE_KERNEL"
@@ -144,6 +145,19 @@ def _run(plan: _Plan, work: Callable[[int, int], IntArray]) -> IntArray:
     for part in parts[1:]:
         total += part
     return total
+
+
+def run_row_ranges(rows: int, threads: int, work: Callable[[int, int], None]) -> None:
+    """``work(lo, hi)`` over ``[0, rows)`` split in up to ``threads`` contiguous ranges, one
+    thread each (the kernels release the GIL); inline when one range."""
+    per = -(-rows // max(1, min(threads, rows)))
+    ranges = [(lo, min(lo + per, rows)) for lo in range(0, rows, per)]
+    if len(ranges) <= 1:
+        for lo, hi in ranges:
+            work(lo, hi)
+        return
+    with ThreadPoolExecutor(max_workers=len(ranges), thread_name_prefix="ldpipe-rows") as ex:
+        list(ex.map(lambda r: work(*r), ranges))
 
 
 def column_sums(

@@ -107,6 +107,7 @@ def compiled_gather(
 
     def call() -> npt.NDArray[np.int64]:
         function(*args)
+        assert matrix.size and cells.size  # the buffers live as long as the call
         return sums
 
     return call

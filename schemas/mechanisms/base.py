@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import operator
 import secrets
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -445,7 +446,7 @@ class Mechanism(ABC):
         est = model.estimate(totals, n)
         plug = np.clip(est, 0.0, float(n))
         if sum_sq is None and model.collision > 0.0:
-            sum_sq = self.sum_sq_estimate(sketch)
+            sum_sq = _kept_sum_sq(self, sketch)
         if sum_sq is None:  # no hashing (OUE): the collision term is zero whatever S is
             others_sq = n - plug
         else:
@@ -496,6 +497,24 @@ class Mechanism(ABC):
     ) -> float:
         """Pan Thm 3.11: the k below which collision bias may dominate (warn when k is smaller)."""
         return self.contribution().min_rows_for_negligible_bias(n, tau, delta)
+
+
+_SUM_SQ: weakref.WeakKeyDictionary[Sketch, tuple[int, Mechanism, float]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _kept_sum_sq(mechanism: Mechanism, sketch: Sketch) -> float:
+    """``mechanism.sum_sq_estimate(sketch)``, kept with the sketch per version (one float): a
+    dashboard's repeated estimates pay for it once (issue 23: an estimate is a gather)."""
+    version = sketch.version
+    kept = _SUM_SQ.get(sketch)
+    if kept is not None and kept[0] == version and kept[1] == mechanism:
+        return kept[2]
+    value = mechanism.sum_sq_estimate(sketch)
+    if sketch.version == version:
+        _SUM_SQ[sketch] = (version, mechanism, value)
+    return value
 
 
 @dataclass(frozen=True)

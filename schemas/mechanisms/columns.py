@@ -55,6 +55,7 @@ _BLOCK_BYTES = 1 << 18  # sketch rows read per block (all matrices): 256 KiB, ha
 _GATHER_CHUNK_CELLS = 1 << 17  # reference: cells hashed per gather step (1 MiB temporaries)
 _THREAD_MIN_CELLS = 1 << 20  # below this many cells one thread does it all
 _LOW32 = np.uint64(0xFFFFFFFF)
+_SMALL_KEYS = 32  # up to this many keys are squared in Python integers (key_parts)
 
 
 def kernel() -> Kernel:
@@ -113,7 +114,10 @@ def column_sums_reference(
 
 def key_parts(keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
     """``(4, n)``: the 32-bit halves of each key x and of ``x^2 mod P``, what the kernels read."""
-    square = _mulmod(keys, keys)
+    if keys.size <= _SMALL_KEYS:  # a few keys: Python's integers beat a dozen array passes
+        square = np.fromiter((x * x % MERSENNE_61 for x in keys.tolist()), np.uint64, keys.size)
+    else:
+        square = _mulmod(keys, keys)
     return np.stack(
         [keys & _LOW32, keys >> np.uint64(32), square & _LOW32, square >> np.uint64(32)]
     )
@@ -189,12 +193,16 @@ def column_sums(
     coeffs = family.coefficients
     plan = _Plan.make(k, m, count, keys_arr.size, threads or default_threads())
     view = count == 1 and not hadamard  # read rows in place; else copy (and transform) a block
+    # in place, one kernel call per thread reads each row once when the items are one tile (or
+    # their columns are cached): blocks only keep rows in cache for the next tile
+    whole = view and (cells is not None or keys_arr.size <= kernels.TILE)
 
     def work(lo: int, hi: int) -> IntArray:
         acc = np.zeros((count, keys_arr.size), dtype=np.int64)
         buffer = None if view else np.empty(count * plan.block * m, dtype=np.int64)
-        for r0 in range(lo, hi, plan.block):
-            r1 = min(r0 + plan.block, hi)
+        step = max(1, hi - lo) if whole else plan.block
+        for r0 in range(lo, hi, step):
+            r1 = min(r0 + step, hi)
             if buffer is None:
                 stack = checked[0][None, r0:r1]
             else:

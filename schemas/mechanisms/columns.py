@@ -8,7 +8,8 @@ stay in cache) and, for each item, hashes its column in each row and adds the ce
 and the read fused in one compiled loop (``kernels.py``), on one thread per core, each with its
 own accumulator and block buffer that it reuses. Several matrices over one hash family (windows,
 epochs, SFP's per-position sketches) are read in the same pass, so each column is hashed once.
-HCMS's ``counts @ H_m`` is transformed block by block into that buffer: no second k x m matrix.
+With ``hadamard`` a matrix's ``M @ H_m`` is transformed block by block into that buffer; HCMS
+estimates instead pass the transform they keep with the sketch (``hcms.py``), so they only gather.
 
 :func:`column_sums_reference` is the plain numpy definition (``hash_all`` then a gather) that
 tests compare bit for bit; ``LDPIPE_KERNEL=numpy`` selects it everywhere. Sums are integers,

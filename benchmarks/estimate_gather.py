@@ -41,7 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -126,6 +126,22 @@ def median_seconds(call: Callable[[], object], budget: float, most: int = 200) -
     return statistics.median(times)
 
 
+def paired_seconds(
+    calls: Sequence[Callable[[], object]], budget: float, most: int = 200
+) -> list[float]:
+    """Median wall time of each call, the calls run in turn (ours, then the baseline, then ours
+    ...), so a change of the machine's load during the measurement falls on both sides."""
+    times: list[list[float]] = [[] for _ in calls]
+    spent = 0.0
+    while len(times[0]) < 5 or (spent < budget and len(times[0]) < most):
+        for call, record in zip(calls, times, strict=True):
+            t0 = time.perf_counter()
+            call()
+            record.append(time.perf_counter() - t0)
+            spent += record[-1]
+    return [statistics.median(record) for record in times]
+
+
 def random_sketch(k: int, m: int, rng: np.random.Generator) -> Sketch:
     counts = rng.integers(-50, 200, size=(k, m), dtype=np.int64)
     return Sketch(counts, rng.integers(1_000, 2_000, size=k, dtype=np.int64))
@@ -146,18 +162,19 @@ def one_item(lib: ctypes.CDLL, budget: float) -> dict[str, Any]:
     mech.estimate(sketch, items)
     first = time.perf_counter() - t0
     transform = median_seconds(lambda: transform_rows(sketch.counts), budget, most=5)
-    warm = median_seconds(lambda: mech.estimate(sketch, items), budget)
     matrix = mech.transformed_counts(sketch)
     keys = mech.encode(items)
     flat = matrix.reshape(-1)
     offsets = np.arange(mech.k, dtype=np.int64) * mech.m
 
     def numpy_gather() -> npt.NDArray[np.int64]:
-        return flat[mech.family.hash_all(keys) + offsets].sum(axis=1)
+        sums: npt.NDArray[np.int64] = flat[mech.family.hash_all(keys) + offsets].sum(axis=1)
+        return sums
 
-    hashed = median_seconds(numpy_gather, budget)
     gather = compiled_gather(lib, matrix, columns(mech, keys))
-    base = median_seconds(gather, budget)
+    warm, hashed, base = paired_seconds(
+        (lambda: mech.estimate(sketch, items), numpy_gather, gather), budget, most=2000
+    )
     totals = mech.column_totals(sketch, keys)
     same = bool(np.array_equal(totals, gather()) and np.array_equal(totals, numpy_gather()))
     return {
@@ -181,7 +198,6 @@ def measure(
     items: list[str | bytes] = [f"item-{i}" for i in range(n)]
     keys = mech.encode(items)
     mech.estimate(sketch, items)  # keeps the moments (and HCMS's transform)
-    hashed = median_seconds(lambda: mech.estimate(sketch, items), budget)
     cache = CellCache(1 << 31)
     cached_totals = mech.column_totals_many([sketch], keys, cache=cache)[0]
 
@@ -189,9 +205,10 @@ def measure(
         totals = mech.column_totals_many([sketch], keys, cache=cache)[0]
         return mech.estimate_codes(sketch, keys, totals=totals)
 
-    cached = median_seconds(served, budget)
     gather = compiled_gather(lib, mech.transformed_counts(sketch), columns(mech, keys))
-    base = median_seconds(gather, budget)
+    hashed, cached, base = paired_seconds(
+        (lambda: mech.estimate(sketch, items), served, gather), budget
+    )
     sums = gather()
     equal = np.array_equal(cached_totals, sums) and np.array_equal(
         mech.column_totals(sketch, keys), sums

@@ -155,7 +155,7 @@ def _run(plan: _Plan, work: Callable[[int, int], IntArray]) -> IntArray:
 def run_row_ranges(rows: int, threads: int, work: Callable[[int, int], None]) -> None:
     """``work(lo, hi)`` over ``[0, rows)`` split in up to ``threads`` contiguous ranges, one
     thread each (the kernels release the GIL); inline when one range."""
-    per = -(-rows // max(1, min(threads, rows)))
+    per = max(1, -(-rows // max(1, min(threads, rows))))
     ranges = [(lo, min(lo + per, rows)) for lo in range(0, rows, per)]
     if len(ranges) <= 1:
         for lo, hi in ranges:

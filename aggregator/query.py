@@ -457,19 +457,23 @@ def _epoch_estimates(
     """
     parts = [(part, _rebuild(part)) for part in merged.values() if part.sketch.n]
     groups: dict[tuple[HashFamily, bool], list[int]] = {}
-    matrices: dict[int, npt.NDArray[np.int64]] = {}
     for index, (part, mech) in enumerate(parts):
         if isinstance(mech, SketchMechanism):
             mech.check_sketch(part.sketch)
             groups.setdefault((mech.family, mech.hadamard), []).append(index)
-            matrices[index] = mech.transformed_counts(part.sketch)  # HCMS: counts @ H_m, kept
     totals: dict[int, npt.NDArray[np.float64]] = {}
     keys = _item_keys(tuple(items)) if groups else np.zeros(0, dtype=np.uint64)
     if groups:
-        for (family, _), members in groups.items():
-            read = [matrices[i] for i in members]
-            sums = column_sums(family, read, keys, cache=cache)
-            totals.update(zip(members, sums.astype(np.float64), strict=True))
+        for (family, hadamard), members in groups.items():
+            sketches = [parts[i][0].sketch for i in members]
+            if hadamard:  # HCMS reads the transform it keeps with each sketch (hcms.py)
+                first = parts[members[0]][1]
+                assert isinstance(first, SketchMechanism)
+                sums = first.column_totals_many(sketches, keys, cache=cache)
+            else:
+                read = column_sums(family, [s.counts for s in sketches], keys, cache=cache)
+                sums = read.astype(np.float64)
+            totals.update(zip(members, sums, strict=True))
     out = []
     for index, (part, mech) in enumerate(parts):
         if index in totals:

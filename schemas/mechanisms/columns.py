@@ -173,15 +173,23 @@ def column_sums(
     hadamard: bool = False,
     cache: CellCache | None = None,
     threads: int | None = None,
+    keep: IntArray | None = None,
 ) -> IntArray:
     """``(len(matrices), n)`` int64: ``sum_j M_t[j, h_j(key_i)]`` for each matrix t and key i.
 
     ``hadamard`` reads each matrix's ``M @ H_m`` (HCMS). ``cache`` keeps the keys' hash columns
     when they fit its budget (:class:`CellCache`). ``threads`` defaults to the cores available.
     Equal, bit for bit, to :func:`column_sums_reference` (the path ``LDPIPE_KERNEL=numpy`` takes).
+    ``keep`` (k x m int64; with ``hadamard`` and one matrix) receives ``M @ H_m`` as the blocks
+    are transformed, so a caller keeps the transform for the price of writing it (HCMS).
     """
     keys_arr = field_elements(keys).reshape(-1)
+    if keep is not None and not (hadamard and len(matrices) == 1):
+        raise ValueError("keep receives the transform of one matrix: pass hadamard and one")
     if kernel() == "numpy" or family.prime != MERSENNE_61:
+        if keep is not None:
+            keep[...] = walsh_hadamard_rows(_check_matrices(family, matrices)[0])
+            return column_sums_reference(family, [keep], keys_arr)
         return column_sums_reference(family, matrices, keys_arr, hadamard=hadamard)
     checked = _check_matrices(family, matrices)
     from ldpipe.schemas.mechanisms import (
@@ -212,6 +220,8 @@ def column_sums(
                     stack[t] = matrix[r0:r1]
                 if hadamard:
                     kernels.fwht_stack(stack)
+                    if keep is not None:
+                        keep[r0:r1] = stack[0]
             if cells is None:
                 kernels.hash_gather(stack, coeffs[r0:r1], parts, m, acc)
             else:

@@ -71,6 +71,21 @@ _KEPT: weakref.WeakKeyDictionary[Sketch, tuple[int, IntArray]] = weakref.WeakKey
 _KEPT_LOCK = threading.Lock()
 
 
+def _kept(sketch: Sketch, version: int) -> IntArray | None:
+    with _KEPT_LOCK:
+        kept = _KEPT.get(sketch)
+    return kept[1] if kept is not None and kept[0] == version else None
+
+
+def _keep(sketch: Sketch, version: int, transformed: IntArray) -> IntArray:
+    """Keep ``transformed`` (read-only) unless the sketch changed while it was computed."""
+    transformed.setflags(write=False)
+    with _KEPT_LOCK:
+        if sketch.version == version:
+            _KEPT[sketch] = (version, transformed)
+    return transformed
+
+
 def transform_rows(counts: IntArray, *, threads: int | None = None) -> IntArray:
     """``counts @ H_m`` as a new read-only int64 matrix (Apple Alg. 7), equal bit for bit to
     :func:`walsh_hadamard_rows`: rows copied, then transformed in place one row at a time (a row
@@ -158,23 +173,28 @@ class HadamardCountMeanSketch(SketchMechanism):
     def transformed_counts(self, sketch: Sketch) -> IntArray:
         """``counts @ H_m`` (Alg. 7), read-only, transformed once per sketch version and kept
         with the sketch (see the module doc) until it changes or is freed."""
-        with _KEPT_LOCK:
-            kept = _KEPT.get(sketch)
         version = sketch.version
-        if kept is not None and kept[0] == version:
-            return kept[1]
-        transformed = transform_rows(sketch.counts)
-        with _KEPT_LOCK:
-            if sketch.version == version:
-                _KEPT[sketch] = (version, transformed)
-        return transformed
+        kept = _kept(sketch, version)
+        if kept is None:
+            kept = _keep(sketch, version, transform_rows(sketch.counts))
+        return kept
 
     def column_totals_many(
         self, sketches: Sequence[Sketch], codes: npt.ArrayLike, *, cache: CellCache | None = None
     ) -> FloatArray:
-        """``C(d)`` read from each sketch's kept transform: a gather, no transform."""
+        """``C(d)`` read from each sketch's kept transform: a gather, no transform. A single
+        sketch not transformed yet is transformed block by block in the same pass as the
+        gather, each block written to the matrix then kept (the first estimate's cost)."""
         for sketch in sketches:
             self.check_sketch(sketch)
+        if len(sketches) == 1 and _kept(sketches[0], sketches[0].version) is None:
+            sketch, version = sketches[0], sketches[0].version
+            out = np.empty((self.k, self.m), dtype=np.int64)
+            sums = column_sums(
+                self.family, [sketch.counts], codes, hadamard=True, cache=cache, keep=out
+            )
+            _keep(sketch, version, out)
+            return sums.astype(np.float64)
         matrices = [self.transformed_counts(sketch) for sketch in sketches]
         return column_sums(self.family, matrices, codes, cache=cache).astype(np.float64)
 

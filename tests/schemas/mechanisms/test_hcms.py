@@ -108,3 +108,25 @@ def test_estimates_from_the_kept_transform_equal_transforming_each_time(
     assert np.array_equal(ours.std_errors, theirs.std_errors)
     transformed = transform_rows(sketch.counts, threads=3)
     np.testing.assert_array_equal(transformed, sketch.counts @ hadamard(512))
+
+
+@pytest.mark.parametrize("kernel", ["numba", "numpy"])
+def test_the_first_estimate_keeps_the_transform_it_gathered_from(
+    kernel: str, rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first estimate of a sketch transforms it block by block in the gather's own pass and
+    keeps what it wrote: the kept matrix is the whole transform, and the next estimate reads it."""
+    monkeypatch.setenv("LDPIPE_KERNEL", kernel)
+    mech = build_mechanism("hcms", epsilon=3.0, k=48, m=1024)
+    assert isinstance(mech, HadamardCountMeanSketch)
+    sketch = mech.new_sketch()
+    mech.accumulate(sketch, mech.randomize([f"w{j % 37}" for j in range(20_000)], rng))
+    keys = mech.encode([f"w{j}" for j in range(60)])
+    first = mech.column_totals(sketch, keys)
+    kept = mech.transformed_counts(sketch)
+    np.testing.assert_array_equal(kept, sketch.counts @ hadamard(1024))
+    assert not kept.flags.writeable
+    reference = column_sums_reference(mech.family, [sketch.counts], keys, hadamard=True)[0]
+    np.testing.assert_array_equal(first, reference)
+    np.testing.assert_array_equal(mech.column_totals(sketch, keys), reference)
+    assert mech.transformed_counts(sketch) is kept

@@ -13,15 +13,16 @@
 ``schemas/query-api.yaml`` (OpenAPI 3.1) specifies every parameter and response;
 ``docs/query.md`` ("HTTP JSON API") shows them with ``curl``.
 
-Every request answers from the sketch store as it is at that moment (no cache, no timer): the
-same code as ``ldpipe query --json`` (``ldpipe.aggregator.query.query_use_case``), which reads the
-segment headers and streams the sum of the segments in range. A range with no report is a
-200 whose estimates are null, with a ``reason`` (never 0 ± 0). Errors are one JSON object,
-``{"error": "<one line naming the problem and the fix>"}``, never a traceback: 400 for a bad
-parameter, 404 for an unknown path or use case, 405 for a method other than GET, 503 when the
-store has no commit yet (no data *yet*) or cannot be read, 500 for anything else (its traceback
-goes to the server's log). Every JSON body ends with a newline, so ``curl`` output does not run
-into the prompt.
+Every request answers from the sketch store as it is at that moment (no timer): the same code as
+``ldpipe query --json`` (``ldpipe.aggregator.query.query_use_case``), which reads the segment
+headers and streams the sum of the segments in range; the sum of the same committed segments is
+kept for the next request (``kept_sums.py``: segments never change once committed). A range
+with no report is a 200 whose estimates are null, with a ``reason`` (never 0 ± 0). Errors are
+one JSON object, ``{"error": "<one line naming the problem and the fix>"}``, never a
+traceback: 400 for a bad parameter, 404 for an unknown path or use case, 405 for a method other
+than GET, 503 when the store has no commit yet (no data *yet*) or cannot be read, 500 for
+anything else (its traceback goes to the server's log). Every JSON body ends with a newline, so
+``curl`` output does not run into the prompt.
 
 Why the standard library and no web framework: this is a handful of read-only GET endpoints
 with flat query strings, no bodies, no sessions and no authentication (bind to loopback or put
@@ -49,6 +50,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
 from ldpipe.aggregator.exceptions import NoCommitYetError, QueryError
+from ldpipe.aggregator.kept_sums import KeptSums
 from ldpipe.aggregator.query import query_use_case
 from ldpipe.infra.runtime.observability import (
     HEALTH_PATHS,
@@ -304,6 +306,7 @@ def _query(server: QueryApiServer, params: Params, *, top: bool) -> dict[str, An
                 store=server.store,
                 combine="sum" if combine == "sum" else "ivw",
                 cache=server.cache,
+                kept=server.kept,
             )
         except NoCommitYetError:  # no data *yet*: 503, ask again later
             raise _no_commit(open_sketch_store(use_case, server.store)) from None
@@ -454,6 +457,7 @@ class QueryApiServer(BackgroundHTTPServer):
         self.registry = registry
         self.store = store
         self.cache = cache  # hash columns of the dictionaries, shared with the refresh loop
+        self.kept = KeptSums()  # sums of committed segments (HCMS: and transforms), issue 23
         self.queries = threading.BoundedSemaphore(max_queries)
         self.readiness = readiness  # /readyz; None: ready at once
 

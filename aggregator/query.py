@@ -31,6 +31,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ldpipe.aggregator.exceptions import NoCommitYetError, QueryError
+from ldpipe.aggregator.kept_sums import KeptSums
 from ldpipe.aggregator.snapshot_contents import MergedSketch, WindowSketch
 from ldpipe.infra.storage.discovery_store import open_discovery_store
 from ldpipe.infra.storage.protocol import SegmentReader
@@ -129,12 +130,14 @@ def load_merged(
     *,
     topic: str | None = None,
     partitions: int | None = None,
+    kept: KeptSums | None = None,
 ) -> tuple[dict[int, MergedSketch], dict[str, Any]]:
     """Per-epoch sums of the store's segments lying within ``[start, end)``, and what they
     cover: the writers, the newest commit's age, and with ``topic`` and ``partitions`` each
     partition's committed offset (``coverage["missing"]["partitions"]``: those with none yet).
 
     Memory: one k x m accumulator per epoch and one Parquet row group, however many segments.
+    ``kept`` (``query --serve``) reuses the sum of the same committed segments (``kept_sums``).
     """
     head = store.head()
     if head is None or head.number == 0:  # version 0: created empty, before its first commit
@@ -148,16 +151,21 @@ def load_merged(
     merged: dict[int, MergedSketch] = {}
     for epoch in sorted({s.epoch for s in found}):
         members = [s for s in found if s.epoch == epoch]
-        first = members[0]
-        merged[epoch] = MergedSketch(
-            store.use_case,
-            epoch,
-            first.mechanism,
-            first.params,
-            store.read_sum(members, at=head),
-            tuple(sorted({s.span for s in members})),
-            tuple(sorted({s.writer for s in members})),
-        )
+
+        def build(epoch: int = epoch, members: list[Any] = members) -> MergedSketch:
+            first = members[0]
+            return MergedSketch(
+                store.use_case,
+                epoch,
+                first.mechanism,
+                first.params,
+                store.read_sum(members, at=head),
+                tuple(sorted({s.span for s in members})),
+                tuple(sorted({s.writer for s in members})),
+            )
+
+        ids = (store.uri, epoch, tuple(sorted((s.segment, s.created_at, s.n) for s in members)))
+        merged[epoch] = build() if kept is None else kept.get(ids, build)
     offsets: dict[str, int] = {}
     uncommitted: list[str] = []
     if topic is not None and partitions is not None:
@@ -191,6 +199,7 @@ def query_use_case(
     calibrate_fit: FitMethod = "mv",
     discovered: bool = True,
     cache: CellCache | None = None,
+    kept: KeptSums | None = None,
 ) -> QueryResult:
     """Estimates with standard errors and ``level`` intervals, for ``items`` or the top N.
 
@@ -202,7 +211,8 @@ def query_use_case(
     far (``discovered``, GCMS §6.2 joint use: :func:`discovered_items`). ``calibrate`` (a prior
     family) adds each item's calibrated count: the prior is fitted to the estimates of the
     whole dictionary, which is then required (see ``_calibrate``). ``cache`` keeps the hash
-    columns of the candidates between calls (``query --serve``: :class:`CellCache`).
+    columns of the candidates between calls (``query --serve``: :class:`CellCache`), ``kept``
+    the summed windows (and so HCMS's transform) of the same committed segments (``KeptSums``).
     """
     if not 0 < level < 1:
         raise QueryError(f"confidence level must be in (0, 1), got {level}; give e.g. 0.95")
@@ -241,6 +251,7 @@ def query_use_case(
         end,
         topic=use_case.topics.shuffled,
         partitions=use_case.topics.partitions,
+        kept=kept,
     )
     if combine not in ("ivw", "sum"):
         raise QueryError(f"combine must be 'ivw' or 'sum', got {combine!r}")
@@ -454,9 +465,15 @@ def _epoch_estimates(
     keys = _item_keys(tuple(items)) if groups else np.zeros(0, dtype=np.uint64)
     if groups:
         for (family, hadamard), members in groups.items():
-            matrices = [parts[i][0].sketch.counts for i in members]
-            sums = column_sums(family, matrices, keys, hadamard=hadamard, cache=cache)
-            totals.update(zip(members, sums.astype(np.float64), strict=True))
+            sketches = [parts[i][0].sketch for i in members]
+            if hadamard:  # HCMS reads the transform it keeps with each sketch (hcms.py)
+                first = parts[members[0]][1]
+                assert isinstance(first, SketchMechanism)
+                sums = first.column_totals_many(sketches, keys, cache=cache)
+            else:
+                read = column_sums(family, [s.counts for s in sketches], keys, cache=cache)
+                sums = read.astype(np.float64)
+            totals.update(zip(members, sums, strict=True))
     out = []
     for index, (part, mech) in enumerate(parts):
         if index in totals:

@@ -38,7 +38,7 @@ it), so the page cache holds the file. Then, each in a FRESH process (this scrip
 1. ``estimate``: ``read_snapshot`` (checksum verified) and rebuild the mechanism from the
    window's stored params (``load_seconds``), then ``mech.estimate(sketch, items)`` once
    (``estimate_seconds``: encode, hash, gather, variance; HCMS also its transform), then twice
-   more on the unchanged sketch (``warm_seconds``: their median; HCMS's transform is cached).
+   more on the unchanged sketch (``warm_seconds``: their median; HCMS's transform is kept).
    ``snapshot_wall_seconds`` runs from the parent launching the process to the first estimate's
    end: interpreter start, imports, load and one answer, what a query from a snapshot costs.
    Peak RSS is the larger of the child's ``VmHWM`` and its ``ru_maxrss`` from ``os.wait4``.
@@ -70,9 +70,9 @@ Targets (each a PASS/FAIL line):
   shapes are smaller than those the limits are for.
 * per case peak RSS <= 1.2 x sketch_bytes + declared caches + the baseline's RSS, with
   ``sketch_bytes`` the int64 counts and row totals, and the declared caches what the mechanism
-  keeps between estimates by its code: one k x m int64 matrix for an HCMS caching its transform
-  (``_transform_cache``), else none (``declared_cache_bytes``: estimates use no ``CellCache``
-  unless given one).
+  keeps between estimates by its code: one k x m int64 matrix for HCMS, which keeps its
+  transform with the sketch (``hcms.transformed_counts``), else none (``declared_cache_bytes``:
+  estimates use no ``CellCache`` unless given one).
 
 The bare gather is numpy on one thread; the library may use a thread per core (``cpus`` in the
 output). Before the timed processes, the prepare worker runs one estimate from a tiny snapshot
@@ -400,11 +400,11 @@ def worker_estimate(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def declared_cache_bytes(mech: SketchMechanism) -> int:
-    """What the mechanism keeps per sketch between estimates, as its code declares it: an HCMS
-    that caches its transformed matrix (``_transform_cache``) holds one more k x m int64
-    matrix; a library transforming a block of rows at a time (``columns.py``) holds none, and
-    estimates use no ``CellCache`` unless given one."""
-    return mech.k * mech.m * 8 if hasattr(mech, "_transform_cache") else 0
+    """What the mechanism keeps per sketch between estimates, as its code declares it: HCMS
+    keeps its transformed matrix with the sketch (``hcms.transformed_counts``, issue 23), one
+    more k x m int64 matrix; the others keep nothing the size of the sketch, and estimates use
+    no ``CellCache`` unless given one."""
+    return mech.k * mech.m * 8 if mech.hadamard else 0
 
 
 def worker_gather(spec: dict[str, Any]) -> dict[str, Any]:

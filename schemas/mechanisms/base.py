@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import operator
 import secrets
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -40,6 +41,7 @@ __all__ = [
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
 
+_MOMENT_BLOCK_CELLS = 1 << 20  # row_moments converts 8 MiB of counts to float64 at a time
 _BINCOUNT_MIN_FILL = 16  # bincount of rows once a batch has at least k/16 reports
 
 
@@ -235,9 +237,13 @@ class Sketch:
         if cached is not None and cached[0] == self._version:
             return cached[1], cached[2]
         version = self._version
-        values = self._counts.astype(np.float64)
-        sums = values.sum(axis=1)
-        squares = np.einsum("ij,ij->i", values, values)
+        k, m = self._counts.shape
+        sums, squares = np.empty(k), np.empty(k)
+        step = max(1, _MOMENT_BLOCK_CELLS // max(m, 1))  # float64 rows a block: no k x m copy
+        for lo in range(0, k, step):
+            values = self._counts[lo : lo + step].astype(np.float64)
+            sums[lo : lo + step] = values.sum(axis=1)
+            squares[lo : lo + step] = np.einsum("ij,ij->i", values, values)
         self._moments = (version, sums, squares)
         return sums, squares
 
@@ -445,7 +451,7 @@ class Mechanism(ABC):
         est = model.estimate(totals, n)
         plug = np.clip(est, 0.0, float(n))
         if sum_sq is None and model.collision > 0.0:
-            sum_sq = self.sum_sq_estimate(sketch)
+            sum_sq = _kept_sum_sq(self, sketch)
         if sum_sq is None:  # no hashing (OUE): the collision term is zero whatever S is
             others_sq = n - plug
         else:
@@ -496,6 +502,19 @@ class Mechanism(ABC):
     ) -> float:
         """Pan Thm 3.11: the k below which collision bias may dominate (warn when k is smaller)."""
         return self.contribution().min_rows_for_negligible_bias(n, tau, delta)
+
+
+_SUM_SQ: weakref.WeakKeyDictionary[Sketch, tuple[int, Mechanism, float]]
+_SUM_SQ = weakref.WeakKeyDictionary()  # sum_sq_estimate kept with each sketch per version
+
+
+def _kept_sum_sq(mechanism: Mechanism, sketch: Sketch) -> float:
+    """``sum_sq_estimate``, paid once per sketch version (issue 23: an estimate is a gather)."""
+    version, kept = sketch.version, _SUM_SQ.get(sketch)
+    if kept is None or kept[:2] != (version, mechanism):
+        kept = (version, mechanism, mechanism.sum_sq_estimate(sketch))
+        _SUM_SQ[sketch] = kept
+    return kept[2]
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@ stay in cache) and, for each item, hashes its column in each row and adds the ce
 and the read fused in one compiled loop (``kernels.py``), on one thread per core, each with its
 own accumulator and block buffer that it reuses. Several matrices over one hash family (windows,
 epochs, SFP's per-position sketches) are read in the same pass, so each column is hashed once.
-HCMS's ``counts @ H_m`` is transformed block by block into that buffer: no second k x m matrix.
+With ``hadamard`` a matrix's ``M @ H_m`` is transformed block by block into that buffer; HCMS
+estimates instead pass the transform they keep with the sketch (``hcms.py``), so they only gather.
 
 :func:`column_sums_reference` is the plain numpy definition (``hash_all`` then a gather) that
 tests compare bit for bit; ``LDPIPE_KERNEL=numpy`` selects it everywhere. Sums are integers,
@@ -43,6 +44,7 @@ __all__ = [
     "column_sums_reference",
     "default_threads",
     "kernel",
+    "run_row_ranges",
 ]
 
 KERNEL_ENV = "LDPIPE_KERNEL"
@@ -54,6 +56,7 @@ _BLOCK_BYTES = 1 << 18  # sketch rows read per block (all matrices): 256 KiB, ha
 _GATHER_CHUNK_CELLS = 1 << 17  # reference: cells hashed per gather step (1 MiB temporaries)
 _THREAD_MIN_CELLS = 1 << 20  # below this many cells one thread does it all
 _LOW32 = np.uint64(0xFFFFFFFF)
+_SMALL_KEYS = 32  # up to this many keys are squared in Python integers (key_parts)
 
 
 def kernel() -> Kernel:
@@ -112,7 +115,10 @@ def column_sums_reference(
 
 def key_parts(keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
     """``(4, n)``: the 32-bit halves of each key x and of ``x^2 mod P``, what the kernels read."""
-    square = _mulmod(keys, keys)
+    if keys.size <= _SMALL_KEYS:  # a few keys: Python's integers beat a dozen array passes
+        square = np.fromiter((x * x % MERSENNE_61 for x in keys.tolist()), np.uint64, keys.size)
+    else:
+        square = _mulmod(keys, keys)
     return np.stack(
         [keys & _LOW32, keys >> np.uint64(32), square & _LOW32, square >> np.uint64(32)]
     )
@@ -146,6 +152,19 @@ def _run(plan: _Plan, work: Callable[[int, int], IntArray]) -> IntArray:
     return total
 
 
+def run_row_ranges(rows: int, threads: int, work: Callable[[int, int], None]) -> None:
+    """``work(lo, hi)`` over ``[0, rows)`` split in up to ``threads`` contiguous ranges, one
+    thread each (the kernels release the GIL); inline when one range."""
+    per = max(1, -(-rows // max(1, min(threads, rows))))
+    ranges = [(lo, min(lo + per, rows)) for lo in range(0, rows, per)]
+    if len(ranges) <= 1:
+        for lo, hi in ranges:
+            work(lo, hi)
+        return
+    with ThreadPoolExecutor(max_workers=len(ranges), thread_name_prefix="ldpipe-rows") as ex:
+        list(ex.map(lambda r: work(*r), ranges))
+
+
 def column_sums(
     family: HashFamily,
     matrices: Sequence[Matrix],
@@ -154,15 +173,23 @@ def column_sums(
     hadamard: bool = False,
     cache: CellCache | None = None,
     threads: int | None = None,
+    keep: IntArray | None = None,
 ) -> IntArray:
     """``(len(matrices), n)`` int64: ``sum_j M_t[j, h_j(key_i)]`` for each matrix t and key i.
 
     ``hadamard`` reads each matrix's ``M @ H_m`` (HCMS). ``cache`` keeps the keys' hash columns
     when they fit its budget (:class:`CellCache`). ``threads`` defaults to the cores available.
     Equal, bit for bit, to :func:`column_sums_reference` (the path ``LDPIPE_KERNEL=numpy`` takes).
+    ``keep`` (k x m int64; with ``hadamard`` and one matrix) receives ``M @ H_m`` as the blocks
+    are transformed, so a caller keeps the transform for the price of writing it (HCMS).
     """
     keys_arr = field_elements(keys).reshape(-1)
+    if keep is not None and not (hadamard and len(matrices) == 1):
+        raise ValueError("keep receives the transform of one matrix: pass hadamard and one")
     if kernel() == "numpy" or family.prime != MERSENNE_61:
+        if keep is not None:
+            keep[...] = walsh_hadamard_rows(_check_matrices(family, matrices)[0])
+            return column_sums_reference(family, [keep], keys_arr)
         return column_sums_reference(family, matrices, keys_arr, hadamard=hadamard)
     checked = _check_matrices(family, matrices)
     from ldpipe.schemas.mechanisms import (
@@ -175,12 +202,16 @@ def column_sums(
     coeffs = family.coefficients
     plan = _Plan.make(k, m, count, keys_arr.size, threads or default_threads())
     view = count == 1 and not hadamard  # read rows in place; else copy (and transform) a block
+    # in place, one kernel call per thread reads each row once when the items are one tile (or
+    # their columns are cached): blocks only keep rows in cache for the next tile
+    whole = view and (cells is not None or keys_arr.size <= kernels.TILE)
 
     def work(lo: int, hi: int) -> IntArray:
         acc = np.zeros((count, keys_arr.size), dtype=np.int64)
         buffer = None if view else np.empty(count * plan.block * m, dtype=np.int64)
-        for r0 in range(lo, hi, plan.block):
-            r1 = min(r0 + plan.block, hi)
+        step = max(1, hi - lo) if whole else plan.block
+        for r0 in range(lo, hi, step):
+            r1 = min(r0 + step, hi)
             if buffer is None:
                 stack = checked[0][None, r0:r1]
             else:
@@ -189,6 +220,8 @@ def column_sums(
                     stack[t] = matrix[r0:r1]
                 if hadamard:
                     kernels.fwht_stack(stack)
+                    if keep is not None:
+                        keep[r0:r1] = stack[0]
             if cells is None:
                 kernels.hash_gather(stack, coeffs[r0:r1], parts, m, acc)
             else:

@@ -2,8 +2,8 @@
 
 Apple §4.2 (Alg. 6-7): an HCMS device reports one entry ``H_m[l, h_j(d)]``; the server reads
 cell ``h_j(d)`` of row ``counts[j] @ H_m``. This is the plain numpy reference; the estimate path
-transforms a cache-sized block of rows at a time in ``kernels.fwht_stack`` and never holds a
-second matrix (``columns.py``).
+transforms with ``kernels.fwht_stack`` once per sketch and keeps the result with it
+(``hcms.transform_rows``, ``HadamardCountMeanSketch.transformed_counts``).
 """
 
 from __future__ import annotations

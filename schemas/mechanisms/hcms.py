@@ -8,10 +8,20 @@ signs into ``counts[j, l]`` and transforms each row by ``H_m`` before reading ce
 0 unless its hash collides (``variance.py``). ``m`` must be a power of two.
 
 Report values: ``int64[n, 2]`` = (l, sign) with sign in {-1, +1}.
+
+The transform is done once per sketch, not per estimate: :meth:`HadamardCountMeanSketch.
+transformed_counts` keeps ``counts @ H_m`` with the sketch (weakly, keyed on its ``version``),
+so an estimate is a gather from it (Alg. 7 line 3) and the affine debias of ``column_totals``.
+The kept matrix is integer, so estimates are bit for bit what transforming each time gave.
+Memory: one more k x m int64 matrix per live sketch that has been estimated, freed with the
+sketch, replaced when it changes.
 """
 
 from __future__ import annotations
 
+import threading
+import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -26,6 +36,13 @@ from ldpipe.schemas.mechanisms.base import (
     SketchMechanism,
     check_range,
     require,
+)
+from ldpipe.schemas.mechanisms.columns import (
+    CellCache,
+    column_sums,
+    default_threads,
+    kernel,
+    run_row_ranges,
 )
 from ldpipe.schemas.mechanisms.hadamard import hadamard_entries, walsh_hadamard_rows
 from ldpipe.schemas.mechanisms.registry import (
@@ -43,7 +60,49 @@ from ldpipe.schemas.mechanisms.single import (
 )
 from ldpipe.schemas.mechanisms.variance import ContributionModel
 
-__all__ = ["HadamardCountMeanSketch", "hadamard_entries", "walsh_hadamard_rows"]
+__all__ = [
+    "HadamardCountMeanSketch",
+    "hadamard_entries",
+    "transform_rows",
+    "walsh_hadamard_rows",
+]
+
+_KEPT: weakref.WeakKeyDictionary[Sketch, tuple[int, IntArray]] = weakref.WeakKeyDictionary()
+_KEPT_LOCK = threading.Lock()
+
+
+def _kept(sketch: Sketch, version: int) -> IntArray | None:
+    with _KEPT_LOCK:
+        kept = _KEPT.get(sketch)
+    return kept[1] if kept is not None and kept[0] == version else None
+
+
+def _keep(sketch: Sketch, version: int, transformed: IntArray) -> IntArray:
+    """Keep ``transformed`` (read-only) unless the sketch changed while it was computed."""
+    transformed.setflags(write=False)
+    with _KEPT_LOCK:
+        if sketch.version == version:
+            _KEPT[sketch] = (version, transformed)
+    return transformed
+
+
+def transform_rows(counts: IntArray, *, threads: int | None = None) -> IntArray:
+    """``counts @ H_m`` as a new read-only int64 matrix (Apple Alg. 7), equal bit for bit to
+    :func:`walsh_hadamard_rows`: rows copied, then transformed in place one row at a time (a row
+    of 32,768 cells is 256 KiB, in L2) by the compiled kernel, one thread per core."""
+    if kernel() == "numpy":
+        out = walsh_hadamard_rows(counts)
+    else:
+        from ldpipe.schemas.mechanisms import kernels
+
+        out = np.array(counts, dtype=np.int64, order="C", copy=True)
+
+        def work(lo: int, hi: int) -> None:
+            kernels.fwht_stack(out[None, lo:hi])
+
+        run_row_ranges(out.shape[0], threads or default_threads(), work)
+    out.setflags(write=False)
+    return out
 
 
 @dataclass(frozen=True)
@@ -112,12 +171,32 @@ class HadamardCountMeanSketch(SketchMechanism):
             self._add_rows(sketch, reports.rows)
 
     def transformed_counts(self, sketch: Sketch) -> IntArray:
-        """``counts @ H_m`` row by row (Alg. 7): a new k x m matrix.
+        """``counts @ H_m`` (Alg. 7), read-only, transformed once per sketch version and kept
+        with the sketch (see the module doc) until it changes or is freed."""
+        version = sketch.version
+        kept = _kept(sketch, version)
+        if kept is None:
+            kept = _keep(sketch, version, transform_rows(sketch.counts))
+        return kept
 
-        Estimates do not call this: they transform a cache-sized block of rows at a time and
-        gather from it (``columns.column_sums``), so no second matrix is ever held.
-        """
-        return walsh_hadamard_rows(sketch.counts)
+    def column_totals_many(
+        self, sketches: Sequence[Sketch], codes: npt.ArrayLike, *, cache: CellCache | None = None
+    ) -> FloatArray:
+        """``C(d)`` read from each sketch's kept transform: a gather, no transform. A single
+        sketch not transformed yet is transformed block by block in the same pass as the
+        gather, each block written to the matrix then kept (the first estimate's cost)."""
+        for sketch in sketches:
+            self.check_sketch(sketch)
+        if len(sketches) == 1 and _kept(sketches[0], sketches[0].version) is None:
+            sketch, version = sketches[0], sketches[0].version
+            out = np.empty((self.k, self.m), dtype=np.int64)
+            sums = column_sums(
+                self.family, [sketch.counts], codes, hadamard=True, cache=cache, keep=out
+            )
+            _keep(sketch, version, out)
+            return sums.astype(np.float64)
+        matrices = [self.transformed_counts(sketch) for sketch in sketches]
+        return column_sums(self.family, matrices, codes, cache=cache).astype(np.float64)
 
     def cell_moments(self, sketch: Sketch) -> tuple[FloatArray, FloatArray]:
         """The transformed cells' sums and squares without transforming: ``sum_c (counts

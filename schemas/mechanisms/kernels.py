@@ -27,7 +27,7 @@ from typing import Any
 import numba
 import numpy as np
 
-__all__ = ["fwht_stack", "gather_cells", "hash_cells", "hash_gather", "scatter_packed"]
+__all__ = ["TILE", "fwht_stack", "gather_cells", "hash_cells", "hash_gather", "scatter_packed"]
 
 _P = np.uint64((1 << 61) - 1)
 _LOW32 = np.uint64(0xFFFFFFFF)
@@ -36,7 +36,7 @@ _S3 = np.uint64(3)
 _S29 = np.uint64(29)
 _S32 = np.uint64(32)
 _S61 = np.uint64(61)
-_TILE = 2048  # items per tile: 80 KiB of key halves and sums
+TILE = _TILE = 2048  # items per tile: 80 KiB of key halves and sums
 
 
 def _jit(function: Any) -> Any:

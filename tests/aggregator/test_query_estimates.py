@@ -11,6 +11,7 @@ from ldpipe.aggregator import query as query_module
 from ldpipe.aggregator.query import _epoch_estimates, top_order
 from ldpipe.aggregator.snapshot_contents import MergedSketch
 from ldpipe.schemas.mechanisms import Mechanism, build_mechanism
+from ldpipe.schemas.mechanisms import hcms as hcms_module
 from ldpipe.schemas.mechanisms.columns import CellCache
 from ldpipe.schemas.mechanisms.params import mechanism_params
 
@@ -54,6 +55,7 @@ def test_epochs_read_in_one_pass_equal_their_own_estimates(
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(query_module, "column_sums", counted)
+    monkeypatch.setattr(hcms_module, "column_sums", counted)  # HCMS gathers from its transform
     cache = CellCache(1 << 26) if cached else None
     got = _epoch_estimates(merged, list(ITEMS), cache)
     assert sorted(calls) == [1, 1, 2]  # the two epochs of one family in one call

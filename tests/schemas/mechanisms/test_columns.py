@@ -200,3 +200,36 @@ def test_kernels_compile_in_memory_where_no_cache_can_be_written(
         return 2 * x
 
     assert kernels._jit(double)(21) == 42
+
+
+@pytest.mark.parametrize("count", [1, 31, 32, 33, 2048, 2049])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_few_items_in_one_kernel_call_equal_the_reference(
+    count: int, threads: int, rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 23: up to one tile of items (or cached columns) is read in one call per thread,
+    and up to 32 keys are squared in Python integers: neither changes a bit."""
+    monkeypatch.setattr(columns_module, "_BLOCK_BYTES", 1 << 12)  # many blocks otherwise
+    mech, sketch = filled("cms", 300, 512, rng)
+    keys = np.concatenate(
+        [np.array(EDGE_KEYS, dtype=np.uint64), mech.encode([f"item-{j}" for j in range(count)])]
+    )[:count]
+    want = column_sums_reference(mech.family, [sketch.counts], keys)
+    got = column_sums(mech.family, [sketch.counts], keys, threads=threads)
+    np.testing.assert_array_equal(got, want)
+    cached = column_sums(
+        mech.family, [sketch.counts], keys, threads=threads, cache=CellCache(1 << 24)
+    )
+    np.testing.assert_array_equal(cached, want)
+    parts = columns_module.key_parts(keys)
+    square = (parts[3] << np.uint64(32)) | parts[2]
+    np.testing.assert_array_equal(square, columns_module._mulmod(keys, keys))
+
+
+@pytest.mark.parametrize(("rows", "threads"), [(0, 2), (1, 4), (7, 2), (1024, 3)])
+def test_row_ranges_cover_every_row_once(rows: int, threads: int) -> None:
+    seen: list[tuple[int, int]] = []
+    columns_module.run_row_ranges(rows, threads, lambda lo, hi: seen.append((lo, hi)))
+    covered = sorted(r for lo, hi in seen for r in range(lo, hi))
+    assert covered == list(range(rows))
+    assert len(seen) <= max(1, threads)

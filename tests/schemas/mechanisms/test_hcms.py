@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import gc
 import tracemalloc
+import weakref
 
 import numpy as np
 import pytest
@@ -8,7 +10,8 @@ from scipy.linalg import hadamard
 
 import ldpipe.schemas.mechanisms.hadamard as hadamard_module
 from ldpipe.schemas.mechanisms import HadamardCountMeanSketch, build_mechanism
-from ldpipe.schemas.mechanisms.hcms import hadamard_entries, walsh_hadamard_rows
+from ldpipe.schemas.mechanisms.columns import column_sums_reference
+from ldpipe.schemas.mechanisms.hcms import hadamard_entries, transform_rows, walsh_hadamard_rows
 
 
 @pytest.mark.parametrize("m", [2, 8, 64])
@@ -35,7 +38,8 @@ def test_blocked_transform_equals_the_hadamard_matrix(
 
 
 def test_estimates_follow_every_change_of_the_sketch(rng: np.random.Generator) -> None:
-    """Nothing derived from the counts is kept between estimates: each reads them afresh."""
+    """The kept transform is keyed on the sketch's version: every accumulate, ``+=`` or
+    ``mark_modified()`` (after a direct write, as ``Sketch`` asks) gives a fresh one."""
     mech = build_mechanism("hcms", epsilon=2.0, k=8, m=16)
     assert isinstance(mech, HadamardCountMeanSketch)
     sketch = mech.new_sketch()
@@ -45,25 +49,84 @@ def test_estimates_follow_every_change_of_the_sketch(rng: np.random.Generator) -
     mech.accumulate(sketch, mech.randomize(["b"] * 200, rng))
     after = mech.estimate(sketch, ["a", "b"]).estimates
     assert after[1] > before[1]
-    sketch.counts[0, 0] += 1  # a direct write, even without mark_modified()
+    sketch += sketch.copy()
+    np.testing.assert_array_equal(mech.transformed_counts(sketch), sketch.counts @ hadamard(16))
+    sketch.counts[0, 0] += 1
+    sketch.mark_modified()
     totals = mech.column_totals(sketch, mech.encode(["a"]))
     cells = mech.family.hash_all(mech.encode(["a"]))[0]
     expected = (sketch.counts @ hadamard(16))[np.arange(8), cells].sum()
     assert totals[0] == expected
 
 
-def test_an_estimate_holds_no_second_matrix(rng: np.random.Generator) -> None:
-    """HCMS reads ``counts @ H_m`` a block of rows at a time: an estimate allocates a few
-    hundred KiB, not the k x m transform (8 MiB here) it used to cache."""
+def test_the_transform_is_kept_with_the_sketch_and_freed_with_it(
+    rng: np.random.Generator,
+) -> None:
+    """Issue 23: an estimate after the first is a gather, allocating nothing the size of the
+    sketch; the kept ``counts @ H_m`` (read-only, equal to the numpy transform) is the one more
+    k x m matrix a sketch costs, and it goes when the sketch goes."""
     mech = build_mechanism("hcms", epsilon=4.0, k=256, m=4096)
+    assert isinstance(mech, HadamardCountMeanSketch)
     sketch = mech.new_sketch()
     mech.accumulate(sketch, mech.randomize([f"i{j % 50}" for j in range(5000)], rng))
     items = [f"i{j}" for j in range(200)]
-    mech.estimate(sketch, items)  # compile the kernels outside the measurement
+    first = mech.estimate(sketch, items)  # transforms and keeps; compiles the kernels
+    kept = mech.transformed_counts(sketch)
+    assert not kept.flags.writeable
+    np.testing.assert_array_equal(kept, walsh_hadamard_rows(sketch.counts))
     tracemalloc.start()
     try:
-        mech.estimate(sketch, items)
+        again = mech.estimate(sketch, items)
         _size, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert peak < sketch.counts.nbytes // 8, f"an estimate allocated {peak} bytes"
+    assert peak < sketch.counts.nbytes // 8, f"a second estimate allocated {peak} bytes"
+    np.testing.assert_array_equal(first.estimates, again.estimates)
+    assert mech.transformed_counts(sketch) is kept
+    freed = weakref.ref(kept)
+    del kept, sketch
+    gc.collect()
+    assert freed() is None, "the kept transform outlived its sketch"
+
+
+@pytest.mark.parametrize("kernel", ["numba", "numpy"])
+def test_estimates_from_the_kept_transform_equal_transforming_each_time(
+    kernel: str, rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bit for bit: the kept matrix is integer, so estimates and standard errors equal the
+    reference's (the whole transform by numpy, then a gather) exactly, on either kernel."""
+    monkeypatch.setenv("LDPIPE_KERNEL", kernel)
+    mech = build_mechanism("hcms", epsilon=3.0, k=64, m=512)
+    assert isinstance(mech, HadamardCountMeanSketch)
+    sketch = mech.new_sketch()
+    mech.accumulate(sketch, mech.randomize([f"w{j % 37}" for j in range(20_000)], rng))
+    keys = mech.encode([f"w{j}" for j in range(60)])
+    reference = column_sums_reference(mech.family, [sketch.counts], keys, hadamard=True)[0]
+    ours = mech.estimate_codes(sketch, keys)
+    theirs = mech.estimate_codes(sketch, keys, totals=reference.astype(np.float64))
+    assert np.array_equal(ours.estimates, theirs.estimates)
+    assert np.array_equal(ours.std_errors, theirs.std_errors)
+    transformed = transform_rows(sketch.counts, threads=3)
+    np.testing.assert_array_equal(transformed, sketch.counts @ hadamard(512))
+
+
+@pytest.mark.parametrize("kernel", ["numba", "numpy"])
+def test_the_first_estimate_keeps_the_transform_it_gathered_from(
+    kernel: str, rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first estimate of a sketch transforms it block by block in the gather's own pass and
+    keeps what it wrote: the kept matrix is the whole transform, and the next estimate reads it."""
+    monkeypatch.setenv("LDPIPE_KERNEL", kernel)
+    mech = build_mechanism("hcms", epsilon=3.0, k=48, m=1024)
+    assert isinstance(mech, HadamardCountMeanSketch)
+    sketch = mech.new_sketch()
+    mech.accumulate(sketch, mech.randomize([f"w{j % 37}" for j in range(20_000)], rng))
+    keys = mech.encode([f"w{j}" for j in range(60)])
+    first = mech.column_totals(sketch, keys)
+    kept = mech.transformed_counts(sketch)
+    np.testing.assert_array_equal(kept, sketch.counts @ hadamard(1024))
+    assert not kept.flags.writeable
+    reference = column_sums_reference(mech.family, [sketch.counts], keys, hadamard=True)[0]
+    np.testing.assert_array_equal(first, reference)
+    np.testing.assert_array_equal(mech.column_totals(sketch, keys), reference)
+    assert mech.transformed_counts(sketch) is kept

@@ -20,14 +20,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from confluent_kafka import Consumer, TopicPartition
-
 from ldpipe.aggregator.windows import decode_batch
 from ldpipe.infra.cli.init import Ports, init
 from ldpipe.infra.cli.up import status_path
 from ldpipe.infra.runtime.broker import EmbeddedBroker
 from ldpipe.infra.runtime.dead_letters import count_dead_letters
-from ldpipe.infra.runtime.kafka import KafkaSettings
+from ldpipe.infra.runtime.kafka import KafkaSettings, iter_to_end
 from ldpipe.infra.runtime.supervisor import ChildStatus, read_status
 from ldpipe.infra.storage.sketch_store import open_sketch_store
 from ldpipe.schemas.config import UseCase, load_config
@@ -40,6 +38,7 @@ from ldpipe.schemas.payloads import PayloadCodec
 __all__ = ["Deployment", "ldpipe", "make_deployment", "one_line", "readyz", "wait_for"]
 
 CLI = [sys.executable, "-m", "ldpipe.infra.cli"]
+LOG_LINE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ [A-Z]+ ")  # logging's default
 
 
 def wait_for(
@@ -69,9 +68,10 @@ def readyz(port: int) -> int | None:
 
 
 def one_line(stderr: str) -> str:
-    """The single line of ``stderr``: no traceback, no Rust panic, no abort."""
+    """The one error line of ``stderr``: no traceback, no Rust panic, no abort; the service's
+    timestamped log lines (librdkafka's warnings) may come before it."""
     assert "Traceback" not in stderr and "panicked" not in stderr, stderr
-    lines = stderr.strip().splitlines()
+    lines = [line for line in stderr.strip().splitlines() if not LOG_LINE.match(line)]
     assert len(lines) == 1, stderr
     return lines[0]
 
@@ -201,30 +201,9 @@ class Deployment:
 
 
 def read_topic(kafka: KafkaSettings, topic: str) -> list[bytes]:
-    """Every record value of ``topic``, from the beginning to its end now."""
-    consumer = Consumer(
-        kafka.consumer_config("ldpipe-chaos-offline", {"enable.auto.commit": False})
-    )
-    try:
-        parts = consumer.list_topics(topic, timeout=30).topics[topic].partitions
-        ends = {
-            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30) for p in parts
-        }
-        consumer.assign([TopicPartition(topic, p, lo) for p, (lo, _hi) in ends.items()])
-        left = {p for p, (lo, hi) in ends.items() if hi > lo}
-        values: list[bytes] = []
-        deadline = time.monotonic() + 120
-        while left:
-            assert time.monotonic() < deadline, f"reading {topic}: {left} not at their ends"
-            message = consumer.poll(1.0)
-            if message is None or message.error() is not None:
-                continue
-            values.append(message.value())
-            if message.offset() + 1 >= ends[message.partition()][1]:
-                left.discard(message.partition())
-        return values
-    finally:
-        consumer.close()
+    """Every record value of ``topic``, from the beginning to its end now (a fresh group)."""
+    group = f"ldpipe-chaos-offline-{os.getpid()}-{time.time_ns()}"
+    return [message.value() for message in iter_to_end(kafka, topic, group, missing_ok=False)]
 
 
 def make_deployment(root: Path, broker_port: int, kafka: str, shuffle: str) -> Deployment:

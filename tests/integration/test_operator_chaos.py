@@ -77,6 +77,14 @@ SHUFFLE = """
 n_min = 1                  # the test: every report is released by the deadline
 max_wait_seconds = 2.0
 """
+# two partitions (init's deployment has one): an intruding shuffler then owns one and the
+# running one the other, so the running one meets its fence at its next transaction. With one
+# partition the running shuffler owns nothing, commits nothing and is never told: it idles,
+# not ready ("owns no partition"), until the intruder stops
+TOPICS = """
+[use_case.topics]
+partitions = 2
+"""
 STARTUP = 300.0  # a service starting on a loaded 2-core machine, generous for CI
 RESTART_DELAY, RESTART_DELAY_MAX = 0.5, 5.0
 # the store moves at least once per: the shuffler's max_wait (2 s) + the store's idle_seconds
@@ -103,6 +111,10 @@ def deployment_up(
     ``edit`` changes its configuration's text first."""
     port = int(broker.bootstrap_servers.rsplit(":", 1)[1])
     d = make_deployment(tmp / "deployment", port, KAFKA, SHUFFLE)
+    text = d.config.read_text("utf-8").replace(
+        "[use_case.snapshot]", TOPICS + "\n[use_case.snapshot]", 1
+    )
+    d.config.write_text(text, "utf-8")
     if edit is not None:
         d.config.write_text(edit(d.config.read_text("utf-8")), "utf-8")
     d.broker = broker
@@ -201,7 +213,9 @@ def scenario_fenced_instance(d: Deployment) -> None:
         d.produce(BATCH, seed=5)
         _, stderr = intruder.communicate(timeout=STALL)
         assert intruder.returncode == 1, stderr
-        assert "took over" in one_line(stderr)
+        line = one_line(stderr)
+        assert line.startswith("ldpipe shuffler: error: another instance with transactional id")
+        assert "took over" in line, line
     finally:
         if intruder.poll() is None:
             intruder.kill()

@@ -135,8 +135,7 @@ def with_issuer_table(
     a free port, and the keys of ``issuer``), written to ``name`` beside it."""
     target = config.with_name(name)
     target.write_text(
-        config.read_text("utf-8")
-        + f'\n[issuer]\nname = "{ISSUER_NAME}"\nport = 0\n'
+        config.read_text("utf-8") + f'\n[issuer]\nname = "{ISSUER_NAME}"\nport = 0\n'
         + _pairs(issuer or {}),
         "utf-8",
     )
@@ -167,7 +166,9 @@ def serve_front_door(
     issuer = start_issuer(config)
     producer = AsyncProducer(broker)
     try:
-        gateway_config = with_gateway_table(config, issuer.url, name=gateway_name, gateway=gateway)
+        gateway_config = with_gateway_table(
+            config, issuer.url, name=gateway_name, gateway=gateway
+        )
         with run_gateway(
             load_config(gateway_config), producer=producer, kafka_reachable=producer.reachable
         ) as gw:

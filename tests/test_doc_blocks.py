@@ -222,7 +222,9 @@ def blocks_of(doc: Path) -> list[Block]:
             skip = "runs ./dev.sh (the demo or the test suite: CI runs them itself)"
         line = text.count("\n", 0, match.start()) + 1
         found.append(
-            Block(doc, line, language, match.group(2), skip, with_readme, in_deployment, front_door)
+            Block(
+                doc, line, language, match.group(2), skip, with_readme, in_deployment, front_door
+            )
         )
     return found
 

@@ -366,7 +366,7 @@ def test_a_thousand_idle_connections_neither_stop_nor_outlive_the_gateway(
             except ConnectionResetError:
                 return True
 
-        assert all(closed(sock) for sock in idle[::50])
+        assert all(closed(sock) for sock in idle[:: 50])
     finally:
         for sock in idle:
             sock.close()
@@ -525,7 +525,9 @@ class NoProducer:
 def test_the_configuration_follows_published_parameter_epochs(
     broker: KafkaSettings, topic_factory: Callable[..., str], tmp_path: Path
 ) -> None:
-    config = make_config(tmp_path, bootstrap=broker.bootstrap_servers, params_topic=topic_factory())
+    config = make_config(
+        tmp_path, bootstrap=broker.bootstrap_servers, params_topic=topic_factory()
+    )
     uc = config.use_case("emoji")
     state = gateway_state(
         config,

@@ -131,14 +131,11 @@ def test_rfc9474_deterministic_vector_byte_for_byte() -> None:
     assert finalize(key.public, message, blind_sig, inv) == _hex(v["sig"])
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        "RSABSSA-SHA384-PSS-Randomized",
-        "RSABSSA-SHA384-PSSZERO-Randomized",
-        "RSABSSA-SHA384-PSSZERO-Deterministic",
-    ],
-)
+@pytest.mark.parametrize("name", [
+    "RSABSSA-SHA384-PSS-Randomized",
+    "RSABSSA-SHA384-PSSZERO-Randomized",
+    "RSABSSA-SHA384-PSSZERO-Deterministic",
+])
 def test_rfc9474_other_variants_share_blind_sign(name: str) -> None:
     """The raw RSA private operation and the unblinding are the same in every variant."""
     (v,) = [v for v in rfc9474() if v["name"] == name]
@@ -177,7 +174,9 @@ def test_rfc9578_vector_byte_for_byte(index: int) -> None:
 # ---- round trips and refusals -----------------------------------------------------------------
 
 
-def _issue(key: IssuerKeyPair, challenge: TokenChallenge, seed: int = 1) -> Token:
+def _issue(
+    key: IssuerKeyPair, challenge: TokenChallenge, seed: int = 1
+) -> Token:
     request, state = begin_token_request(challenge, key.public, rng=random.Random(seed).randbytes)
     return finalize_token(state, issue_token_response(key, request))
 
@@ -214,7 +213,8 @@ def test_refusals_name_their_reason() -> None:
     with pytest.raises(TokenError) as caught:
         verify_token(token, key.public, wrong)
     assert caught.value.reason == "wrong_challenge"
-    forged = Token(token.nonce, token.challenge_digest, token.token_key_id, bytes(255) + b"\x01")
+    forged = Token(token.nonce, token.challenge_digest, token.token_key_id,
+                   bytes(255) + b"\x01")
     with pytest.raises(TokenError) as caught:
         verify_token(forged, key.public, CHALLENGE)
     assert caught.value.reason == "bad_signature"
@@ -324,13 +324,8 @@ def test_challenge_encoding_and_redemption_context() -> None:
 @given(st.binary(max_size=400))
 def test_parsers_raise_only_token_error(data: bytes) -> None:
     key = fixed_key()
-    for parse in (
-        Token.parse,
-        TokenRequest.parse,
-        TokenChallenge.from_bytes,
-        IssuerPublicKey.from_spki,
-        lambda d: issue_token_response(key, d),
-    ):
+    for parse in (Token.parse, TokenRequest.parse, TokenChallenge.from_bytes,
+                  IssuerPublicKey.from_spki, lambda d: issue_token_response(key, d)):
         with contextlib.suppress(TokenError):
             parse(data)
 

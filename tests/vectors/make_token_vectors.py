@@ -77,12 +77,8 @@ def _context(use_case: str, period: int) -> bytes:
 def _challenge(issuer: str, context: bytes, origin: str) -> bytes:
     i, o = issuer.encode(), origin.encode()
     return (
-        struct.pack(">HH", 2, len(i))
-        + i
-        + bytes([len(context)])
-        + context
-        + struct.pack(">H", len(o))
-        + o
+        struct.pack(">HH", 2, len(i)) + i + bytes([len(context)]) + context
+        + struct.pack(">H", len(o)) + o
     )
 
 
@@ -117,12 +113,9 @@ def _oid(dotted: str) -> bytes:
 def _spki(n: int, e: int) -> bytes:
     """RFC 9578 §6.5: id-RSASSA-PSS with RSASSA-PSS-params (RFC 4055 §3.1) sha384/mgf1/48."""
     sha384 = _tlv(0x30, _oid("2.16.840.1.101.3.4.2.2"))
-    params = _tlv(
-        0x30,
-        _tlv(0xA0, sha384)
-        + _tlv(0xA1, _tlv(0x30, _oid("1.2.840.113549.1.1.8") + sha384))
-        + _tlv(0xA2, _uint(48)),
-    )
+    params = _tlv(0x30, _tlv(0xA0, sha384)
+                  + _tlv(0xA1, _tlv(0x30, _oid("1.2.840.113549.1.1.8") + sha384))
+                  + _tlv(0xA2, _uint(48)))
     algorithm = _tlv(0x30, _oid("1.2.840.113549.1.1.10") + params)
     return _tlv(0x30, algorithm + _tlv(0x03, b"\x00" + _tlv(0x30, _uint(n) + _uint(e))))
 
@@ -170,10 +163,8 @@ def _case(index: int, case: tuple[str, str, str, int], key: rsa.RSAPrivateKey) -
     authenticator = sig.to_bytes(256, "big")
     # an independent check of the whole computation: cryptography's RSASSA-PSS verification
     key.public_key().verify(
-        authenticator,
-        token_input,
-        padding.PSS(mgf=padding.MGF1(hashes.SHA384()), salt_length=48),
-        hashes.SHA384(),
+        authenticator, token_input,
+        padding.PSS(mgf=padding.MGF1(hashes.SHA384()), salt_length=48), hashes.SHA384(),
     )
     return {
         "issuer_name": issuer,

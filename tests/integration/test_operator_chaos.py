@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -48,6 +49,8 @@ import pytest
 
 from ldpipe.infra.cli.init import init
 from ldpipe.infra.runtime.broker import EmbeddedBroker
+from ldpipe.infra.runtime.kafka import ensure_topics
+from ldpipe.infra.runtime.topics import config_topics
 from ldpipe.schemas.config import load_config
 from tests.chaos_helpers import (
     CLI,
@@ -356,16 +359,19 @@ def test_faults_an_operator_meets_in_one_deployment(tmp_path: Path) -> None:
 
 def _store_records_its_deployment(tmp: Path) -> bool:
     """Whether a commit records whose store it is (build 1: the use case, the analyzer key
-    ids, the topic, the broker's cluster id); probed on a one-commit store of ``ldpipe init``'s
-    configuration. The lead: adjust the words if build 1 records them under other names."""
+    ids, the topic, the broker's cluster id), as ``ldpipe.*`` keys beyond the writer's name and
+    the segment count (all a commit recorded before build 1); probed on a one-commit store of
+    ``ldpipe init``'s configuration. The lead: adjust if build 1 records them elsewhere."""
     init(tmp / "probe")
     uc = load_config(tmp / "probe" / "pipeline.toml").use_case("emoji")
     sketch = uc.mechanism.new_sketch()
     sketch.counts[0, 0] = sketch.row_totals[0] = 1
     seal_windows(uc, [(0, 3600, sketch)], offsets={0: 1}, store=str(tmp / "probe" / "store"))
-    log = "".join(p.read_text("utf-8") for p in (tmp / "probe" / "store" / "emoji").glob(
-        "_delta_log/*.json"))  # fmt: skip
-    return any(word in log.lower() for word in ("cluster", "deployment", "key_ids"))
+    log = "".join(
+        p.read_text("utf-8") for p in (tmp / "probe" / "store" / "emoji").glob("_delta_log/*.json")
+    )
+    keys = set(re.findall(r'"(ldpipe\.[a-z_.]+)"', log))
+    return bool(keys - {"ldpipe.writer", "ldpipe.segments"})
 
 
 def test_two_deployments_on_one_store_are_refused(tmp_path: Path) -> None:
@@ -384,6 +390,7 @@ def test_two_deployments_on_one_store_are_refused(tmp_path: Path) -> None:
             text = other.config.read_text("utf-8")
             store = (d.root / "store").resolve()
             other.config.write_text(text.replace('uri = "store"', f'uri = "{store}"', 1))
+            ensure_topics(other.kafka, config_topics(load_config(other.config)))
             assert second.pid is not None
             words = ["aggregator", "--config", str(other.config), "--use-case", "emoji",
                      "--member", "emoji-0", "--idle-exit", "30"]  # fmt: skip

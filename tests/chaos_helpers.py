@@ -203,7 +203,8 @@ class Deployment:
 def read_topic(kafka: KafkaSettings, topic: str) -> list[bytes]:
     """Every record value of ``topic``, from the beginning to its end now (a fresh group)."""
     group = f"ldpipe-chaos-offline-{os.getpid()}-{time.time_ns()}"
-    return [message.value() for message in iter_to_end(kafka, topic, group, missing_ok=False)]
+    messages = iter_to_end(kafka, topic, group, missing_ok=False)
+    return [value for message in messages if (value := message.value()) is not None]
 
 
 def make_deployment(root: Path, broker_port: int, kafka: str, shuffle: str) -> Deployment:

@@ -128,10 +128,8 @@ def deployment_up(
             and all(r.state == "running" for r in d.rows().values()),
             STARTUP, "both services running", d.log,
         )  # fmt: skip
-        for row in d.rows().values():
-            port = row.metrics_port
-            assert port is not None
-            wait_for(lambda p=port: readyz(p) == 200, STARTUP, f"{row.name} ready", d.log)
+        for name in d.rows():
+            wait_for(_ready(d, name), STARTUP, f"{name} ready", d.log)
         yield d
     finally:
         code = d.stop_up()
@@ -151,6 +149,11 @@ def _metrics(d: Deployment, name: str) -> int:
     port = d.rows()[name].metrics_port
     assert port is not None
     return port
+
+
+def _ready(d: Deployment, name: str) -> Callable[[], bool]:
+    """Whether service ``name``'s ``/readyz`` answers 200 now."""
+    return lambda: readyz(_metrics(d, name)) == 200
 
 
 def _pids(d: Deployment) -> dict[str, tuple[int | None, int]]:
@@ -181,7 +184,7 @@ def scenario_broker_pause(d: Deployment) -> list[str]:
     finally:
         os.kill(d.broker.pid, signal.SIGCONT)
     for name in before:
-        wait_for(lambda n=name: readyz(_metrics(d, n)) == 200, RECOVERY, f"{name} ready", d.log)
+        wait_for(_ready(d, name), RECOVERY, f"{name} ready", d.log)
     d.produce(BATCH, seed=3)
     d.wait_accounted(STALL)
     assert _pids(d) == before, f"a child was restarted: {_pids(d)} != {before}"

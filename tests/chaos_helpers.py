@@ -137,6 +137,15 @@ class Deployment:
             self.up.terminate()
         return self.up.wait(180)
 
+    def log_tail(self, lines: int = 60) -> str:
+        """The last lines of ``ldpipe up``'s output, librdkafka's configuration warnings left
+        out (the test's basetemp may be gone by the time someone reads a failure)."""
+        if not self.log.exists():
+            return ""
+        kept = [line for line in self.log.read_text(errors="replace").splitlines()
+                if "CONFWARN" not in line]  # fmt: skip
+        return "\n".join(kept[-lines:])
+
     def rows(self) -> dict[str, ChildStatus]:
         path = status_path(self.config)
         return {row.name: row for row in read_status(path)[1]} if path.exists() else {}
@@ -170,7 +179,8 @@ class Deployment:
                 seen[0], seen[1] = total, time.monotonic()
             assert total <= self.sent, f"{total} stored + dead letters > {self.sent} sent"
             assert time.monotonic() - seen[1] < stall, (
-                f"stuck at {total} of {self.sent} for {stall:.0f} s: see {self.log}"
+                f"stuck at {total} of {self.sent} for {stall:.0f} s; last lines of "
+                f"{self.log}:\n{self.log_tail()}"
             )
             return total == self.sent
 

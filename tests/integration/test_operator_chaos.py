@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -52,7 +51,6 @@ from pathlib import Path
 
 import pytest
 
-from ldpipe.infra.cli.init import init
 from ldpipe.infra.runtime.broker import EmbeddedBroker
 from ldpipe.infra.runtime.kafka import ensure_topics
 from ldpipe.infra.runtime.topics import config_topics
@@ -68,7 +66,6 @@ from tests.chaos_helpers import (
 )
 from tests.integration.pipeline_helpers import assert_same_sketch, live_sketch
 from tests.integration.test_metrics import scrape, value
-from tests.store_helpers import seal_windows
 
 pytestmark = pytest.mark.slow
 
@@ -371,29 +368,10 @@ def test_faults_an_operator_meets_in_one_deployment(tmp_path: Path) -> None:
     assert not not_ready, not_ready
 
 
-def _store_records_its_deployment(tmp: Path) -> bool:
-    """Whether a commit records whose store it is (build 1: the use case, the analyzer key
-    ids, the topic, the broker's cluster id), as ``ldpipe.*`` keys beyond the writer's name and
-    the segment count (all a commit recorded before build 1); probed on a one-commit store of
-    ``ldpipe init``'s configuration. The lead: adjust if build 1 records them elsewhere."""
-    init(tmp / "probe")
-    uc = load_config(tmp / "probe" / "pipeline.toml").use_case("emoji")
-    sketch = uc.mechanism.new_sketch()
-    sketch.counts[0, 0] = sketch.row_totals[0] = 1
-    seal_windows(uc, [(0, 3600, sketch)], offsets={0: 1}, store=str(tmp / "probe" / "store"))
-    log = "".join(
-        p.read_text("utf-8") for p in (tmp / "probe" / "store" / "emoji").glob("_delta_log/*.json")
-    )
-    keys = set(re.findall(r'"(ldpipe\.[a-z_.]+)"', log))
-    return bool(keys - {"ldpipe.writer", "ldpipe.segments"})
-
-
 def test_two_deployments_on_one_store_are_refused(tmp_path: Path) -> None:
     """(build 1) A second ``ldpipe init`` deployment (other keys, other broker) pointed at the
     first's store: its aggregator refuses in one line naming both, ``--after-data-loss`` does
     not make it proceed, and the first deployment's accounting is untouched."""
-    if not _store_records_its_deployment(tmp_path):
-        pytest.skip("needs build 1 (a store that knows its deployment)")
     with EmbeddedBroker(log_dir=tmp_path / "broker-1", port=TWO["broker-1"]) as first:
         with deployment_up(tmp_path / "one", first, TWO["metrics-1"]) as d:
             d.produce(BATCH, seed=1)
@@ -412,7 +390,10 @@ def test_two_deployments_on_one_store_are_refused(tmp_path: Path) -> None:
                 refused = ldpipe(other.root, *words, *extra, timeout=STARTUP)
                 assert refused.returncode != 0, (extra, refused.stderr)
                 line = one_line(refused.stderr)
-                assert "--after-data-loss" not in line or extra, line  # no wrong diagnosis
+                # the store's deployment and this one, both named; never a data-loss diagnosis
+                assert "belongs to use case emoji on cluster" in line, line
+                assert "this aggregator is use case emoji on cluster" in line, line
+                assert "restart with --after-data-loss" not in line, line
             assert_exact(d)  # nothing merged into the first deployment's store
 
 

@@ -98,9 +98,9 @@ def _fenced(error: Any) -> Failure | None:
     from ldpipe.infra.runtime.clients import transactional_ids
 
     ids = transactional_ids()
-    which = f"transactional id {ids[-1]}" if ids else "the same transactional id"
-    return Failure(
-        f"another instance with {which} took over (Kafka fenced this producer: {name}); "
+    which = f"transactional id {ids[-1]!r}" if ids else "this transactional id"
+    return Failure(  # worded as the run loop's FencedError (infra/runtime/transactions.py)
+        f"another instance took over {which} (this producer was fenced: {name}); "
         f"this one stopped without committing, so nothing is lost or counted twice. If that "
         f"was not meant, two configurations share the broker, the use case and --instance: "
         f"stop one, or give each its own [kafka] bootstrap_servers or --instance",

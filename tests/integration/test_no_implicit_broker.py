@@ -96,5 +96,5 @@ def test_a_fenced_producer_is_one_line_naming_its_transactional_id(
     )
     failure = explain(raised.value)
     assert failure.code == 1
-    assert failure.message.startswith(f"another instance with transactional id {tid} took over")
+    assert failure.message.startswith(f"another instance took over transactional id {tid!r}")
     assert "\n" not in failure.message

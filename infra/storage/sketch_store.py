@@ -51,12 +51,21 @@ import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.compute as pc  # type: ignore[import-untyped]
 import pyarrow.fs as pafs  # type: ignore[import-untyped]
 import pyarrow.parquet as pq  # type: ignore[import-untyped]
-from deltalake import CommitProperties, DeltaTable, Transaction, WriterProperties, write_deltalake
+from deltalake import (
+    ColumnProperties,
+    CommitProperties,
+    DeltaTable,
+    Transaction,
+    WriterProperties,
+    write_deltalake,
+)
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from deltalake.fs import DeltaStorageHandler
 from deltalake.transaction import AddAction, RemoveAction
 
 from ldpipe.infra.runtime.secret_refs import resolve_all
+from ldpipe.infra.storage.counters import rows_per_group as counter_rows
+from ldpipe.infra.storage.counters import write_options
 from ldpipe.infra.storage.engine import is_disk_full, is_engine_panic
 from ldpipe.infra.storage.segments import (
     HEADER_COLUMNS,
@@ -68,6 +77,7 @@ from ldpipe.infra.storage.segments import (
     encode_segments,
     rows_per_group,
 )
+from ldpipe.infra.storage.summing import SumStats, add_file
 from ldpipe.schemas.config import UseCase
 from ldpipe.schemas.errors import LdpipeError
 from ldpipe.schemas.mechanisms import Sketch
@@ -158,6 +168,7 @@ class SketchStore:
         if "://" not in self.uri:
             Path(self.uri).mkdir(parents=True, exist_ok=True)
         self._fs: Any = None
+        self.last_sum = SumStats()  # row groups the sums read, mapped (v2) and decoded (v1)
 
     # ---- the table ----------------------------------------------------------------------
     def head(self) -> TableVersion | None:
@@ -352,16 +363,19 @@ class SketchStore:
     def _write_file(self, data: Any, segments: Sequence[SegmentData]) -> list[AddAction]:
         """Write the segments' Parquet file (before any log entry names it: a failure here,
         a full disk, leaves the table as it was, and the partial file is deleted)."""
-        name = f"part-{uuid.uuid4().hex}.zstd.parquet"
+        name = f"part-{uuid.uuid4().hex}.v2.parquet"
         fs = self._filesystem()
+        widest = max((s.sketch.shape[1] for s in segments), default=1)
+        group = counter_rows(widest)
         try:
-            pq.write_table(
-                data,
-                name,
-                filesystem=fs,
-                compression="zstd",
-                row_group_size=rows_per_group(segments),
-            )
+            with pq.ParquetWriter(
+                name, SCHEMA, filesystem=fs, **write_options(group, widest)
+            ) as out:
+                # headers first (one row group answers a listing), then each segment's rows in
+                # row groups of their own: layout v2 (schemas/store.md)
+                for batch in data.to_batches():
+                    if batch.num_rows:
+                        out.write_table(pa.Table.from_batches([batch]), row_group_size=group)
         except BaseException:
             with contextlib.suppress(OSError, pa.ArrowException):
                 fs.delete_file(name)
@@ -472,7 +486,8 @@ class SketchStore:
     ) -> Sketch:
         """The sum of ``segments`` (one epoch, one shape) at version ``at`` (default: the
         newest), streamed: one k x m accumulator and one Parquet row group in memory, whatever
-        the number of segments."""
+        the number of segments: layout v2's counters are mapped and added whole
+        (``summing.py``), v1's decoded by pyarrow. ``last_sum`` counts the row groups of each."""
         if not segments:
             raise ValueError("no segments to sum")
         first = segments[0]
@@ -488,17 +503,14 @@ class SketchStore:
             raise StoreError(f"no sketch store at {self.uri}")
         counts = np.zeros((first.k, first.m), dtype=np.int64)
         totals = np.zeros(first.k, dtype=np.int64)
-        wanted = pa.array(sorted({s.segment for s in segments}), type=pa.string())
-        for batch in self._rows(table, wanted):
-            rows = batch.column(1).to_numpy()
-            values = batch.column(2).flatten().to_numpy().reshape(len(rows), first.m)
-            row_totals = batch.column(3).to_numpy()
-            if len(np.unique(rows)) == len(rows):
-                counts[rows] += values
-                totals[rows] += row_totals
-            else:  # rows of two segments in one batch
-                np.add.at(counts, rows, values)
-                np.add.at(totals, rows, row_totals)
+        wanted = {s.segment: s for s in segments}
+        with self._engine():
+            paths = pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist()
+        for path in paths:
+            try:
+                add_file(lambda: self._open(path), wanted, counts, totals, self.last_sum)
+            except (OSError, pa.ArrowException) as exc:
+                raise self.unreadable(exc) from exc
         expected = sum(s.n for s in segments)
         if int(totals.sum()) != expected:
             raise StoreError(
@@ -507,38 +519,6 @@ class SketchStore:
                 f"corrupt — ldpipe store verify"
             )
         return Sketch(counts, totals)
-
-    def _rows(self, table: DeltaTable, wanted: Any) -> Iterator[Any]:
-        """The sketch rows of the ``wanted`` segments, a few hundred at a time.
-
-        File by file with Parquet's own batch reader: the dataset scanner decodes whole files
-        ahead (about a sketch's worth of buffers at Apple's shapes); this holds one small batch.
-        A file with no row of them is skipped (its ``segment`` column read alone).
-        """
-        with self._engine():
-            paths = pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist()
-        for path in paths:
-            try:
-                yield from self._file_rows(path, wanted)
-            except (OSError, pa.ArrowException) as exc:
-                raise self.unreadable(exc) from exc
-
-    def _file_rows(self, path: str, wanted: Any) -> Iterator[Any]:
-        """The sketch rows of the ``wanted`` segments in one Parquet file of the table."""
-        with self._open(path) as source:
-            parquet = pq.ParquetFile(source, pre_buffer=False)
-            named = parquet.read(columns=["segment"]).column("segment")
-            if not pc.any(pc.is_in(named, value_set=wanted)).as_py():
-                return
-            columns = ["segment", "row", "counts", "row_total"]
-            for batch in parquet.iter_batches(batch_size=256, columns=columns):
-                keep = pc.and_(
-                    pc.is_in(batch.column(0), value_set=wanted),
-                    pc.greater_equal(batch.column(1), 0),
-                )
-                chosen = batch.filter(keep)
-                if chosen.num_rows:
-                    yield chosen
 
     def _open(self, path: str) -> Any:
         """A readable file of the table: natively when local, else through delta-rs."""
@@ -577,4 +557,14 @@ class SketchStore:
 
 # ---- encoding ----------------------------------------------------------------------------------
 def _writer_properties(segments: Sequence[SegmentData]) -> WriterProperties:
-    return WriterProperties(compression="ZSTD", max_row_group_size=rows_per_group(segments))
+    """delta-rs's writer (compaction's replace) in layout v2: ``counts`` one uncompressed PLAIN
+    page per row group (``counters.py``), so compacted segments are mapped whole too."""
+    widest = max((s.sketch.shape[1] for s in segments), default=1)
+    group = counter_rows(widest)
+    return WriterProperties(
+        compression="UNCOMPRESSED",
+        max_row_group_size=group,
+        data_page_size_limit=16 * group * widest,
+        data_page_row_count_limit=1 << 30,
+        default_column_properties=ColumnProperties(dictionary_enabled=False),
+    )

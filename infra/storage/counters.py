@@ -129,12 +129,11 @@ def parse_page_header(data: bytes) -> PageHeader:
         if fid in (1, 2, 3) and kind == 5:
             got[("type", "uncompressed", "compressed")[fid - 1]] = r.zigzag()
         elif fid in (5, 8) and kind == 12:  # DataPageHeader / DataPageHeaderV2
+            encoding = 2 if fid == 5 else 4  # V2: 2 num_nulls, 3 num_rows, 4 encoding
             for inner, inner_kind in r.fields():
                 if inner == 1 and inner_kind == 5:
                     got["num_values"] = r.zigzag()
-                elif inner == 4 and inner_kind == 5 and fid == 8:  # V2: num_rows is 3
-                    got["encoding"] = r.zigzag()
-                elif inner == 2 and inner_kind == 5 and fid == 5:
+                elif inner == encoding and inner_kind == 5:
                     got["encoding"] = r.zigzag()
                 else:
                     r.skip(inner_kind)

@@ -75,9 +75,9 @@ from ldpipe.infra.storage.segments import (
     SegmentInfo,
     decode_header,
     encode_segments,
-    rows_per_group,
+    file_stats,
 )
-from ldpipe.infra.storage.summing import SumStats, add_file
+from ldpipe.infra.storage.summing import SumStats, add_file, files_holding
 from ldpipe.schemas.config import UseCase
 from ldpipe.schemas.errors import LdpipeError
 from ldpipe.schemas.mechanisms import Sketch
@@ -381,7 +381,7 @@ class SketchStore:
                 fs.delete_file(name)
             raise
         size = fs.get_file_info(name).size
-        stats = json.dumps({"numRecords": data.num_rows})
+        stats = json.dumps(file_stats(data))  # the sum opens only the files it needs
         return [AddAction(name, size, {}, int(time.time() * 1000), True, stats)]
 
     def _discard(self, added: Sequence[AddAction]) -> None:
@@ -505,10 +505,10 @@ class SketchStore:
         totals = np.zeros(first.k, dtype=np.int64)
         wanted = {s.segment: s for s in segments}
         with self._engine():
-            paths = pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist()
-        for path in paths:
+            actions = pa.table(table.get_add_actions(flatten=True))
+        for path in files_holding(actions, sorted(wanted)):
             try:
-                add_file(lambda: self._open(path), wanted, counts, totals, self.last_sum)
+                add_file(self._open, path, wanted, counts, totals, self.last_sum)
             except (OSError, pa.ArrowException) as exc:
                 raise self.unreadable(exc) from exc
         expected = sum(s.n for s in segments)

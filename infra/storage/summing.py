@@ -1,65 +1,111 @@
 """Summing segments' sketch rows out of the store's data files into one accumulator.
 
-Split from ``sketch_store.py`` (which finds the files and checks the result). File by file with
-pyarrow.parquet directly (no dataset scan, no ``is_in`` filter): the footer says which row
-groups hold the wanted segments (their ``segment`` column's statistics, else the column read
-alone); a row group's small columns (``segment``, ``row``, ``row_total``) are read with pyarrow
-and its counters, in layout v2, mapped whole (``counters.py``) and added with one numpy add per
-segment (``np.add(..., out=)``: no copy, no concatenation). A row group in layout v1 (zstd,
-dictionary, several pages) is decoded by pyarrow instead: both layouts read.
+Split from ``sketch_store.py`` (which picks the files and checks the result). File by file with
+pyarrow.parquet directly (no dataset scan, no per-batch ``is_in`` filter copies): the footer's
+``segment`` statistics say which row groups may hold a wanted segment; a row group's small
+columns (``segment``, ``row``, ``row_total``: k values) are read with pyarrow, and its counters,
+in layout v2, are mapped whole (``counters.py``) and added with one numpy add per segment
+(``np.add(counts, block, out=counts)``: no copy, no concatenation). A row group in layout v1
+(zstd, dictionary, several pages) is decoded by pyarrow instead: both layouts read.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import bisect
+import itertools
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
 from ldpipe.infra.storage.counters import chunk_values
 from ldpipe.infra.storage.segments import SegmentInfo
 
-__all__ = ["SumStats", "add_file"]
+__all__ = ["SumStats", "add_file", "files_holding"]
 
 
 @dataclass
 class SumStats:
-    """What a sum read: row groups mapped whole (layout v2) and decoded by pyarrow (v1)."""
+    """Row groups summed: mapped whole (layout v2) and decoded by pyarrow (layout v1)."""
 
     mapped: int = 0
     decoded: int = 0
 
 
+@dataclass(frozen=True)
+class _Group:
+    """One row group's small columns: per row its segment (an index into ``ids``), sketch row
+    (-1: a header) and row total."""
+
+    ids: list[str]
+    which: Any  # int32 per row: index into ids
+    rows: Any
+    row_totals: Any
+
+
 def add_file(
-    open_file: Callable[[], Any],
+    open_file: Callable[[str], Any],
+    path: str,
     wanted: Mapping[str, SegmentInfo],
     counts: Any,
     totals: Any,
     stats: SumStats,
 ) -> None:
     """Add the sketch rows of the ``wanted`` segments in one data file to ``counts``/``totals``."""
-    with open_file() as source:
+    with open_file(path) as source:
         parquet = pq.ParquetFile(source, pre_buffer=False)
         meta = parquet.metadata
         names = parquet.schema_arrow.names
         seg_col, counts_col = names.index("segment"), names.index("counts")
-        for group in range(meta.num_row_groups):
-            if not _may_hold(meta.row_group(group).column(seg_col), wanted):
+        for index in range(meta.num_row_groups):
+            if not _may_hold(meta.row_group(index).column(seg_col), wanted):
                 continue
-            small = parquet.read_row_group(group, columns=["segment", "row", "row_total"])
-            ids = small.column(0).to_pylist()
-            if not any(sid in wanted for sid in ids):
+            small = parquet.read_row_group(index, columns=["segment", "row", "row_total"])
+            coded = _encode(small.column(0))
+            group = _Group(
+                coded.dictionary.to_pylist(),
+                coded.indices.to_numpy(zero_copy_only=False),
+                small.column(1).to_numpy(),
+                small.column(2).to_numpy(),
+            )
+            hit = np.array([sid in wanted for sid in group.ids], dtype=bool)
+            if not (hit[group.which] & (group.rows >= 0)).any():
                 continue
-            rows = small.column(1).to_numpy()
-            row_totals = small.column(2).to_numpy()
-            if not _add_mapped(source, meta, group, counts_col, ids, rows, row_totals, wanted,
-                               counts, totals):  # fmt: skip
-                _add_decoded(parquet, group, ids, rows, row_totals, wanted, counts, totals)
-                stats.decoded += 1
-            else:
+            chunk = meta.row_group(index).column(counts_col)
+            if _add_mapped(source, chunk, group, wanted, counts, totals):
                 stats.mapped += 1
+            else:
+                _add_decoded(parquet, index, group, hit, counts, totals)
+                stats.decoded += 1
+
+
+def files_holding(actions: Any, wanted: Sequence[str]) -> list[str]:
+    """The paths of the table's live files (``actions``: delta-rs's flattened add actions, an
+    Arrow table) whose ``segment`` statistics admit one of the ``wanted`` ids (sorted); a file
+    without statistics is kept. The sum opens only these."""
+    paths = actions.column("path").to_pylist()
+    names = actions.column_names
+    if "min.segment" not in names or "max.segment" not in names:
+        return list(paths)
+    lows = actions.column("min.segment").to_pylist()
+    highs = actions.column("max.segment").to_pylist()
+    kept = []
+    for path, low, high in zip(paths, lows, highs, strict=True):
+        if low is None or high is None:
+            kept.append(path)
+            continue
+        i = bisect.bisect_left(wanted, low)
+        if i < len(wanted) and wanted[i] <= high:
+            kept.append(path)
+    return kept
+
+
+def _encode(column: Any) -> Any:
+    """``column`` (strings) as one dictionary array: the few distinct ids and an index per row."""
+    return column.combine_chunks().dictionary_encode()
 
 
 def _may_hold(column: Any, wanted: Mapping[str, SegmentInfo]) -> bool:
@@ -75,96 +121,65 @@ def _may_hold(column: Any, wanted: Mapping[str, SegmentInfo]) -> bool:
 
 def _add_mapped(
     source: Any,
-    meta: Any,
-    group: int,
-    counts_col: int,
-    ids: list[str],
-    rows: Any,
-    row_totals: Any,
+    chunk: Any,
+    group: _Group,
     wanted: Mapping[str, SegmentInfo],
     counts: Any,
     totals: Any,
 ) -> bool:
     """Layout v2: the group's counters are one PLAIN page, mapped; False if they are not, or if
-    a row's segment is neither wanted nor a header (its width unknown)."""
-    widths = np.empty(len(ids), dtype=np.int64)
-    for i, (sid, row) in enumerate(zip(ids, rows.tolist(), strict=True)):
-        if row < 0:
-            widths[i] = 0
-        elif sid in wanted:
-            widths[i] = wanted[sid].m
-        else:
-            return False
-    levels = int(np.count_nonzero(widths == 0) + widths.sum())
+    a sketch row's segment is not wanted (its width unknown)."""
+    m_of = np.array([wanted[s].m if s in wanted else -1 for s in group.ids], dtype=np.int64)
+    widths = np.where(group.rows >= 0, m_of[group.which], 0)
+    if (widths < 0).any():
+        return False
     values = int(widths.sum())
-    flat = chunk_values(source, meta.row_group(group).column(counts_col), levels, values)
+    levels = values + int(np.count_nonzero(widths == 0))
+    flat = chunk_values(source, chunk, levels, values)
     if flat is None:
         return False
-    ends = np.cumsum(widths)
-    start = 0  # the rows of one segment are consecutive: one add per run
-    while start < len(ids):
-        stop = start
-        while stop + 1 < len(ids) and ids[stop + 1] == ids[start]:
-            stop += 1
-        sid = ids[start]
-        if sid in wanted:
-            _add_run(flat, ends, widths, rows, row_totals, start, stop + 1, wanted[sid].m,
-                     counts, totals)  # fmt: skip
-        start = stop + 1
+    starts = np.cumsum(widths) - widths  # where each row's counters begin
+    # the rows of one segment are consecutive: one add per run
+    edges = [0, *(np.flatnonzero(np.diff(group.which)) + 1).tolist(), len(group.which)]
+    for lo, hi in itertools.pairwise(edges):
+        sid = group.ids[int(group.which[lo])]
+        rows = group.rows[lo:hi]
+        sketch = rows >= 0
+        if sid not in wanted or not sketch.any():
+            continue
+        m = wanted[sid].m
+        present = rows[sketch]
+        first = int(starts[lo + int(np.argmax(sketch))])
+        block = flat[first : first + len(present) * m].reshape(len(present), m)
+        _add_rows(counts, totals, present, block, group.row_totals[lo:hi][sketch])
     return True
 
 
-def _add_run(
-    flat: Any,
-    ends: Any,
-    widths: Any,
-    rows: Any,
-    row_totals: Any,
-    start: int,
-    stop: int,
-    m: int,
-    counts: Any,
-    totals: Any,
-) -> None:
-    sketch = rows[start:stop] >= 0
-    if not sketch.any():
-        return
-    which = rows[start:stop][sketch]
-    j = start + int(np.argmax(sketch))
-    first = int(ends[j] - widths[j])
-    block = flat[first : first + len(which) * m].reshape(len(which), m)
+def _add_rows(counts: Any, totals: Any, present: Any, block: Any, row_totals: Any) -> None:
+    """``block[i]`` added to ``counts[present[i]]`` (a segment's rows: distinct, ascending)."""
     k = counts.shape[0]
-    if len(which) == k and which[0] == 0 and which[-1] == k - 1 and np.all(np.diff(which) == 1):
-        np.add(counts, block, out=counts)
+    if len(present) == k and present[0] == 0 and present[-1] == k - 1:
+        np.add(counts, block, out=counts)  # dense: every row, in order
     else:
-        counts[which] += block
-    totals[which] += row_totals[start:stop][sketch]
+        counts[present] += block
+    totals[present] += row_totals
 
 
 def _add_decoded(
-    parquet: Any,
-    group: int,
-    ids: list[str],
-    rows: Any,
-    row_totals: Any,
-    wanted: Mapping[str, SegmentInfo],
-    counts: Any,
-    totals: Any,
+    parquet: Any, index: int, group: _Group, hit: Any, counts: Any, totals: Any
 ) -> None:
-    """Layout v1 (or anything else): pyarrow decodes the group's lists, a few hundred at a time."""
-    keep = np.fromiter((sid in wanted for sid in ids), dtype=bool, count=len(ids)) & (rows >= 0)
-    if not keep.any():
-        return
+    """Layout v1 (or anything else): pyarrow decodes the group's lists, 256 rows at a time."""
+    keep = hit[group.which] & (group.rows >= 0)
     offset = 0
-    for batch in parquet.iter_batches(batch_size=256, row_groups=[group], columns=["counts"]):
+    for batch in parquet.iter_batches(batch_size=256, row_groups=[index], columns=["counts"]):
         n = batch.num_rows
         chosen = keep[offset : offset + n]
         if chosen.any():
-            lists = batch.column(0).filter(chosen)
+            lists = batch.column(0).filter(pa.array(chosen))
             m = len(lists[0]) if len(lists) else 0
             values = lists.flatten().to_numpy().reshape(len(lists), m)
-            which = rows[offset : offset + n][chosen]
-            added = row_totals[offset : offset + n][chosen]
+            which = group.rows[offset : offset + n][chosen]
+            added = group.row_totals[offset : offset + n][chosen]
             if len(np.unique(which)) == len(which):
                 counts[which] += values
                 totals[which] += added

@@ -77,7 +77,7 @@ from ldpipe.infra.storage.segments import (
     encode_segments,
     file_stats,
 )
-from ldpipe.infra.storage.summing import SumStats, add_file, files_holding
+from ldpipe.infra.storage.summing import FilePlans, SumStats, add_file, files_holding
 from ldpipe.schemas.config import UseCase
 from ldpipe.schemas.errors import LdpipeError
 from ldpipe.schemas.mechanisms import Sketch
@@ -169,6 +169,7 @@ class SketchStore:
             Path(self.uri).mkdir(parents=True, exist_ok=True)
         self._fs: Any = None
         self.last_sum = SumStats()  # row groups the sums read, mapped (v2) and decoded (v1)
+        self._plans = FilePlans()  # data files' footers and small columns, read once
 
     # ---- the table ----------------------------------------------------------------------
     def head(self) -> TableVersion | None:
@@ -508,7 +509,7 @@ class SketchStore:
             actions = pa.table(table.get_add_actions(flatten=True))
         for path in files_holding(actions, sorted(wanted)):
             try:
-                add_file(self._open, path, wanted, counts, totals, self.last_sum)
+                add_file(self._open, path, wanted, counts, totals, self.last_sum, self._plans)
             except (OSError, pa.ArrowException) as exc:
                 raise self.unreadable(exc) from exc
         expected = sum(s.n for s in segments)

@@ -24,7 +24,7 @@ import pyarrow.parquet as pq  # type: ignore[import-untyped]
 from ldpipe.infra.storage.counters import chunk_values
 from ldpipe.infra.storage.segments import SegmentInfo
 
-__all__ = ["SumStats", "add_file", "files_holding"]
+__all__ = ["FilePlans", "SumStats", "add_file", "files_holding"]
 
 
 @dataclass
@@ -46,6 +46,59 @@ class _Group:
     row_totals: Any
 
 
+@dataclass(frozen=True)
+class _Planned:
+    """A row group of a file that holds sketch rows: its small columns and ``counts`` chunk."""
+
+    index: int
+    group: _Group
+    chunk: Any  # pyarrow's ColumnChunkMetaData of ``counts``
+
+
+class FilePlans:
+    """What :func:`add_file` learns of a data file before reading its counters (its footer and
+    its row groups' small columns), kept for the newest ``limit`` files: data files never
+    change (a Delta table only adds and removes them), so a store's second query over the same
+    history opens no footer again."""
+
+    def __init__(self, limit: int = 4096) -> None:
+        self.limit = limit
+        self._plans: dict[str, list[_Planned]] = {}
+
+    def get(self, path: str, source: Any) -> list[_Planned]:
+        plan = self._plans.get(path)
+        if plan is None:
+            plan = _plan(source)
+            if len(self._plans) >= self.limit:
+                self._plans.pop(next(iter(self._plans)))
+            self._plans[path] = plan
+        return plan
+
+
+def _plan(source: Any) -> list[_Planned]:
+    parquet = pq.ParquetFile(source, pre_buffer=False)
+    meta = parquet.metadata
+    names = parquet.schema_arrow.names
+    row_col, counts_col = names.index("row"), names.index("counts")
+    out = []
+    for index in range(meta.num_row_groups):
+        columns = meta.row_group(index)
+        if _headers_only(columns.column(row_col)):
+            continue
+        small = parquet.read_row_group(
+            index, columns=["segment", "row", "row_total"], use_threads=False
+        )
+        coded = _encode(small.column(0))
+        group = _Group(
+            coded.dictionary.to_pylist(),
+            coded.indices.to_numpy(zero_copy_only=False),
+            small.column(1).to_numpy(),
+            small.column(2).to_numpy(),
+        )
+        out.append(_Planned(index, group, columns.column(counts_col)))
+    return out
+
+
 def add_file(
     open_file: Callable[[str], Any],
     path: str,
@@ -53,32 +106,21 @@ def add_file(
     counts: Any,
     totals: Any,
     stats: SumStats,
+    plans: FilePlans | None = None,
 ) -> None:
     """Add the sketch rows of the ``wanted`` segments in one data file to ``counts``/``totals``."""
     with open_file(path) as source:
-        parquet = pq.ParquetFile(source, pre_buffer=False)
-        meta = parquet.metadata
-        names = parquet.schema_arrow.names
-        seg_col, counts_col = names.index("segment"), names.index("counts")
-        for index in range(meta.num_row_groups):
-            if not _may_hold(meta.row_group(index).column(seg_col), wanted):
-                continue
-            small = parquet.read_row_group(index, columns=["segment", "row", "row_total"])
-            coded = _encode(small.column(0))
-            group = _Group(
-                coded.dictionary.to_pylist(),
-                coded.indices.to_numpy(zero_copy_only=False),
-                small.column(1).to_numpy(),
-                small.column(2).to_numpy(),
-            )
+        plan = (plans or FilePlans()).get(path, source)
+        for planned in plan:
+            group = planned.group
             hit = np.array([sid in wanted for sid in group.ids], dtype=bool)
             if not (hit[group.which] & (group.rows >= 0)).any():
                 continue
-            chunk = meta.row_group(index).column(counts_col)
-            if _add_mapped(source, chunk, group, wanted, counts, totals):
+            if _add_mapped(source, planned.chunk, group, wanted, counts, totals):
                 stats.mapped += 1
             else:
-                _add_decoded(parquet, index, group, hit, counts, totals)
+                parquet = pq.ParquetFile(source, pre_buffer=False)
+                _add_decoded(parquet, planned.index, group, hit, counts, totals)
                 stats.decoded += 1
 
 
@@ -108,15 +150,10 @@ def _encode(column: Any) -> Any:
     return column.combine_chunks().dictionary_encode()
 
 
-def _may_hold(column: Any, wanted: Mapping[str, SegmentInfo]) -> bool:
-    """False only when the row group's ``segment`` statistics exclude every wanted id."""
+def _headers_only(column: Any) -> bool:
+    """Whether the row group's ``row`` statistics say it holds header rows only (row -1)."""
     st = column.statistics
-    if st is None or not st.has_min_max:
-        return True
-    low, high = st.min, st.max
-    if isinstance(low, bytes):
-        low, high = low.decode(), high.decode()
-    return any(low <= sid <= high for sid in wanted)
+    return st is not None and st.has_min_max and st.max < 0
 
 
 def _add_mapped(

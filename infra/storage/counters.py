@@ -15,19 +15,24 @@ answers None and the caller decodes the chunk with pyarrow: both layouts read.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
 import numpy as np
+import pyarrow as pa  # type: ignore[import-untyped]
+import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
 __all__ = [
     "GROUP_BYTES",
     "PageHeader",
     "chunk_values",
+    "delta_writer_properties",
     "parse_page_header",
     "rows_per_group",
+    "write_file",
     "write_options",
 ]
 
@@ -201,6 +206,38 @@ def write_options(groups_rows: int, m: int) -> dict[str, Any]:
         "max_rows_per_page": max(groups_rows + 1, 1 << 20),
         "write_statistics": list(_OTHER_COLUMNS),
     }
+
+
+def write_file(fs: Any, name: str, schema: Any, pieces: Sequence[Any], widest: int) -> int:
+    """Write ``pieces`` (Arrow tables: the header rows, then each segment's sketch rows) as one
+    layout-v2 Parquet file ``name`` on ``fs``, each piece in row groups of its own; its size.
+    A failure (a full disk) deletes the partial file and raises."""
+    group = rows_per_group(widest)
+    try:
+        with pq.ParquetWriter(name, schema, filesystem=fs, **write_options(group, widest)) as out:
+            for piece in pieces:
+                out.write_table(piece, row_group_size=group)
+    except BaseException:
+        with contextlib.suppress(OSError, pa.ArrowException):
+            fs.delete_file(name)
+        raise
+    size: int = fs.get_file_info(name).size
+    return size
+
+
+def delta_writer_properties(widest: int) -> Any:
+    """delta-rs's writer (compaction's replace) in layout v2: no compression, no dictionary,
+    one page per row group, so the segments it writes are mapped whole too."""
+    from deltalake import ColumnProperties, WriterProperties  # loaded with the store already
+
+    group = rows_per_group(widest)
+    return WriterProperties(
+        compression="UNCOMPRESSED",
+        max_row_group_size=group,
+        data_page_size_limit=16 * group * widest,
+        data_page_row_count_limit=1 << 30,
+        default_column_properties=ColumnProperties(dictionary_enabled=False),
+    )
 
 
 def rows_per_group(m: int) -> int:

@@ -51,22 +51,15 @@ import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.compute as pc  # type: ignore[import-untyped]
 import pyarrow.fs as pafs  # type: ignore[import-untyped]
 import pyarrow.parquet as pq  # type: ignore[import-untyped]
-from deltalake import (
-    ColumnProperties,
-    CommitProperties,
-    DeltaTable,
-    Transaction,
-    WriterProperties,
-    write_deltalake,
-)
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from deltalake.fs import DeltaStorageHandler
 from deltalake.transaction import AddAction, RemoveAction
 
 from ldpipe.infra.runtime.secret_refs import resolve_all
-from ldpipe.infra.storage.counters import rows_per_group as counter_rows
-from ldpipe.infra.storage.counters import write_options
+from ldpipe.infra.storage.counters import delta_writer_properties, write_file
 from ldpipe.infra.storage.engine import is_disk_full, is_engine_panic
+from ldpipe.infra.storage.migrate import Migration, is_v2, read_whole, v2_pieces
 from ldpipe.infra.storage.segments import (
     HEADER_COLUMNS,
     HEADER_ROW,
@@ -364,26 +357,18 @@ class SketchStore:
     def _write_file(self, data: Any, segments: Sequence[SegmentData]) -> list[AddAction]:
         """Write the segments' Parquet file (before any log entry names it: a failure here,
         a full disk, leaves the table as it was, and the partial file is deleted)."""
+        widest = max((s.sketch.shape[1] for s in segments), default=1)
+        pieces = [pa.Table.from_batches([b]) for b in data.to_batches() if b.num_rows]
+        return [self._write_pieces(pieces, widest, data_change=True)]
+
+    def _write_pieces(self, pieces: Sequence[Any], widest: int, *, data_change: bool) -> Any:
+        """One layout-v2 data file of ``pieces`` (header rows first, then each segment's rows:
+        ``counters.write_file``), as the add action that will commit it."""
         name = f"part-{uuid.uuid4().hex}.v2.parquet"
         fs = self._filesystem()
-        widest = max((s.sketch.shape[1] for s in segments), default=1)
-        group = counter_rows(widest)
-        try:
-            with pq.ParquetWriter(
-                name, SCHEMA, filesystem=fs, **write_options(group, widest)
-            ) as out:
-                # headers first (one row group answers a listing), then each segment's rows in
-                # row groups of their own: layout v2 (schemas/store.md)
-                for batch in data.to_batches():
-                    if batch.num_rows:
-                        out.write_table(pa.Table.from_batches([batch]), row_group_size=group)
-        except BaseException:
-            with contextlib.suppress(OSError, pa.ArrowException):
-                fs.delete_file(name)
-            raise
-        size = fs.get_file_info(name).size
-        stats = json.dumps(file_stats(data))  # the sum opens only the files it needs
-        return [AddAction(name, size, {}, int(time.time() * 1000), True, stats)]
+        size = write_file(fs, name, SCHEMA, pieces, widest)
+        stats = json.dumps(file_stats(pa.concat_tables(pieces)))  # the sum opens only these
+        return AddAction(name, size, {}, int(time.time() * 1000), data_change, stats)
 
     def _discard(self, added: Sequence[AddAction]) -> None:
         for action in added:
@@ -441,7 +426,9 @@ class SketchStore:
                     mode="overwrite",
                     predicate=predicate,
                     storage_options=self._options,
-                    writer_properties=_writer_properties([merged] if merged else []),
+                    writer_properties=delta_writer_properties(
+                        merged.sketch.shape[1] if merged else 1
+                    ),
                     commit_properties=CommitProperties(custom_metadata={"ldpipe.writer": writer}),
                 )
             except CommitFailedError as exc:
@@ -505,6 +492,7 @@ class SketchStore:
         counts = np.zeros((first.k, first.m), dtype=np.int64)
         totals = np.zeros(first.k, dtype=np.int64)
         wanted = {s.segment: s for s in segments}
+        self.last_sum = SumStats()
         with self._engine():
             actions = pa.table(table.get_add_actions(flatten=True))
         for path in files_holding(actions, sorted(wanted)):
@@ -541,6 +529,38 @@ class SketchStore:
         except (OSError, DeltaError, pa.ArrowException) as exc:
             raise self.unreadable(exc) from exc
 
+    def migrate(self, *, writer: str = "ldpipe-store", dry_run: bool = False) -> Migration:
+        """Rewrite every live layout-v1 data file in layout v2, in one commit (``migrate.py``)."""
+        table = self._table()
+        if table is None:
+            return Migration(self.uri, (), 0, None, dry_run)
+        with self._engine(writing=True):
+            paths = pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist()
+            old, actions, count = [], [], 0
+            for path in paths:
+                with self._open(path) as source:
+                    if is_v2(pq.ParquetFile(source)):
+                        continue
+                    pieces, widest, segments = v2_pieces(read_whole(source, SCHEMA))
+                old.append(path)
+                count += segments
+                if not dry_run:
+                    actions.append(self._write_pieces(pieces, widest, data_change=False))
+            if dry_run or not old:
+                return Migration(self.uri, tuple(old), count, None, dry_run)
+            stamp = int(time.time() * 1000)
+            removes = [RemoveAction(p, False, stamp) for p in old]
+            properties = CommitProperties(custom_metadata={"ldpipe.writer": writer})
+            try:
+                table.create_write_transaction(
+                    [*removes, *actions], mode="append", schema=SCHEMA, commit_properties=properties
+                )
+            except CommitFailedError as exc:
+                self._discard(actions)
+                raise StoreError(f"{self.uri}: the table changed while migrating; nothing "
+                                 f"changed, run it again ({exc})") from exc  # fmt: skip
+        return Migration(self.uri, tuple(old), count, self.version(), dry_run)
+
     def vacuum(self, retention_hours: int = 168) -> list[str]:
         """Delete the files no version newer than ``retention_hours`` refers to."""
         table = self._table()
@@ -554,18 +574,3 @@ class SketchStore:
                     enforce_retention_duration=False,
                 )
             )
-
-
-# ---- encoding ----------------------------------------------------------------------------------
-def _writer_properties(segments: Sequence[SegmentData]) -> WriterProperties:
-    """delta-rs's writer (compaction's replace) in layout v2: ``counts`` one uncompressed PLAIN
-    page per row group (``counters.py``), so compacted segments are mapped whole too."""
-    widest = max((s.sketch.shape[1] for s in segments), default=1)
-    group = counter_rows(widest)
-    return WriterProperties(
-        compression="UNCOMPRESSED",
-        max_row_group_size=group,
-        data_page_size_limit=16 * group * widest,
-        data_page_row_count_limit=1 << 30,
-        default_column_properties=ColumnProperties(dictionary_enabled=False),
-    )

@@ -106,7 +106,8 @@ class _Compact:
         elif kind == 7:  # double
             self.pos += 8
         elif kind == 8:  # binary
-            self.pos += self.varint()
+            length = self.varint()  # (not `pos += varint()`: pos would be read before it moves)
+            self.pos += length
         elif kind in (9, 10):  # list, set
             head = self.byte()
             count = head >> 4 if head >> 4 != 15 else self.varint()

@@ -46,7 +46,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.compute as pc  # type: ignore[import-untyped]
 import pyarrow.fs as pafs  # type: ignore[import-untyped]
@@ -70,7 +69,13 @@ from ldpipe.infra.storage.segments import (
     encode_segments,
     file_stats,
 )
-from ldpipe.infra.storage.summing import FilePlans, SumStats, add_file, files_holding
+from ldpipe.infra.storage.summing import (
+    Accumulator,
+    FilePlans,
+    SumStats,
+    add_file,
+    files_holding,
+)
 from ldpipe.schemas.config import UseCase
 from ldpipe.schemas.errors import LdpipeError
 from ldpipe.schemas.mechanisms import Sketch
@@ -489,17 +494,18 @@ class SketchStore:
         table = at.handle if at is not None else self._table()
         if table is None:
             raise StoreError(f"no sketch store at {self.uri}")
-        counts = np.zeros((first.k, first.m), dtype=np.int64)
-        totals = np.zeros(first.k, dtype=np.int64)
+        acc = Accumulator(first.k, first.m)
         wanted = {s.segment: s for s in segments}
         self.last_sum = SumStats()
         with self._engine():
             actions = pa.table(table.get_add_actions(flatten=True))
         for path in files_holding(actions, sorted(wanted)):
             try:
-                add_file(self._open, path, wanted, counts, totals, self.last_sum, self._plans)
+                add_file(self._open, path, wanted, acc, self.last_sum, self._plans)
             except (OSError, pa.ArrowException) as exc:
                 raise self.unreadable(exc) from exc
+        acc.flush()
+        counts, totals = acc.counts, acc.totals
         expected = sum(s.n for s in segments)
         if int(totals.sum()) != expected:
             raise StoreError(

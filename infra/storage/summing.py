@@ -4,8 +4,9 @@ Split from ``sketch_store.py`` (which picks the files and checks the result). Fi
 pyarrow.parquet directly (no dataset scan, no per-batch ``is_in`` filter copies): the footer's
 ``segment`` statistics say which row groups may hold a wanted segment; a row group's small
 columns (``segment``, ``row``, ``row_total``: k values) are read with pyarrow, and its counters,
-in layout v2, are mapped whole (``counters.py``) and added with one numpy add per segment
-(``np.add(counts, block, out=counts)``: no copy, no concatenation). A row group in layout v1
+in layout v2, are mapped whole (``counters.py``) and added with numpy into one accumulator
+(``np.add(..., out=)``, cache-blocked over batches of segments: :class:`Accumulator`; no copy,
+no concatenation). A row group in layout v1
 (zstd, dictionary, several pages) is decoded by pyarrow instead: both layouts read.
 """
 
@@ -15,7 +16,7 @@ import bisect
 import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped]
@@ -24,7 +25,7 @@ import pyarrow.parquet as pq  # type: ignore[import-untyped]
 from ldpipe.infra.storage.counters import chunk_values
 from ldpipe.infra.storage.segments import SegmentInfo
 
-__all__ = ["FilePlans", "SumStats", "add_file", "files_holding"]
+__all__ = ["Accumulator", "FilePlans", "SumStats", "add_file", "files_holding"]
 
 
 @dataclass
@@ -33,6 +34,45 @@ class SumStats:
 
     mapped: int = 0
     decoded: int = 0
+
+
+class Accumulator:
+    """One k x m int64 sum and its row totals. Dense segments (every row, in order: the common
+    case) are held, mapped, until :data:`BATCH` of them are pending, then added block by
+    block: a block of the accumulator that fits in cache takes all of them before the next, so
+    the accumulator crosses memory once per batch instead of once per segment (cache blocking).
+    :meth:`flush` adds whatever is pending; call it before reading ``counts``."""
+
+    BATCH: Final = 16
+    BLOCK_BYTES: Final = 256 << 10
+
+    def __init__(self, k: int, m: int) -> None:
+        self.counts = np.zeros((k, m), dtype=np.int64)
+        self.totals = np.zeros(k, dtype=np.int64)
+        self._pending: list[Any] = []
+
+    def add_rows(self, present: Any, block: Any, row_totals: Any) -> None:
+        """``block[i]`` added to ``counts[present[i]]`` (a segment's rows: distinct, ascending)."""
+        k = self.counts.shape[0]
+        if len(present) == k and present[0] == 0 and present[-1] == k - 1:
+            self._pending.append(block)  # dense: every row, in order
+            if len(self._pending) >= self.BATCH:
+                self.flush()
+        else:
+            self.counts[present] += block
+        self.totals[present] += row_totals
+
+    def flush(self) -> None:
+        pending, self._pending = self._pending, []
+        if not pending:
+            return
+        flat = self.counts.reshape(-1)
+        step = max(1, self.BLOCK_BYTES // 8)
+        sources = [b.reshape(-1) for b in pending]
+        for lo in range(0, flat.size, step):
+            out = flat[lo : lo + step]
+            for source in sources:
+                np.add(out, source[lo : lo + step], out=out)
 
 
 @dataclass(frozen=True)
@@ -103,12 +143,11 @@ def add_file(
     open_file: Callable[[str], Any],
     path: str,
     wanted: Mapping[str, SegmentInfo],
-    counts: Any,
-    totals: Any,
+    acc: Accumulator,
     stats: SumStats,
     plans: FilePlans | None = None,
 ) -> None:
-    """Add the sketch rows of the ``wanted`` segments in one data file to ``counts``/``totals``."""
+    """Add the sketch rows of the ``wanted`` segments in one data file to ``acc``."""
     with open_file(path) as source:
         plan = (plans or FilePlans()).get(path, source)
         for planned in plan:
@@ -116,11 +155,11 @@ def add_file(
             hit = np.array([sid in wanted for sid in group.ids], dtype=bool)
             if not (hit[group.which] & (group.rows >= 0)).any():
                 continue
-            if _add_mapped(source, planned.chunk, group, wanted, counts, totals):
+            if _add_mapped(source, planned.chunk, group, wanted, acc):
                 stats.mapped += 1
             else:
                 parquet = pq.ParquetFile(source, pre_buffer=False)
-                _add_decoded(parquet, planned.index, group, hit, counts, totals)
+                _add_decoded(parquet, planned.index, group, hit, acc.counts, acc.totals)
                 stats.decoded += 1
 
 
@@ -161,8 +200,7 @@ def _add_mapped(
     chunk: Any,
     group: _Group,
     wanted: Mapping[str, SegmentInfo],
-    counts: Any,
-    totals: Any,
+    acc: Accumulator,
 ) -> bool:
     """Layout v2: the group's counters are one PLAIN page, mapped; False if they are not, or if
     a sketch row's segment is not wanted (its width unknown)."""
@@ -188,18 +226,8 @@ def _add_mapped(
         present = rows[sketch]
         first = int(starts[lo + int(np.argmax(sketch))])
         block = flat[first : first + len(present) * m].reshape(len(present), m)
-        _add_rows(counts, totals, present, block, group.row_totals[lo:hi][sketch])
+        acc.add_rows(present, block, group.row_totals[lo:hi][sketch])
     return True
-
-
-def _add_rows(counts: Any, totals: Any, present: Any, block: Any, row_totals: Any) -> None:
-    """``block[i]`` added to ``counts[present[i]]`` (a segment's rows: distinct, ascending)."""
-    k = counts.shape[0]
-    if len(present) == k and present[0] == 0 and present[-1] == k - 1:
-        np.add(counts, block, out=counts)  # dense: every row, in order
-    else:
-        counts[present] += block
-    totals[present] += row_totals
 
 
 def _add_decoded(

@@ -162,3 +162,20 @@ def test_the_migrate_command(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert "rewrote 2 layout-v1 file(s) holding 3 segment(s)" in out
     assert main(["store", "migrate", "--config", str(config), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["files"] == []
+
+
+def test_more_dense_segments_than_one_batch_sum_exactly(tmp_path: Path) -> None:
+    """Dense segments are added in cache blocks, a batch at a time (summing.Accumulator)."""
+    from ldpipe.infra.storage.summing import Accumulator
+
+    rng = np.random.default_rng(5)
+    k, m = 40, 24
+    store = SketchStore(tmp_path, "emoji")
+    count = Accumulator.BATCH * 2 + 3
+    sketches = [_sketch(rng, k, m, sparse=False) for _ in range(count)]
+    for w, s in enumerate(sketches):
+        part = SegmentData(0, 60 * w, 60 * (w + 1), "cms", {"k": k}, s)
+        store.commit([part], {(TOPIC, 0): (None if w == 0 else w, w + 1)}, writer="a")
+    got = store.read_sum(store.segments())
+    np.testing.assert_array_equal(got.counts, np.sum([s.counts for s in sketches], axis=0))
+    assert store.last_sum.mapped == count

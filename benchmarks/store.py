@@ -3,6 +3,8 @@
     python benchmarks/store.py            # k = 65,536, 48 windows of 1,500 reports
     python benchmarks/store.py --quick    # k = 16,384, 48 windows of 600 reports (< 3 min)
     python benchmarks/store.py --json     # ... and one JSON object as the last line
+    python benchmarks/store.py --read-sum # read_sum over 1, 10, 100 windows vs in memory
+                                          # (issue 23: benchmarks/store_read.py)
 
 One ``ldpipe aggregator`` process (a real subprocess, the normal service: group membership,
 aggregation, sealing into the Delta sketch store, its checkpoint schedule) aggregates CMS reports
@@ -661,7 +663,13 @@ def render(result: dict[str, Any], checks: dict[str, dict[str, Any]], out: TextI
 
 
 def main(argv: list[str] | None = None) -> int:
+    args_in = sys.argv[1:] if argv is None else argv
+    if "--read-sum" in args_in:  # history at memory speed (issue 23)
+        from benchmarks.store_read import main as read_sum_main
+
+        return read_sum_main([a for a in args_in if a != "--read-sum"])
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--read-sum", action="store_true", help="benchmarks/store_read.py")
     parser.add_argument("--quick", action="store_true", help="k = 16,384, 600 reports a window")
     parser.add_argument("--json", action="store_true", help="end with one JSON line")
     parser.add_argument("--windows", type=int, default=WINDOWS, help="windows (48)")

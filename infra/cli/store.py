@@ -1,4 +1,4 @@
-"""``ldpipe store list | compact | retain | verify | repair``: look after a sketch store."""
+"""``ldpipe store list | compact | retain | verify | repair | migrate``: look after a store."""
 
 from __future__ import annotations
 
@@ -50,6 +50,7 @@ def add_parser(sub: Any) -> None:
             "segment's rows against its header",
         ),
         ("repair", "roll a damaged table back to its newest whole version"),
+        ("migrate", "rewrite data files of the old layout (v1) in layout v2, in one commit"),
     ):
         a = actions.add_parser(name, help=help_text, description=help_text)
         a.add_argument("--config", required=True, help="pipeline configuration (TOML)")
@@ -66,11 +67,11 @@ def add_parser(sub: Any) -> None:
                 "(repeat for members on other machines; default: the use case's "
                 "snapshot.directory)",
             )
-        if name in ("compact", "retain", "repair"):
+        if name in ("compact", "retain", "repair", "migrate"):
             a.add_argument(
                 "--dry-run", action="store_true", help="print what would change, change nothing"
             )
-        if name in ("compact", "retain"):
+        if name in ("compact", "retain", "migrate"):
             a.add_argument(
                 "--vacuum",
                 action="store_true",
@@ -180,7 +181,7 @@ def _verify(
     if problems:
         raise StoreError(
             f"{store.uri}: {len(problems)} problem(s), one per line above with its fix "
-            f"(docs/operations.md, \"A damaged sketch store\")"
+            f'(docs/operations.md, "A damaged sketch store")'
         )
     if not as_json:
         print(f"{store.uri}: 0 problems")
@@ -212,6 +213,25 @@ def _repair(store: SegmentStore, dry_run: bool, as_json: bool) -> int:
     return 0
 
 
+def _migrate(store: SegmentStore, args: argparse.Namespace) -> int:
+    done = store.migrate(dry_run=args.dry_run)
+    vacuumed = store.vacuum(args.vacuum_hours) if args.vacuum and not args.dry_run else []
+    if args.json:
+        payload = {
+            "store": store.uri,
+            "files": list(done.files),
+            "segments": done.segments,
+            "version": done.version,
+            "dry_run": done.dry_run,
+            "vacuumed_files": len(vacuumed),
+        }
+        json.dump(payload, sys.stdout)
+        print()
+    else:
+        print(done.describe() + (f"; vacuumed {len(vacuumed)} file(s)" if args.vacuum else ""))
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     use_case = select_use_case(load_config(args.config), args.use_case)
     store = open_sketch_store(use_case, args.store)
@@ -221,4 +241,6 @@ def run(args: argparse.Namespace) -> int:
         return _verify(store, use_case, args.checkpoints, args.json)
     if args.action == "repair":
         return _repair(store, args.dry_run, args.json)
+    if args.action == "migrate":
+        return _migrate(store, args)
     return _change(store, args, use_case)

@@ -15,7 +15,14 @@ from typing import Final
 
 from ldpipe.infra.storage.disk import is_disk_error
 
-__all__ = ["ENGINE", "engine_errors", "engine_loaded", "is_disk_full", "is_engine_panic"]
+__all__ = [
+    "ENGINE",
+    "engine_errors",
+    "engine_loaded",
+    "first_line",
+    "is_disk_full",
+    "is_engine_panic",
+]
 
 #: the Python package of the table engine
 ENGINE: Final = "deltalake"
@@ -31,6 +38,12 @@ def engine_errors() -> tuple[type[BaseException], ...]:
     found = sys.modules.get(f"{ENGINE}.exceptions")
     error = getattr(found, "DeltaError", None) if found is not None else None
     return (error,) if isinstance(error, type) and issubclass(error, BaseException) else ()
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an engine error (delta-rs may append a Rust backtrace)."""
+    lines = str(exc).strip().splitlines()
+    return lines[0].strip() if lines else type(exc).__name__
 
 
 def is_engine_panic(exc: BaseException) -> bool:

@@ -6,7 +6,7 @@ depend on these few methods and not on the Delta Lake class that implements them
   (``aggregator/http_api.py``) and the SFP service (``discovery/sfp_service.py``): one version
   read once (:meth:`~SegmentReader.head`), the segments' headers, their sum, the offsets;
 * :class:`SegmentStore` — the aggregator (``commit``: segments and offsets in one atomic commit,
-  the exactly-once step) and maintenance (``replace``, ``sketch_rows``, ``vacuum``).
+  the exactly-once step) and maintenance (``replace``, ``sketch_rows``, ``vacuum``, ``migrate``).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from ldpipe.infra.storage.identity import StoreIdentity
+from ldpipe.infra.storage.migrate import Migration
 from ldpipe.infra.storage.segments import SegmentData, SegmentInfo
 from ldpipe.infra.storage.sketch_store import TableVersion
 from ldpipe.schemas.mechanisms import Sketch
@@ -91,3 +92,7 @@ class SegmentStore(SegmentReader, Protocol):
     def sketch_rows(self, *, at: TableVersion | None = None) -> Iterator[Any]: ...
 
     def vacuum(self, retention_hours: int = 168) -> list[str]: ...
+
+    def migrate(self, *, writer: str = "ldpipe-store", dry_run: bool = False) -> Migration:
+        """Rewrite the data files of layout v1 in layout v2 (``schemas/store.md``)."""
+        ...

@@ -16,6 +16,7 @@ from typing import Any, Final
 
 import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped]
+import pyarrow.compute as pc  # type: ignore[import-untyped]
 
 from ldpipe.schemas.mechanisms import Sketch
 
@@ -28,13 +29,12 @@ __all__ = [
     "SegmentInfo",
     "decode_header",
     "encode_segments",
-    "rows_per_group",
+    "file_stats",
 ]
 
 #: what a segment's window is: as aggregated, or rolled up to a UTC day or month
 LEVELS: Final = ("window", "day", "month")
 HEADER_ROW: Final = -1  # the row holding a segment's metadata; sketch rows are 0 .. k-1
-_ROW_GROUP_BYTES: Final = 8 << 20  # ~8 MiB of counters per Parquet row group
 
 SCHEMA: Final = pa.schema(
     [
@@ -110,12 +110,6 @@ class SegmentInfo:
         return (self.window_start, self.window_end)
 
 
-def rows_per_group(segments: Sequence[SegmentData]) -> int:
-    """Sketch rows per Parquet row group: about 8 MiB of counters of the widest sketch."""
-    widest = max((s.sketch.shape[1] for s in segments), default=1)
-    return max(1, _ROW_GROUP_BYTES // (8 * widest))
-
-
 def encode_segments(
     segments: Sequence[SegmentData],
     positions: Mapping[tuple[str, int], tuple[int | None, int]],
@@ -189,3 +183,22 @@ def decode_header(row: Mapping[str, Any]) -> SegmentInfo:
         sources=row["sources"],
         created_at=row["created_at"],
     )
+
+
+def file_stats(data: Any) -> dict[str, Any]:
+    """A data file's Delta statistics (the protocol's "Per-file Statistics": ``numRecords``,
+    ``minValues``, ``maxValues``, ``nullCount``) for every column but ``counts``: readers skip
+    files by them (the sum opens only files whose ``segment`` range holds an id it wants).
+    Every column has a value in some row of a file (its header rows), so none is left out."""
+    low: dict[str, Any] = {}
+    high: dict[str, Any] = {}
+    nulls: dict[str, int] = {}
+    for name in SCHEMA.names:
+        if name == "counts":
+            continue
+        column = data.column(name)
+        nulls[name] = column.null_count
+        bounds = pc.min_max(column)
+        if bounds["min"].is_valid:
+            low[name], high[name] = bounds["min"].as_py(), bounds["max"].as_py()
+    return {"numRecords": data.num_rows, "minValues": low, "maxValues": high, "nullCount": nulls}

@@ -43,23 +43,24 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Final
 
-import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.compute as pc  # type: ignore[import-untyped]
 import pyarrow.fs as pafs  # type: ignore[import-untyped]
-import pyarrow.parquet as pq  # type: ignore[import-untyped]
-from deltalake import CommitProperties, DeltaTable, Transaction, WriterProperties, write_deltalake
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from deltalake.fs import DeltaStorageHandler
 from deltalake.transaction import AddAction, RemoveAction
 
 from ldpipe.infra.runtime.secret_refs import resolve_all
+from ldpipe.infra.storage.counters import delta_writer_properties, write_file
 from ldpipe.infra.storage.disk import DiskFullError, disk_error_kind, disk_full_message
-from ldpipe.infra.storage.engine import is_disk_full, is_engine_panic
+from ldpipe.infra.storage.engine import first_line, is_disk_full, is_engine_panic
 from ldpipe.infra.storage.identity import StoreIdentity, reconcile
+from ldpipe.infra.storage.migrate import Migration, rewrite_v1
 from ldpipe.infra.storage.segments import (
     HEADER_COLUMNS,
     HEADER_ROW,
@@ -68,7 +69,14 @@ from ldpipe.infra.storage.segments import (
     SegmentInfo,
     decode_header,
     encode_segments,
-    rows_per_group,
+    file_stats,
+)
+from ldpipe.infra.storage.summing import (
+    Accumulator,
+    FilePlans,
+    SumStats,
+    add_file,
+    files_holding,
 )
 from ldpipe.schemas.config import UseCase
 from ldpipe.schemas.errors import LdpipeError
@@ -162,6 +170,8 @@ class SketchStore:
             Path(self.uri).mkdir(parents=True, exist_ok=True)
         self._fs: Any = None
         self.bound: StoreIdentity | None = None  # the writer's identity (bind()), if any
+        self.last_sum = SumStats()  # row groups the sums read, mapped (v2) and decoded (v1)
+        self._plans = FilePlans()  # data files' footers and small columns, read once
 
     # ---- the table ----------------------------------------------------------------------
     def head(self) -> TableVersion | None:
@@ -182,7 +192,7 @@ class SketchStore:
         """A read of the table that failed (a garbled log, a missing or damaged Parquet file,
         an unreachable bucket), as one line naming the store and the fix."""
         return StoreDamagedError(
-            f"cannot read the sketch store {self.uri}: {_first_line(exc)}; `ldpipe store "
+            f"cannot read the sketch store {self.uri}: {first_line(exc)}; `ldpipe store "
             f"verify` names the damaged files and `ldpipe store repair` rolls the table back "
             f"to its newest whole version (or restore it from a backup; docs/operations.md)"
         )
@@ -191,7 +201,7 @@ class SketchStore:
         """A write to the table that failed in delta-rs, as one line naming the store and what
         to check."""
         return StoreDamagedError(
-            f"cannot write to the sketch store {self.uri}: {_first_line(exc)}; check that it "
+            f"cannot write to the sketch store {self.uri}: {first_line(exc)}; check that it "
             f"is reachable and writable (its uri, storage_options and credentials), then run "
             f"`ldpipe store verify`"
         )
@@ -378,18 +388,18 @@ class SketchStore:
     def _write_file(self, data: Any, segments: Sequence[SegmentData]) -> list[AddAction]:
         """Write the segments' Parquet file (before any log entry names it: a failure here,
         a full disk, leaves the table as it was, and the partial file is deleted)."""
-        name = f"part-{uuid.uuid4().hex}.zstd.parquet"
+        widest = max((s.sketch.shape[1] for s in segments), default=1)
+        pieces = [pa.Table.from_batches([b]) for b in data.to_batches() if b.num_rows]
+        return [self._write_pieces(pieces, widest, data_change=True)]
+
+    def _write_pieces(self, pieces: Sequence[Any], widest: int, *, data_change: bool) -> Any:
+        """One layout-v2 data file of ``pieces`` (header rows first, then each segment's rows:
+        ``counters.write_file``), as the add action that will commit it."""
+        name = f"part-{uuid.uuid4().hex}.v2.parquet"
         fs = self._filesystem()
-        try:
-            groups = rows_per_group(segments)
-            pq.write_table(data, name, filesystem=fs, compression="zstd", row_group_size=groups)
-        except BaseException:
-            with contextlib.suppress(OSError, pa.ArrowException):
-                fs.delete_file(name)
-            raise
-        size = fs.get_file_info(name).size
-        stats = json.dumps({"numRecords": data.num_rows})
-        return [AddAction(name, size, {}, int(time.time() * 1000), True, stats)]
+        size = write_file(fs, name, SCHEMA, pieces, widest)
+        stats = json.dumps(file_stats(pa.concat_tables(pieces)))  # the sum opens only these
+        return AddAction(name, size, {}, int(time.time() * 1000), data_change, stats)
 
     def _discard(self, added: Sequence[AddAction]) -> None:
         for action in added:
@@ -447,7 +457,9 @@ class SketchStore:
                     mode="overwrite",
                     predicate=predicate,
                     storage_options=self._options,
-                    writer_properties=_writer_properties([merged] if merged else []),
+                    writer_properties=delta_writer_properties(
+                        merged.sketch.shape[1] if merged else 1
+                    ),
                     commit_properties=CommitProperties(custom_metadata={"ldpipe.writer": writer}),
                 )
             except CommitFailedError as exc:
@@ -493,7 +505,8 @@ class SketchStore:
     ) -> Sketch:
         """The sum of ``segments`` (one epoch, one shape) at version ``at`` (default: the
         newest), streamed: one k x m accumulator and one Parquet row group in memory, whatever
-        the number of segments."""
+        the number of segments: layout v2's counters are mapped and added whole
+        (``summing.py``), v1's decoded by pyarrow. ``last_sum`` counts the row groups of each."""
         if not segments:
             raise ValueError("no segments to sum")
         first = segments[0]
@@ -507,19 +520,18 @@ class SketchStore:
         table = at.handle if at is not None else self._table()
         if table is None:
             raise StoreError(f"no sketch store at {self.uri}")
-        counts = np.zeros((first.k, first.m), dtype=np.int64)
-        totals = np.zeros(first.k, dtype=np.int64)
-        wanted = pa.array(sorted({s.segment for s in segments}), type=pa.string())
-        for batch in self._rows(table, wanted):
-            rows = batch.column(1).to_numpy()
-            values = batch.column(2).flatten().to_numpy().reshape(len(rows), first.m)
-            row_totals = batch.column(3).to_numpy()
-            if len(np.unique(rows)) == len(rows):
-                counts[rows] += values
-                totals[rows] += row_totals
-            else:  # rows of two segments in one batch
-                np.add.at(counts, rows, values)
-                np.add.at(totals, rows, row_totals)
+        acc = Accumulator(first.k, first.m)
+        wanted = {s.segment: s for s in segments}
+        self.last_sum = SumStats()
+        with self._engine():
+            actions = pa.table(table.get_add_actions(flatten=True))
+        for path in files_holding(actions, sorted(wanted)):
+            try:
+                add_file(self._open, path, wanted, acc, self.last_sum, self._plans)
+            except (OSError, pa.ArrowException) as exc:
+                raise self.unreadable(exc) from exc
+        acc.flush()
+        counts, totals = acc.counts, acc.totals
         expected = sum(s.n for s in segments)
         if int(totals.sum()) != expected:
             raise StoreError(
@@ -528,38 +540,6 @@ class SketchStore:
                 f"corrupt — ldpipe store verify"
             )
         return Sketch(counts, totals)
-
-    def _rows(self, table: DeltaTable, wanted: Any) -> Iterator[Any]:
-        """The sketch rows of the ``wanted`` segments, a few hundred at a time.
-
-        File by file with Parquet's own batch reader: the dataset scanner decodes whole files
-        ahead (about a sketch's worth of buffers at Apple's shapes); this holds one small batch.
-        A file with no row of them is skipped (its ``segment`` column read alone).
-        """
-        with self._engine():
-            paths = pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist()
-        for path in paths:
-            try:
-                yield from self._file_rows(path, wanted)
-            except (OSError, pa.ArrowException) as exc:
-                raise self.unreadable(exc) from exc
-
-    def _file_rows(self, path: str, wanted: Any) -> Iterator[Any]:
-        """The sketch rows of the ``wanted`` segments in one Parquet file of the table."""
-        with self._open(path) as source:
-            parquet = pq.ParquetFile(source, pre_buffer=False)
-            named = parquet.read(columns=["segment"]).column("segment")
-            if not pc.any(pc.is_in(named, value_set=wanted)).as_py():
-                return
-            columns = ["segment", "row", "counts", "row_total"]
-            for batch in parquet.iter_batches(batch_size=256, columns=columns):
-                keep = pc.and_(
-                    pc.is_in(batch.column(0), value_set=wanted),
-                    pc.greater_equal(batch.column(1), 0),
-                )
-                chosen = batch.filter(keep)
-                if chosen.num_rows:
-                    yield chosen
 
     def _open(self, path: str) -> Any:
         """A readable file of the table: natively when local, else through delta-rs."""
@@ -581,21 +561,40 @@ class SketchStore:
         except (OSError, DeltaError, pa.ArrowException) as exc:
             raise self.unreadable(exc) from exc
 
+    def migrate(self, *, writer: str = "ldpipe-store", dry_run: bool = False) -> Migration:
+        """Rewrite every live layout-v1 data file in layout v2, in one commit (``migrate.py``)."""
+        table = self._table()
+        if table is None:
+            return Migration(self.uri, (), 0, None, dry_run)
+        with self._engine(writing=True):
+            paths = pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist()
+            write = None if dry_run else partial(self._write_pieces, data_change=False)
+            old, actions, count = rewrite_v1(paths, self._open, SCHEMA, write)
+            if dry_run or not old:
+                return Migration(self.uri, tuple(old), count, None, dry_run)
+            stamp = int(time.time() * 1000)
+            removes = [RemoveAction(p, False, stamp) for p in old]
+            properties = CommitProperties(custom_metadata={"ldpipe.writer": writer})
+            try:
+                table.create_write_transaction(
+                    [*removes, *actions], mode="append", schema=SCHEMA, commit_properties=properties
+                )
+            except CommitFailedError as exc:
+                self._discard(actions)
+                raise StoreError(f"{self.uri}: the table changed while migrating; nothing "
+                                 f"changed, run it again ({exc})") from exc  # fmt: skip
+        return Migration(self.uri, tuple(old), count, self.version(), dry_run)
+
     def vacuum(self, retention_hours: int = 168) -> list[str]:
         """Delete the files no version newer than ``retention_hours`` refers to."""
         table = self._table()
         if table is None:
             return []
         with self._engine(writing=True):
-            found = table.vacuum(retention_hours, dry_run=False, enforce_retention_duration=False)
-            return list(found)
-
-
-# ---- encoding ----------------------------------------------------------------------------------
-def _first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()  # delta-rs may append a Rust backtrace
-    return lines[0].strip() if lines else type(exc).__name__
-
-
-def _writer_properties(segments: Sequence[SegmentData]) -> WriterProperties:
-    return WriterProperties(compression="ZSTD", max_row_group_size=rows_per_group(segments))
+            return list(
+                table.vacuum(
+                    retention_hours=retention_hours,
+                    dry_run=False,
+                    enforce_retention_duration=False,
+                )
+            )

@@ -242,7 +242,7 @@ def test_a_full_disk_while_committing_is_one_line_and_loses_nothing(
     def full(*_args: object, **_kwargs: object) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(deployment.table))
 
-    monkeypatch.setattr(pq, "write_table", full)
+    monkeypatch.setattr(pq, "ParquetWriter", full)  # the store's segment writer
     with pytest.raises(StoreFullError) as failed:
         seal_windows(deployment.use_case, [(99_000, 99_600, _sketch(deployment.use_case, 5))],
                      offsets={0: SENT + 5}, store=str(deployment.root / "store"))  # fmt: skip

@@ -9,6 +9,11 @@ partition's committed offset. ``tests/schemas/test_store_vectors.py`` reads the 
 ``SketchStore`` and with nothing but pyarrow and ``json`` (``schemas/store.md``), as DuckDB,
 Polars or Spark would.
 
+The table is in layout v2 (``schemas/store.md``: each segment's counts one uncompressed PLAIN
+page per row group). ``schemas/vectors/store-v1/`` with ``store-v1.json`` are the same content
+as layout v1 wrote it (before issue 23), kept frozen so v1 stores are proven to read; this
+script does not write them.
+
 The Delta log carries commit times and the data files random names, so the directory's bytes
 differ between runs; its content does not (``--check`` compares content).
 

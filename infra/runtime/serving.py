@@ -46,6 +46,7 @@ __all__ = [
     "TRANSIENT",
     "BrokerOutageError",
     "FencedError",
+    "NothingOwnedError",
     "Serving",
     "is_fenced",
     "is_transient",
@@ -85,6 +86,11 @@ class FencedError(PipelineKafkaError):
     """Another instance with this service's ``transactional.id`` took over: this one stops."""
 
 
+class NothingOwnedError(PipelineKafkaError):
+    """An idle exit (``--idle-exit``) of a group member that was never assigned a partition:
+    it read nothing, so it must not exit as if it had read everything."""
+
+
 def is_transient(error: KafkaError) -> bool:
     """A step that failed with ``error`` may be called again (the broker paused or moved)."""
     if error.fatal() or error.txn_requires_abort():
@@ -118,6 +124,7 @@ class Serving:
         self.metrics = metrics
         self.clock = clock
         self.started = False  # the first assignment came
+        self.owned_any = False  # a partition was ever owned (an assignment may be empty)
         self.down_since: float | None = None
         self.down_why = ""
         self.unowned_since: float | None = clock()
@@ -128,6 +135,7 @@ class Serving:
         """The service owns ``partitions`` partitions now (after an assignment or revocation)."""
         self.started = True
         if partitions:
+            self.owned_any = True
             if self._warned_unowned:
                 log.warning("%s owns %d partition(s) again", self.name, partitions)
             self.unowned_since, self._warned_unowned = None, False
@@ -137,7 +145,7 @@ class Serving:
 
     def fixed(self) -> None:
         """A fixed assignment: ownership is the service's own, never a group's."""
-        self.started = True
+        self.started = self.owned_any = True
         self.unowned_since = None
         self.unowned_seconds = float("inf")
         self.check()
@@ -188,6 +196,18 @@ class Serving:
             f"longer than [kafka] outage_seconds = {self.outage_seconds:g}; nothing uncommitted "
             f"was lost: restart the service once the broker is back, or raise outage_seconds "
             f"(docs/operations.md#broker-outage-beyond-the-bound)",
+            code=KafkaError._TIMED_OUT,
+        )
+
+    def nothing_owned(self, idle_seconds: float) -> NothingOwnedError | None:
+        """The error an idle exit after ``idle_seconds`` ends with when the group never assigned
+        this member a partition (so it read nothing); None when it owned one at some point."""
+        if self.owned_any:
+            return None
+        return NothingOwnedError(
+            f"{self.name} owned no partition in {idle_seconds:g} s (--idle-exit), so it read "
+            f"nothing: the group did not assign it any (a stalled group, or more members than "
+            f"partitions); see docs/operations.md#a-group-member-owns-nothing",
             code=KafkaError._TIMED_OUT,
         )
 

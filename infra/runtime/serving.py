@@ -11,8 +11,9 @@ its assignment; it sets the service's :class:`~ldpipe.infra.runtime.observabilit
   ``outage_seconds`` (``[kafka] outage_seconds``) is :class:`BrokerOutageError`: the service
   exits in one line, and a supervisor restarts it.
 * **ownership**: a subscribed member that owns no partition for longer than ``unowned_seconds``
-  (3 x the session timeout by default) is not ready and logs one warning; owning nothing briefly
-  is a rebalance, for longer a stalled group (docs/operations.md#owning-nothing).
+  (3 x the session timeout by default), counted from its subscription when the group never
+  assigned it anything, is not ready and logs one warning; owning nothing briefly is a
+  rebalance, for longer a stalled group (docs/operations.md#a-group-member-owns-nothing).
 
 Kafka's transactional error classes (KIP-98; librdkafka's introduction, "Transactional
 Producer API"): a *retriable* error means call the same step again, one that *requires abort*
@@ -216,12 +217,15 @@ class Serving:
         owned nothing for longer than the bound."""
         now = self.clock()
         unowned = 0.0 if self.unowned_since is None else now - self.unowned_since
+        # a stalled group may never call on_assign: owning nothing counts from the subscription
+        # (the loop's start), not from the first assignment
+        stalled = not self.started and unowned > self.unowned_seconds
         if self.metrics is not None:
             self.metrics.broker_unreachable.labels(service=self.name).set(self.down_for())
             self.metrics.owning_nothing.labels(service=self.name).set(
-                unowned if self.started else 0.0
+                unowned if self.started or stalled else 0.0
             )
-        if not self.started:
+        if not self.started and not stalled:
             return  # "starting" until the first assignment
         if self.down_since is not None:
             self.readiness.set(
@@ -234,7 +238,7 @@ class Serving:
                 self._warned_unowned = True
                 log.warning(
                     "%s has owned no partition for %.0f s (bound %g s): the group may be stalled "
-                    "or have more members than partitions (docs/operations.md#owning-nothing)",
+                    "or have more members than partitions (docs/operations.md#a-group-member-owns-nothing)",
                     self.name,
                     unowned,
                     self.unowned_seconds,

@@ -238,7 +238,8 @@ class Serving:
                 self._warned_unowned = True
                 log.warning(
                     "%s has owned no partition for %.0f s (bound %g s): the group may be stalled "
-                    "or have more members than partitions (docs/operations.md#a-group-member-owns-nothing)",
+                    "or have more members than partitions "
+                    "(docs/operations.md#a-group-member-owns-nothing)",
                     self.name,
                     unowned,
                     self.unowned_seconds,

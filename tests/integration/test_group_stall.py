@@ -121,7 +121,8 @@ def test_a_member_that_owns_nothing_warns_turns_unready_and_its_idle_exit_fails(
 
         def unready() -> bool:
             seen.append(_get(standby, "/readyz"))
-            return seen[-1] is not None and seen[-1][0] == 503 and "owns no partition" in seen[-1][1]
+            answer = seen[-1]
+            return answer is not None and answer[0] == 503 and "owns no partition" in answer[1]
 
         pipe.wait_until(unready, idle_exit, "agg1 to say it owns nothing")
         nothing = _gauge(standby, "ldpipe_loop_owning_nothing_seconds")
@@ -129,7 +130,7 @@ def test_a_member_that_owns_nothing_warns_turns_unready_and_its_idle_exit_fails(
         rc = pipe.processes["aggregator-1"].wait(idle_exit + 30)
         log = (pipe.workdir / "aggregator-1.log").read_text()
         assert rc == 1, log
-        assert f"has owned no partition for" in log and "(bound 18 s)" in log  # the warning
+        assert "has owned no partition for" in log and "(bound 18 s)" in log  # the warning
         last = log.strip().splitlines()[-1]
         assert last.startswith(
             f"ldpipe aggregator: error: aggregator owned no partition in {idle_exit:g} s "

@@ -4,11 +4,15 @@ from the CLI), one that owned partitions, or a fixed assignment, exits cleanly."
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 from confluent_kafka import TopicPartition
+from prometheus_client import CollectorRegistry
 
 from ldpipe.infra.runtime.fakes import FakeClients, FakeMessage
 from ldpipe.infra.runtime.loop import Handlers, LoopSpec, RunLoop
+from ldpipe.infra.runtime.loop_metrics import LoopMetrics
 from ldpipe.infra.runtime.observability import Readiness
 from ldpipe.infra.runtime.serving import NothingOwnedError, Serving
 
@@ -58,3 +62,29 @@ def test_an_empty_assignment_is_not_ownership_but_a_later_one_is() -> None:
     serving.assigned(2)
     serving.assigned(0)  # revoked later: it did read what it owned
     assert serving.nothing_owned(5.0) is None
+
+
+def test_a_member_the_group_never_assigned_shows_it_past_the_bound(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # a stalled group never calls on_assign: owning nothing counts from the subscription
+    now = [0.0]
+    registry = CollectorRegistry()
+    serving = Serving(
+        "agg",
+        Readiness(),
+        unowned_seconds=18.0,
+        metrics=LoopMetrics.create(registry),
+        clock=lambda: now[0],
+    )
+    serving.check()
+    assert serving.readiness.state()[0] is False  # starting
+    assert registry.get_sample_value("ldpipe_loop_owning_nothing_seconds", {"service": "agg"}) == 0
+    now[0] = 20.0
+    with caplog.at_level(logging.WARNING):
+        serving.check()
+        serving.check()
+    assert serving.readiness.state() == (False, "owns no partition for 20 s")
+    assert registry.get_sample_value("ldpipe_loop_owning_nothing_seconds", {"service": "agg"}) == 20
+    warnings = [r.getMessage() for r in caplog.records if "owned no partition" in r.getMessage()]
+    assert len(warnings) == 1 and "(bound 18 s)" in warnings[0]

@@ -348,9 +348,6 @@ class Aggregator:
             # catches the brokers that answer nothing instead (Tansu)
             "auto.offset.reset": "error",
             "partition.assignment.strategy": "cooperative-sticky",
-            # static membership (KIP-345): a restart under the same --member takes its place
-            # at once, never waiting on a departed member (docs/broker.md, difference 6)
-            "group.instance.id": self.writer,
         }
         if until_end:  # the end is the EOF event, not the high watermark (Tansu under-reports)
             overrides["enable.partition.eof"] = True

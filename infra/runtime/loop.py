@@ -338,7 +338,8 @@ class RunLoop(TransactionSteps):
     ) -> None:
         """Poll and process until ``stop`` is set, ``finished()``, every assigned partition is at
         its end (``until_end``; needs ``enable.partition.eof``) or nothing came for
-        ``idle_timeout`` seconds; then close the clients."""
+        ``idle_timeout`` seconds; then close the clients. An idle exit of a member that never
+        owned a partition raises :class:`~ldpipe.infra.runtime.serving.NothingOwnedError`."""
         stop = stop or threading.Event()
         h = self.handlers
         try:
@@ -369,6 +370,9 @@ class RunLoop(TransactionSteps):
                     idle_timeout is not None
                     and time.monotonic() - self.last_activity > idle_timeout
                 ):
+                    nothing = self.serving.nothing_owned(idle_timeout)
+                    if nothing is not None:  # never exit 0 having read nothing
+                        raise nothing
                     break
             if h.stopping is not None:
                 h.stopping()

@@ -11,8 +11,9 @@ its assignment; it sets the service's :class:`~ldpipe.infra.runtime.observabilit
   ``outage_seconds`` (``[kafka] outage_seconds``) is :class:`BrokerOutageError`: the service
   exits in one line, and a supervisor restarts it.
 * **ownership**: a subscribed member that owns no partition for longer than ``unowned_seconds``
-  (3 x the session timeout by default) is not ready and logs one warning; owning nothing briefly
-  is a rebalance, for longer a stalled group (docs/operations.md#owning-nothing).
+  (3 x the session timeout by default), counted from its subscription when the group never
+  assigned it anything, is not ready and logs one warning; owning nothing briefly is a
+  rebalance, for longer a stalled group (docs/operations.md#a-group-member-owns-nothing).
 
 Kafka's transactional error classes (KIP-98; librdkafka's introduction, "Transactional
 Producer API"): a *retriable* error means call the same step again, one that *requires abort*
@@ -48,6 +49,7 @@ __all__ = [
     "TRANSIENT",
     "BrokerOutageError",
     "FencedError",
+    "NothingOwnedError",
     "Serving",
     "is_fenced",
     "is_transient",
@@ -92,6 +94,11 @@ class FencedError(PipelineKafkaError):
     """Another instance with this service's ``transactional.id`` took over: this one stops."""
 
 
+class NothingOwnedError(PipelineKafkaError):
+    """An idle exit (``--idle-exit``) of a group member that was never assigned a partition:
+    it read nothing, so it must not exit as if it had read everything."""
+
+
 def is_transient(error: KafkaError) -> bool:
     """A step that failed with ``error`` may be called again (the broker paused or moved)."""
     if error.fatal() or error.txn_requires_abort():
@@ -125,6 +132,7 @@ class Serving:
         self.metrics = metrics
         self.clock = clock
         self.started = False  # the first assignment came
+        self.owned_any = False  # a partition was ever owned (an assignment may be empty)
         self.down_since: float | None = None
         self.down_why = ""
         self.unowned_since: float | None = clock()
@@ -137,6 +145,7 @@ class Serving:
         """The service owns ``partitions`` partitions now (after an assignment or revocation)."""
         self.started = True
         if partitions:
+            self.owned_any = True
             if self._warned_unowned:
                 log.warning("%s owns %d partition(s) again", self.name, partitions)
             self.unowned_since, self._warned_unowned = None, False
@@ -146,7 +155,7 @@ class Serving:
 
     def fixed(self) -> None:
         """A fixed assignment: ownership is the service's own, never a group's."""
-        self.started = True
+        self.started = self.owned_any = True
         self.unowned_since = None
         self.unowned_seconds = float("inf")
         self.check()
@@ -235,17 +244,32 @@ class Serving:
             code=KafkaError._TIMED_OUT,
         )
 
+    def nothing_owned(self, idle_seconds: float) -> NothingOwnedError | None:
+        """The error an idle exit after ``idle_seconds`` ends with when the group never assigned
+        this member a partition (so it read nothing); None when it owned one at some point."""
+        if self.owned_any:
+            return None
+        return NothingOwnedError(
+            f"{self.name} owned no partition in {idle_seconds:g} s (--idle-exit), so it read "
+            f"nothing: the group did not assign it any (a stalled group, or more members than "
+            f"partitions); see docs/operations.md#a-group-member-owns-nothing",
+            code=KafkaError._TIMED_OUT,
+        )
+
     def check(self) -> None:
         """Set readiness and the gauges from what is known now; warn once when the service has
         owned nothing for longer than the bound."""
         now = self.clock()
         unowned = 0.0 if self.unowned_since is None else now - self.unowned_since
+        # a stalled group may never call on_assign: owning nothing counts from the subscription
+        # (the loop's start), not from the first assignment
+        stalled = not self.started and unowned > self.unowned_seconds
         if self.metrics is not None:
             self.metrics.broker_unreachable.labels(service=self.name).set(self.down_for())
             self.metrics.owning_nothing.labels(service=self.name).set(
-                unowned if self.started else 0.0
+                unowned if self.started or stalled else 0.0
             )
-        if not self.started:
+        if not self.started and not stalled:
             return  # "starting" until the first assignment
         if self.down_since is not None:
             self.readiness.set(
@@ -258,7 +282,8 @@ class Serving:
                 self._warned_unowned = True
                 log.warning(
                     "%s has owned no partition for %.0f s (bound %g s): the group may be stalled "
-                    "or have more members than partitions (docs/operations.md#owning-nothing)",
+                    "or have more members than partitions "
+                    "(docs/operations.md#a-group-member-owns-nothing)",
                     self.name,
                     unowned,
                     self.unowned_seconds,

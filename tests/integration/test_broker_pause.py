@@ -17,14 +17,13 @@ import os
 import signal
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from ldpipe.infra.runtime.broker import EmbeddedBroker
 from ldpipe.infra.runtime.dead_letters import count_dead_letters
+from tests.chaos_helpers import readyz
 from tests.integration.pipeline_helpers import (
     assert_same_sketch,
     live_sketch,
@@ -39,18 +38,6 @@ PAUSE = 20.0  # seconds the broker is frozen: > the shuffler's transaction timeo
 TRANSACTION_TIMEOUT_MS = 10_000
 BROKER_PORT = 21201  # this helper's range (21200-21299)
 PORTS = {"shuffler": 21202, "aggregator-0": 21203}
-
-
-def readyz(port: int) -> int | None:
-    """The status of ``/readyz``; None while nothing answers."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as response:
-            return int(response.status)
-    except urllib.error.HTTPError as exc:
-        with exc:
-            return exc.code
-    except OSError:
-        return None
 
 
 def buffered(port: int) -> float:

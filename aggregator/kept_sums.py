@@ -15,58 +15,34 @@ kept. The kept counts are read-only, so nothing can change a sum another request
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Hashable
 
 from ldpipe.aggregator.snapshot_contents import MergedSketch
+from ldpipe.schemas.mechanisms.sized_lru import SizedLRU
 
 __all__ = ["DEFAULT_KEPT_BYTES", "KeptSums"]
 
 DEFAULT_KEPT_BYTES = 1 << 30  # query --serve: 1 GiB of summed windows and HCMS transforms
 
 
-class KeptSums:
+class KeptSums(SizedLRU[Hashable, MergedSketch]):
     """Per-epoch sums of committed segments, least recently used dropped past ``budget_bytes``.
 
     Thread-safe; two requests missing at once both sum (the second's result is kept).
     """
 
     def __init__(self, budget_bytes: int = DEFAULT_KEPT_BYTES) -> None:
-        if budget_bytes < 0:
-            raise ValueError(f"a kept-sums budget must be >= 0 bytes, got {budget_bytes}")
-        self.budget_bytes = budget_bytes
-        self._entries: OrderedDict[Hashable, tuple[int, MergedSketch]] = OrderedDict()
-        self._lock = threading.Lock()
-        self.hits = 0
-        self.misses = 0
-
-    @property
-    def nbytes(self) -> int:
-        with self._lock:
-            return sum(size for size, _ in self._entries.values())
-
-    def __len__(self) -> int:
-        return len(self._entries)
+        super().__init__(budget_bytes, "kept-sums")
 
     def get(self, key: Hashable, build: Callable[[], MergedSketch]) -> MergedSketch:
         """The sum kept under ``key``, or ``build()`` (then kept, read-only, if it fits)."""
-        with self._lock:
-            found = self._entries.get(key)
-            if found is not None:
-                self._entries.move_to_end(key)
-                self.hits += 1
-                return found[1]
-            self.misses += 1
+        found = self.find(key)
+        if found is not None:
+            return found
         merged = build()
         counts = merged.sketch.counts
         size = counts.nbytes * (2 if merged.mechanism == "hcms" else 1)
-        if size > self.budget_bytes:
-            return merged
-        counts.setflags(write=False)
-        with self._lock:
-            self._entries[key] = (size, merged)
-            self._entries.move_to_end(key)
-            while sum(s for s, _ in self._entries.values()) > self.budget_bytes:
-                self._entries.popitem(last=False)
+        if self.fits(size):
+            counts.setflags(write=False)
+            self.keep(key, merged, size)
         return merged

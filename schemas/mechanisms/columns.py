@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -35,6 +33,7 @@ import numpy.typing as npt
 
 from ldpipe.schemas.hashing import MERSENNE_61, HashFamily, _mulmod, field_elements
 from ldpipe.schemas.mechanisms.hadamard import walsh_hadamard_rows
+from ldpipe.schemas.mechanisms.sized_lru import SizedLRU
 
 __all__ = [
     "KERNEL_ENV",
@@ -231,7 +230,7 @@ def column_sums(
     return _run(plan, work)
 
 
-class CellCache:
+class CellCache(SizedLRU[tuple[Any, ...], npt.NDArray[np.unsignedinteger[Any]]]):
     """Hash columns ``h_j(d)`` of fixed dictionaries, kept within ``budget_bytes``.
 
     An entry is one dictionary's ``(k, n)`` columns (uint16 when m <= 65,536, else uint32) under
@@ -242,23 +241,7 @@ class CellCache:
     """
 
     def __init__(self, budget_bytes: int) -> None:
-        if budget_bytes < 0:
-            raise ValueError(f"a cell cache budget must be >= 0 bytes, got {budget_bytes}")
-        self.budget_bytes = budget_bytes
-        self._entries: OrderedDict[tuple[Any, ...], npt.NDArray[np.unsignedinteger[Any]]] = (
-            OrderedDict()
-        )
-        self._lock = threading.Lock()
-        self.hits = 0
-        self.misses = 0
-
-    @property
-    def nbytes(self) -> int:
-        with self._lock:
-            return sum(cells.nbytes for cells in self._entries.values())
-
-    def __len__(self) -> int:
-        return len(self._entries)
+        super().__init__(budget_bytes, "cell cache")
 
     def cells(
         self, family: HashFamily, keys: npt.NDArray[np.uint64]
@@ -269,24 +252,12 @@ class CellCache:
         if size > self.budget_bytes or family.prime != MERSENNE_61:
             return None
         key = (family.seed, family.k, family.m, family.prime, keys.size, _digest(keys))
-        with self._lock:
-            found = self._entries.get(key)
-            if found is not None:
-                self._entries.move_to_end(key)
-                self.hits += 1
-                return found
-            self.misses += 1
+        found = self.find(key)
+        if found is not None:
+            return found
         built = _build_cells(family, keys, dtype)
-        with self._lock:
-            self._entries[key] = built
-            self._entries.move_to_end(key)
-            while sum(c.nbytes for c in self._entries.values()) > self.budget_bytes:
-                self._entries.popitem(last=False)
+        self.keep(key, built, built.nbytes)
         return built
-
-    def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
 
 
 def _digest(keys: npt.NDArray[np.uint64]) -> bytes:

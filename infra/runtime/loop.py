@@ -258,16 +258,18 @@ class RunLoop(TransactionSteps):
             raise RuntimeError(f"{self.spec.name}: the loop's clients are not open")
         return self._producer
 
-    def open(self) -> tuple[Consumer, Producer]:
+    def open(self, *, eof: bool = False) -> tuple[Consumer, Producer]:
         """Build the clients (once): the producer first, initialised for transactions when it
-        is transactional, then the consumer; both report errors to ``serving.error_cb``."""
+        is transactional, then the consumer; both report errors to ``serving.error_cb``.
+        ``eof`` asks the consumer for partition-EOF events (``until_end``, idle exits)."""
         if self._consumer is None or self._producer is None:
             producer = self.clients.producer({**self.spec.producer_config, **self._watch})
             if self.spec.transactional:
                 producer.init_transactions(30)
             self._producer = producer
+            ends = {"enable.partition.eof": True} if eof else {}
             self._consumer = self.clients.consumer(
-                self.spec.group, {**self.spec.consumer_config, **self._watch}
+                self.spec.group, {**self.spec.consumer_config, **ends, **self._watch}
             )
         return self._consumer, self._producer
 
@@ -338,12 +340,15 @@ class RunLoop(TransactionSteps):
     ) -> None:
         """Poll and process until ``stop`` is set, ``finished()``, every assigned partition is at
         its end (``until_end``; needs ``enable.partition.eof``) or nothing came for
-        ``idle_timeout`` seconds; then close the clients. An idle exit of a member that never
-        owned a partition raises :class:`~ldpipe.infra.runtime.serving.NothingOwnedError`."""
+        ``idle_timeout`` seconds; then close the clients. An idle exit is clean only when every
+        partition the member owns was read to its end (its last event was partition-EOF): one
+        that never owned a partition raises :class:`~ldpipe.infra.runtime.serving.
+        NothingOwnedError`, one with a partition not at its end (the broker silent, a fetch
+        that never returns) :class:`~ldpipe.infra.runtime.serving.NotAtEndError`."""
         stop = stop or threading.Event()
         h = self.handlers
         try:
-            consumer, producer = self.open()
+            consumer, producer = self.open(eof=until_end or idle_timeout is not None)
             if h.opened is not None:
                 h.opened(consumer, producer)
             self._start(consumer)
@@ -370,9 +375,11 @@ class RunLoop(TransactionSteps):
                     idle_timeout is not None
                     and time.monotonic() - self.last_activity > idle_timeout
                 ):
-                    nothing = self.serving.nothing_owned(idle_timeout)
-                    if nothing is not None:  # never exit 0 having read nothing
-                        raise nothing
+                    unread = self.serving.nothing_owned(idle_timeout) or self.serving.not_at_end(
+                        idle_timeout, sorted(self.assigned - self.at_end)
+                    )
+                    if unread is not None:  # never exit 0 having left anything unread
+                        raise unread
                     break
             if h.stopping is not None:
                 h.stopping()

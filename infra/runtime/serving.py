@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 from confluent_kafka import KafkaError
@@ -49,6 +49,7 @@ __all__ = [
     "TRANSIENT",
     "BrokerOutageError",
     "FencedError",
+    "NotAtEndError",
     "NothingOwnedError",
     "Serving",
     "is_fenced",
@@ -97,6 +98,11 @@ class FencedError(PipelineKafkaError):
 class NothingOwnedError(PipelineKafkaError):
     """An idle exit (``--idle-exit``) of a group member that was never assigned a partition:
     it read nothing, so it must not exit as if it had read everything."""
+
+
+class NotAtEndError(PipelineKafkaError):
+    """An idle exit (``--idle-exit``) of a member with a partition not read to its end: nothing
+    came for the idle time, but not because everything was read."""
 
 
 def is_transient(error: KafkaError) -> bool:
@@ -253,6 +259,24 @@ class Serving:
             f"{self.name} owned no partition in {idle_seconds:g} s (--idle-exit), so it read "
             f"nothing: the group did not assign it any (a stalled group, or more members than "
             f"partitions); see docs/operations.md#a-group-member-owns-nothing",
+            code=KafkaError._TIMED_OUT,
+        )
+
+    def not_at_end(
+        self, idle_seconds: float, unread: Sequence[tuple[str, int]]
+    ) -> NotAtEndError | None:
+        """The error an idle exit after ``idle_seconds`` ends with when the partitions
+        ``unread`` (owned, their last event not partition-EOF) were not read to their end;
+        None when there are none."""
+        if not unread:
+            return None
+        named = ", ".join(f"{topic}[{partition}]" for topic, partition in unread[:8])
+        more = f" and {len(unread) - 8} more" if len(unread) > 8 else ""
+        return NotAtEndError(
+            f"{self.name} was idle for {idle_seconds:g} s (--idle-exit) without reading "
+            f"{named}{more} to its end (the broker did not answer, or a fetch never returned); "
+            f"nothing is lost: run it again once the broker answers "
+            f"(docs/operations.md#broker-pause)",
             code=KafkaError._TIMED_OUT,
         )
 

@@ -10,7 +10,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 from prometheus_client import CollectorRegistry
 
-from ldpipe.infra.runtime.fakes import FakeClients, FakeError, FakeMessage
+from ldpipe.infra.runtime.fakes import FakeClients, FakeError, FakeMessage, eof
 from ldpipe.infra.runtime.loop import Handlers, LoopSpec, RunLoop, offsets_after
 from ldpipe.infra.runtime.loop_metrics import LoopMetrics
 from ldpipe.infra.runtime.observability import Readiness
@@ -179,7 +179,7 @@ def test_another_fatal_error_is_still_the_services_to_word() -> None:
 
 
 def test_a_plain_commit_rides_out_a_pause() -> None:
-    clients = FakeClients([records(0, 2)])
+    clients = FakeClients([[*records(0, 2), eof("in", 0, 2)]])
     clients.consumer_.commit = _failing_then(clients.consumer_.commit, 3)  # type: ignore[method-assign]
     committed: list[int] = []
 

@@ -19,7 +19,8 @@ member (the group is then formed, ``Inner<_, Forming>::sync``) and leaves, and a
 LeaveGroup does clear a departed leader (``Inner<_, Formed>::leave``); if the sync is refused,
 the id stays a silent member and is evicted within one session timeout, clearing the leader.
 Otherwise the id is removed again at once with LeaveGroup. Only the caller's own, closed
-member id is ever named, so no live member is touched. Plaintext listeners only (the embedded broker); a secured cluster is a real Kafka.
+member id is ever named, so no live member is touched. Plaintext listeners only (the embedded
+broker); a secured cluster is a real Kafka.
 """
 
 from __future__ import annotations

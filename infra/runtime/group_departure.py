@@ -16,8 +16,9 @@ it had: a JoinGroup (KIP-62 JoinGroup v2, the Kafka protocol's own encoding from
 for that id. On Apache Kafka the id is gone and the answer is UNKNOWN_MEMBER_ID: nothing
 changes. On Tansu, if the answer names the id as leader, it syncs an empty assignment for every
 member (the group is then formed, ``Inner<_, Forming>::sync``) and leaves, and a formed group's
-LeaveGroup does clear a departed leader (``Inner<_, Formed>::leave``); if the sync is refused,
-the id stays a silent member and is evicted within one session timeout, clearing the leader.
+LeaveGroup does clear a departed leader (``Inner<_, Formed>::leave``); a sync refused because
+another member joined meanwhile is tried again (three rounds), after which the id stays a
+silent member and is evicted within one session timeout, clearing the leader.
 Otherwise the id is removed again at once with LeaveGroup. Only the caller's own, closed
 member id is ever named, so no live member is touched. Plaintext listeners only (the embedded
 broker); a secured cluster is a real Kafka.
@@ -52,10 +53,8 @@ __all__ = ["Departure", "after_close", "leave_no_leader_behind", "plaintext_boot
 
 log = logging.getLogger(__name__)
 
-_DEFAULT_STRATEGIES: tuple[str, ...] = (
-    "range",
-    "roundrobin",
-)  # librdkafka's partition.assignment.strategy
+_DEFAULT_STRATEGIES: tuple[str, ...] = ("range", "roundrobin")  # librdkafka's default
+_ATTEMPTS = 3  # join + sync rounds while other members keep joining (a join: ~3 s on Tansu)
 
 
 @dataclass(frozen=True)
@@ -115,8 +114,8 @@ def leave_no_leader_behind(
     session_timeout_ms: int = 6000,
 ) -> Departure:
     """Make sure ``group`` does not keep the closed member ``member_id`` as its leader (module
-    docstring). Blocks at most about ``session_timeout_ms`` plus a few seconds (the embedded
-    broker holds a JoinGroup for half a session timeout); network errors propagate."""
+    docstring). Blocks about half a session timeout per round (the embedded broker holds a
+    JoinGroup that long), at most three rounds; network errors propagate."""
     if not member_id:
         return Departure("skipped")
     timeout = session_timeout_ms / 1000 + 5.0
@@ -132,22 +131,26 @@ def leave_no_leader_behind(
         metadata = ConsumerProtocolMemberMetadata_v0(
             version=0, topics=list(topics), user_data=b""
         ).encode()
-        joined = coordinator.request(
-            JoinGroupRequest_v2(
-                group_id=group,
-                session_timeout_ms=session_timeout_ms,
-                rebalance_timeout_ms=session_timeout_ms,
-                member_id=member_id,
-                protocol_type="consumer",
-                protocols=[(name, metadata) for name in strategies],
+        nothing = ConsumerProtocolMemberAssignment_v0(
+            version=0, assignment=[], user_data=b""
+        ).encode()
+        for _attempt in range(_ATTEMPTS):
+            joined = coordinator.request(
+                JoinGroupRequest_v2(
+                    group_id=group,
+                    session_timeout_ms=session_timeout_ms,
+                    rebalance_timeout_ms=session_timeout_ms,
+                    member_id=member_id,
+                    protocol_type="consumer",
+                    protocols=[(name, metadata) for name in strategies],
+                )
             )
-        )
-        if joined.error_code:  # Kafka: UNKNOWN_MEMBER_ID, the member left as it should
-            return Departure("gone")
-        if joined.leader == member_id:  # named leader: hand over an empty assignment, leave
-            nothing = ConsumerProtocolMemberAssignment_v0(
-                version=0, assignment=[], user_data=b""
-            ).encode()
+            if joined.error_code:  # Kafka: UNKNOWN_MEMBER_ID, the member left as it should
+                return Departure("gone")
+            if joined.leader != member_id:  # someone else leads: undo the re-add
+                coordinator.request(LeaveGroupRequest_v1(group_id=group, member_id=member_id))
+                return Departure("removed", joined.leader)
+            # named leader: form the group with an empty assignment for every member, leave
             synced = coordinator.request(
                 SyncGroupRequest_v1(
                     group_id=group,
@@ -156,19 +159,18 @@ def leave_no_leader_behind(
                     assignments=[(member, nothing) for member, _ in joined.members],
                 )
             )
-            if synced.error_code:  # the group moved on meanwhile: a silent member is evicted
-                log.info(
-                    "group %s still names departed member %s its leader; it is evicted "
-                    "within %d ms (docs/broker.md, difference 6)",
-                    group,
-                    member_id,
-                    session_timeout_ms,
-                )
-                return Departure("evicting", joined.leader)
-            coordinator.request(LeaveGroupRequest_v1(group_id=group, member_id=member_id))
-            return Departure("handed-over", joined.leader)
-        coordinator.request(LeaveGroupRequest_v1(group_id=group, member_id=member_id))
-        return Departure("removed", joined.leader)
+            if not synced.error_code:
+                coordinator.request(LeaveGroupRequest_v1(group_id=group, member_id=member_id))
+                return Departure("handed-over", joined.leader)
+            # the members changed between the join and the sync (another one joined): again
+        log.info(
+            "group %s still names departed member %s its leader; it is evicted within %d ms "
+            "(docs/broker.md, difference 6)",
+            group,
+            member_id,
+            session_timeout_ms,
+        )
+        return Departure("evicting", member_id)
     finally:
         coordinator.close()
 

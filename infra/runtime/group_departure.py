@@ -161,6 +161,9 @@ def leave_no_leader_behind(
             )
             if not synced.error_code:
                 coordinator.request(LeaveGroupRequest_v1(group_id=group, member_id=member_id))
+                log.info(
+                    "group %s named departed member %s its leader: handed over", group, member_id
+                )
                 return Departure("handed-over", joined.leader)
             # the members changed between the join and the sync (another one joined): again
         log.info(

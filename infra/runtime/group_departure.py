@@ -12,16 +12,16 @@ member id adds it to a forming group (``Inner<_, Forming>::join``), and a member
 silent for ``session.timeout.ms`` is evicted, and the leader with it.
 
 So, after its consumer closed, a member calls :func:`leave_no_leader_behind` with the member id
-it had: a JoinGroup (KIP-62 JoinGroup v2, the Kafka protocol's own encoding from kafka-python)
-for that id. On Apache Kafka the id is gone and the answer is UNKNOWN_MEMBER_ID: nothing
-changes. On Tansu, if the answer names the id as leader, it syncs an empty assignment for every
-member (the group is then formed, ``Inner<_, Forming>::sync``) and leaves, and a formed group's
-LeaveGroup does clear a departed leader (``Inner<_, Formed>::leave``); a sync refused because
-another member joined meanwhile is tried again (three rounds), after which the id stays a
-silent member and is evicted within one session timeout, clearing the leader.
-Otherwise the id is removed again at once with LeaveGroup. Only the caller's own, closed
-member id is ever named, so no live member is touched. Plaintext listeners only (the embedded
-broker); a secured cluster is a real Kafka.
+it had: a JoinGroup v2 for that id (with KIP-62's rebalance timeout; encoded by kafka-python, as
+are the SyncGroup v1 and LeaveGroup v1 below). On Apache Kafka the id is gone and the answer is
+UNKNOWN_MEMBER_ID: nothing changes. On Tansu, if the answer names the id as leader, it syncs an
+empty assignment for every member (the group is then formed, ``Inner<_, Forming>::sync``) and
+leaves, and a formed group's LeaveGroup does clear a departed leader
+(``Inner<_, Formed>::leave``); a sync refused because another member joined meanwhile is tried
+again (three rounds), after which the id stays a silent member and is evicted within one
+session timeout, clearing the leader. Otherwise the id is removed again at once with
+LeaveGroup. Only the caller's own, closed member id is ever named, so no live member is
+touched. Plaintext listeners only (the embedded broker); a secured cluster is a real Kafka.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ class _Connection:
         self._sock.close()
 
 
-def plaintext_bootstrap(config: dict[str, Any]) -> tuple[str, int] | None:
+def plaintext_bootstrap(config: Mapping[str, Any]) -> tuple[str, int] | None:
     """The first bootstrap ``(host, port)`` of a librdkafka ``config`` if its listener is
     plaintext, else None (TLS or SASL: a real Kafka, which needs no help)."""
     if str(config.get("security.protocol", "plaintext")).lower() != "plaintext":

@@ -211,6 +211,10 @@ class FakeConsumer:
     def consumer_group_metadata(self) -> object:
         return "group-metadata"
 
+    def memberid(self) -> str | None:
+        """A subscribed consumer's group member id (what ``RunLoop.close`` checks as departed)."""
+        return "fake-member" if self.callbacks else None
+
     def close(self) -> None:
         self.events.append("close")
         if self.callbacks and self.assignment_:

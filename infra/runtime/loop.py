@@ -81,6 +81,7 @@ from confluent_kafka import (
 )
 
 from ldpipe.infra.runtime.clients import ClientFactory
+from ldpipe.infra.runtime.group_departure import after_close
 from ldpipe.infra.runtime.kafka import CONSUMER_DEFAULTS
 from ldpipe.infra.runtime.lag import ConsumerLag
 from ldpipe.infra.runtime.loop_metrics import LoopMetrics
@@ -244,6 +245,7 @@ class RunLoop(TransactionSteps):
         self._consumer: Consumer | None = None
         self._producer: Producer | None = None
         self._rewound = False  # a transaction aborted during the current handler call
+        self._subscribed = False  # the consumer joined the group (not a fixed assignment)
 
     # ---- clients ------------------------------------------------------------------------
     @property
@@ -269,20 +271,31 @@ class RunLoop(TransactionSteps):
             self._producer = producer
             ends = {"enable.partition.eof": True} if eof else {}
             self._consumer = self.clients.consumer(
-                self.spec.group, {**self.spec.consumer_config, **ends, **self._watch}
+                self.spec.group, {**self._consumer_overrides, **ends}
             )
         return self._consumer, self._producer
+
+    @property
+    def _consumer_overrides(self) -> dict[str, Any]:
+        return {**self.spec.consumer_config, **self._watch}
 
     def close(self) -> None:
         """Close the consumer (a subscribed one revokes its partitions), flush the producer."""
         consumer, producer = self._consumer, self._producer
         self._consumer = self._producer = None
+        member = ""  # a subscribed member's id: checked not left as leader (group_departure.py)
         try:
             if consumer is not None:
+                if self._subscribed:
+                    member = consumer.memberid() or ""
                 consumer.close()
         finally:
             if producer is not None:
                 producer.flush(self.spec.flush_timeout)
+        if member:
+            after_close(
+                self.clients, self.spec.group, self.spec.topics, self._consumer_overrides, member
+            )
 
     def touch(self) -> None:
         """Note progress now (the idle timeout counts from the last progress)."""
@@ -319,6 +332,7 @@ class RunLoop(TransactionSteps):
     def _start(self, consumer: Consumer) -> None:
         fixed = self.handlers.assignment(consumer) if self.handlers.assignment else None
         if fixed is None:
+            self._subscribed = True
             consumer.subscribe(
                 list(self.spec.topics),
                 on_assign=self._assign,

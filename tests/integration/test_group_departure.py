@@ -1,0 +1,142 @@
+"""The departed-leader state of the embedded broker, made on purpose, and the departing member's
+check that clears it (infra/runtime/group_departure.py; docs/broker.md, difference 6).
+
+The ghost is made with the protocol itself: a member joins (it is the forming group's first
+member, so its leader) and leaves before any SyncGroup; Tansu 0.6 removes it from the members
+but keeps its id as the leader (``Inner<_, Forming>::leave``), and a consumer that joins next is
+never assigned. The bound for the consumer after the check: ``3 x session.timeout.ms`` (18 s),
+the run loop's owning bound; measured: 4.1 s.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+
+import pytest
+from confluent_kafka import Consumer
+from kafka.protocol.old.consumer_protocol import (  # type: ignore[import-untyped]
+    ConsumerProtocolMemberMetadata_v0,
+)
+from kafka.protocol.old.find_coordinator import (  # type: ignore[import-untyped]
+    FindCoordinatorRequest_v1,
+)
+from kafka.protocol.old.group import (  # type: ignore[import-untyped]
+    JoinGroupRequest_v2,
+    LeaveGroupRequest_v1,
+)
+
+from ldpipe.infra.runtime import group_departure
+from ldpipe.infra.runtime.group_departure import (
+    after_close,
+    leave_no_leader_behind,
+    plaintext_bootstrap,
+)
+from ldpipe.infra.runtime.kafka import CONSUMER_DEFAULTS, KafkaSettings
+from tests.integration.conftest import EXTERNAL_ENV
+
+SESSION_MS = int(CONSUMER_DEFAULTS["session.timeout.ms"])
+BOUND_S = 3 * SESSION_MS / 1000  # the run loop's owning bound (module docstring)
+COOPERATIVE = {"partition.assignment.strategy": "cooperative-sticky"}
+
+
+def _owned_within(consumer: Consumer, seconds: float, want: int) -> float | None:
+    """Poll until ``consumer`` owns ``want`` partitions: the seconds it took, None past it."""
+    began = time.monotonic()
+    while time.monotonic() - began < seconds:
+        consumer.poll(0.2)
+        if len(consumer.assignment()) == want:
+            return time.monotonic() - began
+    return None
+
+
+def _make_ghost_leader(broker: KafkaSettings, group: str, topic: str) -> str:
+    """A member that joins the forming group ``group`` (so leads it) and leaves before syncing."""
+    bootstrap = plaintext_bootstrap(broker.consumer_config(group))
+    assert bootstrap is not None
+    first = group_departure._Connection(*bootstrap, timeout=SESSION_MS / 1000 + 5)
+    found = first.request(FindCoordinatorRequest_v1(key=group, key_type=0))
+    first.close()
+    conn = group_departure._Connection(found.host, found.port, timeout=SESSION_MS / 1000 + 5)
+    try:
+        metadata = ConsumerProtocolMemberMetadata_v0(
+            version=0, topics=[topic], user_data=b""
+        ).encode()
+
+        def join(member: str) -> object:
+            return conn.request(
+                JoinGroupRequest_v2(
+                    group_id=group,
+                    session_timeout_ms=SESSION_MS,
+                    rebalance_timeout_ms=SESSION_MS,
+                    member_id=member,
+                    protocol_type="consumer",
+                    protocols=[("cooperative-sticky", metadata)],
+                )
+            )
+
+        asked = join("")  # MEMBER_ID_REQUIRED (79) names the id to join with
+        assert asked.error_code == 79, asked
+        joined = join(asked.member_id)
+        assert (joined.error_code, joined.leader) == (0, asked.member_id), joined
+        left = conn.request(LeaveGroupRequest_v1(group_id=group, member_id=asked.member_id))
+        assert left.error_code == 0, left
+        return str(asked.member_id)
+    finally:
+        conn.close()
+
+
+@pytest.mark.skipif(bool(os.environ.get(EXTERNAL_ENV)), reason="reproduces a Tansu 0.6 fault")
+def test_a_ghost_leader_stalls_the_group_until_the_departed_member_hands_over(
+    broker: KafkaSettings,
+    topic_factory: Callable[..., str],
+    consumer_factory: Callable[..., Consumer],
+    group_id: str,
+) -> None:
+    topic = topic_factory(partitions=2)
+    ghost = _make_ghost_leader(broker, group_id, topic)
+    consumer = consumer_factory(COOPERATIVE)
+    consumer.subscribe([topic])
+    # before: the group names the ghost leader; the live member is not assigned in 2 sessions
+    assert _owned_within(consumer, 2 * SESSION_MS / 1000, 2) is None
+    bootstrap = plaintext_bootstrap(broker.consumer_config(group_id))
+    assert bootstrap is not None
+    departure = leave_no_leader_behind(
+        bootstrap, group_id, ghost, [topic], strategies=["cooperative-sticky"]
+    )
+    assert departure.outcome in {"handed-over", "evicting"} and departure.leader == ghost
+    took = _owned_within(consumer, BOUND_S, 2)
+    assert took is not None, f"not assigned within {BOUND_S:g} s after the hand-over"
+    print(f"assigned {took:.1f} s after the hand-over ({departure.outcome})")
+
+
+def test_a_member_that_closes_leaves_its_partitions_to_the_one_that_stays(
+    broker: KafkaSettings,
+    topic_factory: Callable[..., str],
+    consumer_factory: Callable[..., Consumer],
+    group_id: str,
+) -> None:
+    topic = topic_factory(partitions=4)
+    stays = consumer_factory(COOPERATIVE)
+    goes = Consumer(broker.consumer_config(group_id, COOPERATIVE))  # closed by the test
+    for consumer in (stays, goes):
+        consumer.subscribe([topic])
+    began = time.monotonic()
+    while time.monotonic() - began < 2 * BOUND_S:  # both members joined: 2 + 2
+        for consumer in (stays, goes):
+            consumer.poll(0.1)
+        if len(stays.assignment()) == len(goes.assignment()) == 2:
+            break
+    assert len(stays.assignment()) == len(goes.assignment()) == 2
+    member = goes.memberid()
+    goes.close()
+
+    class Clients:  # what the run loop's real factory carries
+        settings = broker
+
+    departure = after_close(Clients(), group_id, [topic], COOPERATIVE, member or "")
+    # the check never takes a live member: on Kafka the id is gone, on Tansu re-added then left
+    assert departure.outcome in {"gone", "removed", "handed-over"}, departure
+    took = _owned_within(stays, BOUND_S, 4)
+    assert took is not None, f"the member that stays did not own all 4 within {BOUND_S:g} s"

@@ -90,7 +90,8 @@ class OpenedFiles:
 
     def keep_only(self, live: Collection[str]) -> None:
         """Forget the files whose path is not in ``live`` (removed from the table)."""
-        for key in self._lru.keys():
+        kept = self._lru.keys()  # a copy: the loop drops some
+        for key in kept:
             if key[0] not in live:
                 self._lru.drop(key)
 
@@ -106,7 +107,7 @@ def prepare(
 ) -> tuple[Opened, list[tuple[Planned, Any]]]:
     """The file's plan and, for each row group holding a wanted segment's sketch rows, its
     counters mapped (layout v2) or None (to be decoded): opened, parsed and mapped now unless
-    ``files`` knows the file already. Runs ahead of the sum (``summing.add_files``)."""
+    ``files`` knows the file already (``summing.add_files`` then adds them)."""
     opened = files.find(key) if files is not None else None
     learned = opened is None
     chosen: list[tuple[Planned, Any]] = []

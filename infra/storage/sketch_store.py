@@ -61,6 +61,7 @@ from ldpipe.infra.storage.disk import DiskFullError, disk_error_kind, disk_full_
 from ldpipe.infra.storage.engine import first_line, is_disk_full, is_engine_panic
 from ldpipe.infra.storage.identity import StoreIdentity, reconcile
 from ldpipe.infra.storage.migrate import Migration, rewrite_v1
+from ldpipe.infra.storage.opened_files import OpenedFiles
 from ldpipe.infra.storage.segments import (
     HEADER_COLUMNS,
     HEADER_ROW,
@@ -71,7 +72,6 @@ from ldpipe.infra.storage.segments import (
     encode_segments,
     file_stats,
 )
-from ldpipe.infra.storage.opened_files import OpenedFiles
 from ldpipe.infra.storage.summing import Accumulator, SumStats, add_files, files_holding
 from ldpipe.schemas.config import UseCase
 from ldpipe.schemas.errors import LdpipeError

@@ -7,9 +7,8 @@ columns (``segment``, ``row``, ``row_total``: k values) are read with pyarrow, a
 in layout v2, are mapped whole (``counters.py``) and added with numpy into one accumulator
 (``np.add(..., out=)``, cache-blocked over batches of segments: :class:`Accumulator`; no copy,
 no concatenation). A row group in layout v1
-(zstd, dictionary, several pages) is decoded by pyarrow instead: both layouts read. Opening,
-planning and mapping the next files runs on a helper thread while the current one is added,
-and what is learned of a file is kept for the next query (``opened_files.py``).
+(zstd, dictionary, several pages) is decoded by pyarrow instead: both layouts read. What is
+learned of a file (plan, mapped counters) is kept for the next query (``opened_files.py``).
 """
 
 from __future__ import annotations
@@ -17,9 +16,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import os
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -30,10 +27,7 @@ import pyarrow.parquet as pq  # type: ignore[import-untyped]
 from ldpipe.infra.storage.opened_files import FileKey, Group, Opened, OpenedFiles, Planned, prepare
 from ldpipe.infra.storage.segments import SegmentInfo
 
-__all__ = ["LOOKAHEAD", "Accumulator", "SumStats", "add_files", "files_holding"]
-
-#: files opened, planned and mapped ahead of the one being added
-LOOKAHEAD: Final = 4
+__all__ = ["Accumulator", "SumStats", "add_files", "files_holding"]
 
 
 @dataclass
@@ -91,32 +85,14 @@ def add_files(
     stats: SumStats,
     files: OpenedFiles | None = None,
 ) -> None:
-    """Add the sketch rows of the ``wanted`` segments in the data files ``keys`` to ``acc``.
-    With more than one file, a helper thread opens, plans and maps (``MAP_POPULATE``: the
-    pages' tables filled) up to :data:`LOOKAHEAD` files ahead while this one adds the mapped
-    counters (numpy and pyarrow let go of the GIL), so the sum does not wait on the files;
-    files known to ``files`` (an earlier query's) are neither opened nor mapped again."""
+    """Add the sketch rows of the ``wanted`` segments in the data files ``keys`` to ``acc``;
+    files known to ``files`` (an earlier query's) are neither opened nor mapped again. (A helper
+    thread opening and mapping the next files while this one adds was measured and dropped: on
+    two busy cores it made a fresh store's sum slower, 0.31 s against 0.27 s over 100 windows.)"""
     widths = {sid: info.m for sid, info in wanted.items()}
-    if len(keys) <= 1:
-        for key in keys:
-            opened, chosen = prepare(open_file, key, wanted, files)
-            _add_prepared(open_file, key[0], opened, chosen, widths, acc, stats)
-        return
-    with ThreadPoolExecutor(1, thread_name_prefix="ldpipe-sum") as ahead:
-        queue: deque[tuple[str, Future[tuple[Opened, list[tuple[Planned, Any]]]]]] = deque()
-        pending = iter(keys)
-        try:
-            for key in itertools.islice(pending, LOOKAHEAD):
-                queue.append((key[0], ahead.submit(prepare, open_file, key, wanted, files)))
-            while queue:
-                path, future = queue.popleft()
-                opened, chosen = future.result()
-                for key in itertools.islice(pending, 1):
-                    queue.append((key[0], ahead.submit(prepare, open_file, key, wanted, files)))
-                _add_prepared(open_file, path, opened, chosen, widths, acc, stats)
-        finally:
-            for _, future in queue:
-                future.cancel()
+    for key in keys:
+        opened, chosen = prepare(open_file, key, wanted, files)
+        _add_prepared(open_file, key[0], opened, chosen, widths, acc, stats)
 
 
 def _add_prepared(

@@ -9,8 +9,9 @@ one segment per commit as an aggregator seals them, into a fresh store on the lo
 for each count of windows, times ``read_sum`` over the first ``w`` segments (a fresh
 ``SketchStore``, the table's head read outside the clock, the files in the page cache: a
 query over history that was read before; "warm": the same store's next query, its files'
-footers known, as in a query server) and the in-memory sum of the same matrices into one
-int64 accumulator (``np.add(acc, matrix, out=acc)``), best of ``--repeat`` alternating runs.
+footers and mapped counters kept, as in a query server) and the in-memory sum of the same
+matrices into one int64 accumulator (``np.add(acc, matrix, out=acc)``), best of ``--repeat``
+alternating runs.
 The ratio is read_sum / in-memory; the issue's target is <= 2 at 100 windows. The result is
 checked against the in-memory sum bit for bit. Row groups read by mapping (layout v2) and by
 decoding (v1) are counted, so a regression to the slow path shows.
@@ -81,7 +82,7 @@ def from_store(
     root: Path, windows: int, store: SketchStore | None = None
 ) -> tuple[float, Any, dict[str, int]]:
     """``read_sum`` over the first ``windows`` segments: a fresh store (cold: it opens every
-    file's footer) or ``store`` (warm: a query server's second query; footers known)."""
+    file's footer) or ``store`` (warm: a query server's second query; files known)."""
     store = store or SketchStore(root, "bench")
     store.last_sum.mapped = store.last_sum.decoded = 0
     head = store.head()

@@ -31,8 +31,10 @@ __all__ = ["MAPPED_BUDGET", "FileKey", "Group", "Opened", "OpenedFiles", "Planne
 
 #: the most counter bytes a store keeps mapped between queries (page cache, not its own memory)
 MAPPED_BUDGET: Final = 4 << 30
-#: bytes counted for a file's plan (its small columns are a few arrays of k values)
-_PLAN_BYTES: Final = 64 << 10
+#: bytes counted for a file besides its mapped counters (its plan: a few arrays of k values),
+#: enough that at most 4,096 files are kept (each mapping is one of the kernel's at most 65,530
+#: mappings per process, ``vm.max_map_count``), however small their sketches
+_FILE_BYTES: Final = MAPPED_BUDGET // 4096
 
 FileKey = tuple[str, int, int]  # path, size in bytes, modification time (ns, or the log's ms)
 
@@ -85,8 +87,9 @@ class OpenedFiles:
         return self._lru.find(key)
 
     def keep(self, key: FileKey, opened: Opened) -> None:
-        mapped = sum(a.nbytes for a in opened.mapped.values() if a is not None)
-        self._lru.keep(key, opened, _PLAN_BYTES + mapped)
+        arrays = list(opened.mapped.values())  # a copy: another query may map a group now
+        mapped = sum(a.nbytes for a in arrays if a is not None)
+        self._lru.keep(key, opened, _FILE_BYTES + mapped)
 
     def keep_only(self, live: Collection[str]) -> None:
         """Forget the files whose path is not in ``live`` (removed from the table)."""

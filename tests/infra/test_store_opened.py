@@ -108,3 +108,14 @@ def test_a_file_gone_under_a_query_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(StoreDamagedError) as caught:
         store.read_sum(segments)
     assert "\n" not in str(caught.value) and "ldpipe store verify" in str(caught.value)
+
+
+def test_the_lru_drops_a_key_and_its_bytes() -> None:
+    from ldpipe.schemas.mechanisms.sized_lru import SizedLRU
+
+    lru = SizedLRU[str, bytes](10)
+    lru.keep("a", b"123", 3)
+    lru.keep("b", b"12", 2)
+    lru.drop("a")
+    lru.drop("missing")
+    assert lru.keys() == ["b"] and lru.nbytes == 2

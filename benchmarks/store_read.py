@@ -2,17 +2,23 @@
 
     python benchmarks/store.py --read-sum            # k = 2,048, m = 1,024; 1, 10, 100 windows
     python benchmarks/store_read.py [--windows 1,10,100] [--k 2048] [--m 1024] [--json]
+                                    [--days 30]  # the 30-day query (0: skip it)
 
 Writes ``max(windows)`` dense windows (every row non-zero, counters drawn with a fixed seed),
 one segment per commit as an aggregator seals them, into a fresh store on the local disk; then,
 for each count of windows, times ``read_sum`` over the first ``w`` segments (a fresh
 ``SketchStore``, the table's head read outside the clock, the files in the page cache: a
 query over history that was read before; "warm": the same store's next query, its files'
-footers known, as in a query server) and the in-memory sum of the same matrices into one
-int64 accumulator (``np.add(acc, matrix, out=acc)``), best of ``--repeat`` alternating runs.
+footers and mapped counters kept, as in a query server) and the in-memory sum of the same
+matrices into one int64 accumulator (``np.add(acc, matrix, out=acc)``), best of ``--repeat``
+alternating runs.
 The ratio is read_sum / in-memory; the issue's target is <= 2 at 100 windows. The result is
 checked against the in-memory sum bit for bit. Row groups read by mapping (layout v2) and by
 decoding (v1) are counted, so a regression to the slow path shows.
+
+Then one figure for a 30-day query (``benchmarks/store_rollup.py``): 30 days of hourly windows
+(k = m = 256) summed before and after ``ldpipe store retain``'s code path rolls them up to
+days: segments read (720, then 30) and both times.
 
 Benchmarks report, they do not gate: the exit status is 0 whether the target passes or not.
 """
@@ -33,6 +39,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import machine_facts, progress
+from benchmarks.store_rollup import report, thirty_days
 from ldpipe.infra.storage.segments import SegmentData
 from ldpipe.infra.storage.sketch_store import SketchStore
 from ldpipe.schemas.mechanisms import Sketch
@@ -75,7 +82,7 @@ def from_store(
     root: Path, windows: int, store: SketchStore | None = None
 ) -> tuple[float, Any, dict[str, int]]:
     """``read_sum`` over the first ``windows`` segments: a fresh store (cold: it opens every
-    file's footer) or ``store`` (warm: a query server's second query; footers known)."""
+    file's footer) or ``store`` (warm: a query server's second query; files known)."""
     store = store or SketchStore(root, "bench")
     store.last_sum.mapped = store.last_sum.decoded = 0
     head = store.head()
@@ -94,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--m", type=int, default=1024)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--seed", type=int, default=20261127)
+    parser.add_argument("--days", type=int, default=30, help="the rollup query's days (0: skip)")
     parser.add_argument("--json", action="store_true", help="end with one JSON line")
     args = parser.parse_args(argv)
     counts = sorted({int(w) for w in args.windows.split(",")})
@@ -155,8 +163,12 @@ def main(argv: list[str] | None = None) -> int:
     for name, key in (("fresh store", "ratio"), ("warm store", "warm_ratio")):
         verdict = "PASS" if last[key] <= TARGET else "FAIL"
         print(f"  {verdict}  {name}: ratio at {last['windows']} windows {last[key]} <= {TARGET}")
+    rollup = thirty_days(days=args.days) if args.days > 0 else None
+    if rollup is not None:
+        report(rollup)
     if args.json:
-        print(json.dumps({"k": args.k, "m": args.m, "rows": rows, **facts}), flush=True)
+        out = {"k": args.k, "m": args.m, "rows": rows, "rollup": rollup, **facts}
+        print(json.dumps(out), flush=True)
     return 0
 
 

@@ -61,6 +61,7 @@ from ldpipe.infra.storage.disk import DiskFullError, disk_error_kind, disk_full_
 from ldpipe.infra.storage.engine import first_line, is_disk_full, is_engine_panic
 from ldpipe.infra.storage.identity import StoreIdentity, reconcile
 from ldpipe.infra.storage.migrate import Migration, rewrite_v1
+from ldpipe.infra.storage.opened_files import OpenedFiles
 from ldpipe.infra.storage.segments import (
     HEADER_COLUMNS,
     HEADER_ROW,
@@ -71,13 +72,7 @@ from ldpipe.infra.storage.segments import (
     encode_segments,
     file_stats,
 )
-from ldpipe.infra.storage.summing import (
-    Accumulator,
-    FilePlans,
-    SumStats,
-    add_file,
-    files_holding,
-)
+from ldpipe.infra.storage.summing import Accumulator, SumStats, add_files, files_holding
 from ldpipe.schemas.config import UseCase
 from ldpipe.schemas.errors import LdpipeError
 from ldpipe.schemas.mechanisms import Sketch
@@ -171,7 +166,7 @@ class SketchStore:
         self._fs: Any = None
         self.bound: StoreIdentity | None = None  # the writer's identity (bind()), if any
         self.last_sum = SumStats()  # row groups the sums read, mapped (v2) and decoded (v1)
-        self._plans = FilePlans()  # data files' footers and small columns, read once
+        self.opened = OpenedFiles()  # data files' plans and mapped counters, kept between sums
 
     # ---- the table ----------------------------------------------------------------------
     def head(self) -> TableVersion | None:
@@ -525,11 +520,12 @@ class SketchStore:
         self.last_sum = SumStats()
         with self._engine():
             actions = pa.table(table.get_add_actions(flatten=True))
-        for path in files_holding(actions, sorted(wanted)):
-            try:
-                add_file(self._open, path, wanted, acc, self.last_sum, self._plans)
-            except (OSError, pa.ArrowException) as exc:
-                raise self.unreadable(exc) from exc
+        local = None if "://" in self.uri else self.uri
+        try:
+            keys = files_holding(actions, sorted(wanted), self.opened, local=local)
+            add_files(self._open, keys, wanted, acc, self.last_sum, self.opened)
+        except (OSError, pa.ArrowException) as exc:
+            raise self.unreadable(exc) from exc
         acc.flush()
         counts, totals = acc.counts, acc.totals
         expected = sum(s.n for s in segments)

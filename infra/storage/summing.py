@@ -7,13 +7,15 @@ columns (``segment``, ``row``, ``row_total``: k values) are read with pyarrow, a
 in layout v2, are mapped whole (``counters.py``) and added with numpy into one accumulator
 (``np.add(..., out=)``, cache-blocked over batches of segments: :class:`Accumulator`; no copy,
 no concatenation). A row group in layout v1
-(zstd, dictionary, several pages) is decoded by pyarrow instead: both layouts read.
+(zstd, dictionary, several pages) is decoded by pyarrow instead: both layouts read. What is
+learned of a file (plan, mapped counters) is kept for the next query (``opened_files.py``).
 """
 
 from __future__ import annotations
 
 import bisect
 import itertools
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -22,10 +24,10 @@ import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
-from ldpipe.infra.storage.counters import chunk_values
+from ldpipe.infra.storage.opened_files import FileKey, Group, Opened, OpenedFiles, Planned, prepare
 from ldpipe.infra.storage.segments import SegmentInfo
 
-__all__ = ["Accumulator", "FilePlans", "SumStats", "add_file", "files_holding"]
+__all__ = ["Accumulator", "SumStats", "add_files", "files_holding"]
 
 
 @dataclass
@@ -75,144 +77,83 @@ class Accumulator:
                 np.add(out, source[lo : lo + step], out=out)
 
 
-@dataclass(frozen=True)
-class _Group:
-    """One row group's small columns: per row its segment (an index into ``ids``), sketch row
-    (-1: a header) and row total."""
-
-    ids: list[str]
-    which: Any  # int32 per row: index into ids
-    rows: Any
-    row_totals: Any
-
-
-@dataclass(frozen=True)
-class _Planned:
-    """A row group of a file that holds sketch rows: its small columns and ``counts`` chunk."""
-
-    index: int
-    group: _Group
-    chunk: Any  # pyarrow's ColumnChunkMetaData of ``counts``
-
-
-class FilePlans:
-    """What :func:`add_file` learns of a data file before reading its counters (its footer and
-    its row groups' small columns), kept for the newest ``limit`` files: data files never
-    change (a Delta table only adds and removes them), so a store's second query over the same
-    history opens no footer again."""
-
-    def __init__(self, limit: int = 4096) -> None:
-        self.limit = limit
-        self._plans: dict[str, list[_Planned]] = {}
-
-    def get(self, path: str, source: Any) -> list[_Planned]:
-        plan = self._plans.get(path)
-        if plan is None:
-            plan = _plan(source)
-            if len(self._plans) >= self.limit:
-                self._plans.pop(next(iter(self._plans)))
-            self._plans[path] = plan
-        return plan
-
-
-def _plan(source: Any) -> list[_Planned]:
-    parquet = pq.ParquetFile(source, pre_buffer=False)
-    meta = parquet.metadata
-    names = parquet.schema_arrow.names
-    row_col, counts_col = names.index("row"), names.index("counts")
-    out = []
-    for index in range(meta.num_row_groups):
-        columns = meta.row_group(index)
-        if _headers_only(columns.column(row_col)):
-            continue
-        small = parquet.read_row_group(
-            index, columns=["segment", "row", "row_total"], use_threads=False
-        )
-        coded = _encode(small.column(0))
-        group = _Group(
-            coded.dictionary.to_pylist(),
-            coded.indices.to_numpy(zero_copy_only=False),
-            small.column(1).to_numpy(),
-            small.column(2).to_numpy(),
-        )
-        out.append(_Planned(index, group, columns.column(counts_col)))
-    return out
-
-
-def add_file(
+def add_files(
     open_file: Callable[[str], Any],
-    path: str,
+    keys: Sequence[FileKey],
     wanted: Mapping[str, SegmentInfo],
     acc: Accumulator,
     stats: SumStats,
-    plans: FilePlans | None = None,
+    files: OpenedFiles | None = None,
 ) -> None:
-    """Add the sketch rows of the ``wanted`` segments in one data file to ``acc``."""
-    with open_file(path) as source:
-        plan = (plans or FilePlans()).get(path, source)
-        for planned in plan:
-            group = planned.group
-            hit = np.array([sid in wanted for sid in group.ids], dtype=bool)
-            if not (hit[group.which] & (group.rows >= 0)).any():
-                continue
-            if _add_mapped(source, planned.chunk, group, wanted, acc):
-                stats.mapped += 1
-            else:
+    """Add the sketch rows of the ``wanted`` segments in the data files ``keys`` to ``acc``;
+    files known to ``files`` (an earlier query's) are neither opened nor mapped again. (A helper
+    thread opening and mapping the next files while this one adds was measured and dropped: on
+    two busy cores it made a fresh store's sum slower, 0.31 s against 0.27 s over 100 windows.)"""
+    widths = {sid: info.m for sid, info in wanted.items()}
+    for key in keys:
+        opened, chosen = prepare(open_file, key, wanted, files)
+        _add_prepared(open_file, key[0], opened, chosen, widths, acc, stats)
+
+
+def _add_prepared(
+    open_file: Callable[[str], Any],
+    path: str,
+    opened: Opened,
+    chosen: list[tuple[Planned, Any]],
+    widths: Mapping[str, int],
+    acc: Accumulator,
+    stats: SumStats,
+) -> None:
+    for planned, flat in chosen:
+        group = planned.group
+        if flat is not None:
+            _add_mapped(flat, group, widths, acc)
+            stats.mapped += 1
+        else:
+            hit = np.array([sid in widths for sid in group.ids], dtype=bool)
+            with open_file(path) as source:
                 parquet = pq.ParquetFile(source, pre_buffer=False)
                 _add_decoded(parquet, planned.index, group, hit, acc.counts, acc.totals)
-                stats.decoded += 1
+            stats.decoded += 1
 
 
-def files_holding(actions: Any, wanted: Sequence[str]) -> list[str]:
-    """The paths of the table's live files (``actions``: delta-rs's flattened add actions, an
-    Arrow table) whose ``segment`` statistics admit one of the ``wanted`` ids (sorted); a file
-    without statistics is kept. The sum opens only these."""
+def files_holding(
+    actions: Any, wanted: Sequence[str], opened: OpenedFiles | None = None, *, local: str | None
+) -> list[FileKey]:
+    """The keys (path, size, modification time) of the table's live files (``actions``:
+    delta-rs's flattened add actions, an Arrow table) whose ``segment`` statistics admit one of
+    the ``wanted`` ids (sorted); a file without statistics is kept. The sum opens only these.
+    Size and time come from the file itself (``os.stat``) in a ``local`` store, else from the
+    log. ``opened`` forgets the files the table no longer lists."""
     paths = actions.column("path").to_pylist()
+    if opened is not None:
+        opened.keep_only(set(paths))
     names = actions.column_names
-    if "min.segment" not in names or "max.segment" not in names:
-        return list(paths)
-    lows = actions.column("min.segment").to_pylist()
-    highs = actions.column("max.segment").to_pylist()
-    kept = []
-    for path, low, high in zip(paths, lows, highs, strict=True):
-        if low is None or high is None:
-            kept.append(path)
-            continue
-        i = bisect.bisect_left(wanted, low)
-        if i < len(wanted) and wanted[i] <= high:
-            kept.append(path)
+    if "min.segment" in names and "max.segment" in names:
+        lows = actions.column("min.segment").to_pylist()
+        highs = actions.column("max.segment").to_pylist()
+    else:
+        lows = highs = [None] * len(paths)
+    sizes = actions.column("size_bytes").to_pylist()
+    times = actions.column("modification_time").cast(pa.int64()).to_pylist()
+    kept: list[FileKey] = []
+    for path, low, high, size, time in zip(paths, lows, highs, sizes, times, strict=True):
+        if low is not None and high is not None:
+            i = bisect.bisect_left(wanted, low)
+            if i >= len(wanted) or wanted[i] > high:
+                continue
+        if local is not None:
+            st = os.stat(os.path.join(local, path))
+            size, time = st.st_size, st.st_mtime_ns
+        kept.append((path, int(size), int(time)))
     return kept
 
 
-def _encode(column: Any) -> Any:
-    """``column`` (strings) as one dictionary array: the few distinct ids and an index per row."""
-    return column.combine_chunks().dictionary_encode()
-
-
-def _headers_only(column: Any) -> bool:
-    """Whether the row group's ``row`` statistics say it holds header rows only (row -1)."""
-    st = column.statistics
-    return st is not None and st.has_min_max and st.max < 0
-
-
-def _add_mapped(
-    source: Any,
-    chunk: Any,
-    group: _Group,
-    wanted: Mapping[str, SegmentInfo],
-    acc: Accumulator,
-) -> bool:
-    """Layout v2: the group's counters are one PLAIN page, mapped; False if they are not, or if
-    a sketch row's segment is not wanted (its width unknown)."""
-    m_of = np.array([wanted[s].m if s in wanted else -1 for s in group.ids], dtype=np.int64)
-    widths = np.where(group.rows >= 0, m_of[group.which], 0)
-    if (widths < 0).any():
-        return False
-    values = int(widths.sum())
-    levels = values + int(np.count_nonzero(widths == 0))
-    flat = chunk_values(source, chunk, levels, values)
-    if flat is None:
-        return False
+def _add_mapped(flat: Any, group: Group, wanted: Mapping[str, int], acc: Accumulator) -> None:
+    """Layout v2: ``flat`` holds the group's counters, each sketch row's ``m`` (its segment's
+    width) after the last; one add per run of a wanted segment's rows."""
+    widths = np.array([wanted.get(s, 0) for s in group.ids], dtype=np.int64)[group.which]
+    widths = np.where(group.rows >= 0, widths, 0)
     starts = np.cumsum(widths) - widths  # where each row's counters begin
     # the rows of one segment are consecutive: one add per run
     edges = [0, *(np.flatnonzero(np.diff(group.which)) + 1).tolist(), len(group.which)]
@@ -222,16 +163,15 @@ def _add_mapped(
         sketch = rows >= 0
         if sid not in wanted or not sketch.any():
             continue
-        m = wanted[sid].m
+        m = wanted[sid]
         present = rows[sketch]
         first = int(starts[lo + int(np.argmax(sketch))])
         block = flat[first : first + len(present) * m].reshape(len(present), m)
         acc.add_rows(present, block, group.row_totals[lo:hi][sketch])
-    return True
 
 
 def _add_decoded(
-    parquet: Any, index: int, group: _Group, hit: Any, counts: Any, totals: Any
+    parquet: Any, index: int, group: Group, hit: Any, counts: Any, totals: Any
 ) -> None:
     """Layout v1 (or anything else): pyarrow decodes the group's lists, 256 rows at a time."""
     keep = hit[group.which] & (group.rows >= 0)

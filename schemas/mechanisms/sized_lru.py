@@ -82,6 +82,13 @@ class SizedLRU(Generic[K, V]):
                 dropped, _ = self._entries.popitem(last=False)[1]
                 self._held -= dropped
 
+    def drop(self, key: K) -> None:
+        """Forget ``key`` (if kept)."""
+        with self._lock:
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self._held -= old[0]
+
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()

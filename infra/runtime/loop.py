@@ -81,7 +81,6 @@ from confluent_kafka import (
 )
 
 from ldpipe.infra.runtime.clients import ClientFactory
-from ldpipe.infra.runtime.group_departure import after_close
 from ldpipe.infra.runtime.kafka import CONSUMER_DEFAULTS
 from ldpipe.infra.runtime.lag import ConsumerLag
 from ldpipe.infra.runtime.loop_metrics import LoopMetrics
@@ -292,7 +291,9 @@ class RunLoop(TransactionSteps):
         finally:
             if producer is not None:
                 producer.flush(self.spec.flush_timeout)
-        if member:
+        if member:  # imported here: kafka-python takes ~0.15 s to import, and only a close needs it
+            from ldpipe.infra.runtime.group_departure import after_close
+
             after_close(
                 self.clients, self.spec.group, self.spec.topics, self._consumer_overrides, member
             )

@@ -374,13 +374,14 @@ def render(report: Report) -> str:
                 f"{r['rate'] / c['rate']:.2f}",
                 f"{r['reports'] / m['aggregated'] / c['rate']:.2f}",
                 f"{r['last_report_to_seal']:.2f}",
+                f"{m['sealed'] - m['aggregated']:.2f}",
                 f"{1e6 * r['cpu_per_report']:.0f}",
                 f"{ceiling_cpu / r['cpu_per_report']:.2f}",
                 f"{r['load_average']}",
             ]
         )
     header = ["shuf+agg", "produced", "consumed", "shuffled", "aggregated", "sealed"]
-    header += ["sealed/s", "x ceil", "x ceil (aggregated)", "last->seal"]
+    header += ["sealed/s", "x ceil", "x ceil (aggregated)", "last->seal", "agg->seal"]
     lines.append(table([*header, "CPU us/rep", "x ceil CPU", "load"], rows))
     lines += ["", "CPU seconds over the timed part, per process:"]
     for r in report.runs:

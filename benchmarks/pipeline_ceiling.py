@@ -162,6 +162,7 @@ class PipelineRun:
     produce_seconds: float  # first produce -> the producer's flush returned
     marks: dict[str, float]  # first produce -> each stage holds all N (see ``timeline``)
     cpu_seconds: dict[str, float]  # per process over the timed part
+    counted: dict[str, float]  # reports each service counted, warm-up included (the split)
     load_average: float
 
     @property
@@ -302,7 +303,11 @@ def pipeline_run(
         cpu = {name: round(process_cpu_seconds(pid) - cpu0[name], 2) for name, pid in pids.items()}
         cpu["producer"] = round(producer_cpu, 2)  # the bench process's produce() ...
         cpu[BENCH] = round(cpu[BENCH] - producer_cpu, 2)  # ... and its polls
-        run = PipelineRun(shufflers, aggregators, n, produced, marks, cpu, round(load, 2))
+        counted = {
+            name: scrape(port, STAGES[0 if "shuffler" in name else 2][2])
+            for name, port in ports.items()
+        }
+        run = PipelineRun(shufflers, aggregators, n, produced, marks, cpu, counted, round(load, 2))
     finally:
         pipe.stop_all()
     return run, pipe, reports
@@ -386,6 +391,10 @@ def render(report: Report) -> str:
     lines += ["", "CPU seconds over the timed part, per process:"]
     for r in report.runs:
         parts = ", ".join(f"{k} {v:.2f}" for k, v in r["cpu_seconds"].items())
+        lines.append(f"  {r['shufflers']}+{r['aggregators']}: {parts}")
+    lines += ["", "reports each service counted (warm-up included): how the partitions split"]
+    for r in report.runs:
+        parts = ", ".join(f"{k} {v:,.0f}" for k, v in r["counted"].items())
         lines.append(f"  {r['shufflers']}+{r['aggregators']}: {parts}")
     lines.append(f"machine: {report.machine}")
     return "\n".join(lines)

@@ -36,7 +36,6 @@ import logging
 import time
 from collections.abc import Callable
 from secrets import token_hex
-from typing import cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from prometheus_client import CollectorRegistry
@@ -342,7 +341,7 @@ class Shuffler(WindowedService):
             if isinstance(checked[0], str):  # refused: the inner envelope would stand out
                 self.window.reject(received, str(checked[0]), source, layer="inner")
                 return
-            klass = cast(InnerClass, checked)
+            klass = checked
             report_id, report_time = header.report_id, header.time
         key, position = msg.key(), source[1:]
         replayed = self.replay.check(report_id, report_time, key, position, now)

@@ -6,7 +6,8 @@ opens of the same nested reports on the same cores, measured in one run (issue 2
     python benchmarks/pipeline_ceiling.py --json     # the same numbers as JSON on stdout
 
 Use case: ``LocalPipeline``'s default (CMS, eps = 4, k = m = 1,024, nested envelopes, 2
-partitions, n_min = 1,000, max_reports = 10,000), a fresh one per configuration. The N reports
+partitions, max_reports = 10,000; n_min = 1 so that every shuffler's last window is released
+after max_wait whatever its size), a fresh one per configuration. The N reports
 are Zipf(1.1) emoji sealed beforehand by the pipeline's ``DeviceClient`` (outer layer to the
 shuffler, inner to the analyzer), each with its own 16-byte client token.
 
@@ -16,10 +17,11 @@ shuffler, inner to the analyzer), each with its own 16-byte client token.
    reports/s = N / (last end - first start) = opens/s / 2. Best of ``--repeats``.
 2. **pipeline**: an ``EmbeddedBroker`` (ports 33000-33999 unless ``--port``) and ``ldpipe``
    subprocesses: shufflers (``--instance``) + aggregators (``--member``) in the configurations
-   1+1, 1+2, 2+1, 2+2. A warm-up of n_min reports goes through first (every process up and
-   owning partitions), then N reports are produced by one ``confluent_kafka.Producer``. Produce
-   -> sealed = seconds from the first produce until the store's sealed segments
-   (``SketchStore.segments``, polled every 0.1 s) hold all of them; "last report -> sealed"
+   1+1, 1+2, 2+1, 2+2. Warm-up reports trickle in first, until every shuffler consumed some
+   and every aggregator owns a partition (the rebalances are over), then N reports are
+   produced by one ``confluent_kafka.Producer``. Produce -> sealed = seconds from the first
+   produce until the store's sealed segments (``SketchStore.segments``) hold all of them,
+   with a timeline read from the services' metrics; "last report -> sealed"
    from the producer's flush to then. The store seals a window once every partition has been
    idle ``idle_seconds`` (1 s), so that second is in every figure.
 3. **ratio** = pipeline reports/s / ceiling reports/s.
@@ -252,11 +254,14 @@ def pipeline_run(
 ) -> tuple[PipelineRun, LocalPipeline, list[bytes]]:
     """One fresh use case through ``shufflers`` + ``aggregators`` processes; N reports timed."""
     name = f"ceil{shufflers}x{aggregators}t{time.time_ns() % 10**9}"
-    pipe = ProfiledPipeline(workdir / name, broker.bootstrap_servers, PipelineSettings(name=name))
+    # n_min = 1: a shuffler's last window is released after max_wait whatever its size (with
+    # the default 1,000, a tail of fewer reports than that would never be released)
+    settings = PipelineSettings(name=name, n_min=1)
+    pipe = ProfiledPipeline(workdir / name, broker.bootstrap_servers, settings)
     pipe.profile_dir = profile_dir
     pipe.create_topics()
     rng = np.random.default_rng(seed)
-    warm = 3 * pipe.settings.n_min  # at most this many warm-up reports
+    warm = 3000  # at most this many warm-up reports
     items = sample_items(pipe.use_case.dictionary_items or emoji_dictionary(), warm + n, rng)
     reports = pipe.device_client().reports(items, rng)
     keys = [rng.bytes(16) for _ in reports]  # one client token per report (limit 1)

@@ -76,7 +76,7 @@ from ldpipe.schemas.privacy.ledger import (
 )
 from ldpipe.shuffler.contributions import ContributionLedger
 from ldpipe.shuffler.exceptions import ShufflerError
-from ldpipe.shuffler.inner import InnerCheck, payload_lengths
+from ldpipe.shuffler.inner import InnerCheck, InnerClass, payload_lengths
 from ldpipe.shuffler.metrics import ShufflerMetrics
 from ldpipe.shuffler.replay import REPLAY_STATE_KEY, ReplayLedger
 from ldpipe.shuffler.window import ShuffleWindow
@@ -301,19 +301,23 @@ class Shuffler(WindowedService):
         return self.windows_released
 
     def _process(self, messages: list[Message], now: float) -> None:
-        for msg in messages:
-            self._admit(msg, now)
-            # mid-batch release: the rest of the batch goes to the next window; after an
-            # aborted transaction the consumer was rewound, so the rest is dropped
-            if self.window.ready(now) and not self._release(now):
-                break
+        admitted = 0
+        try:
+            for msg in messages:
+                admitted += 1
+                self._admit(msg, now)
+                # mid-batch release: the rest of the batch goes to the next window; after an
+                # aborted transaction the consumer was rewound, so the rest is dropped
+                if self.window.ready(now) and not self._release(now):
+                    break
+        finally:
+            self._reports_in.inc(admitted)  # once per batch: a counter's lock per report costs
 
     def _due(self, now: float) -> bool:
         self.metrics.buffered.labels(**self._labels).set(len(self.window))
         return self.window.ready(now) or self.window.has_only_rejections()
 
     def _admit(self, msg: Message, now: float) -> None:
-        self._reports_in.inc()
         value = msg.value() or b""
         source = message_position(msg)
         self._first_offsets.setdefault(source[:2], source[2])
@@ -325,6 +329,7 @@ class Shuffler(WindowedService):
         received = value  # what a refused report's dead letter carries: never the inner
         report_id: bytes | None = None  # envelope, which beside ldpipe.source would link it
         report_time: int | None = None  # to its client
+        klass: InnerClass | None = None  # (epoch, key id) of a nested report's inner envelope
         if self.nested:
             assert self.keyring is not None
             try:
@@ -332,10 +337,11 @@ class Shuffler(WindowedService):
             except EnvelopeError as exc:
                 self.window.reject(received, str(exc.reason), source, layer="outer")
                 return
-            klass = self.inner.classify(value)
-            if isinstance(klass[0], str):  # refused: the inner envelope would stand out
-                self.window.reject(received, str(klass[0]), source, layer="inner")
+            checked = self.inner.classify(value)
+            if isinstance(checked[0], str):  # refused: the inner envelope would stand out
+                self.window.reject(received, str(checked[0]), source, layer="inner")
                 return
+            klass = checked
             report_id, report_time = header.report_id, header.time
         key, position = msg.key(), source[1:]
         replayed = self.replay.check(report_id, report_time, key, position, now)
@@ -343,7 +349,7 @@ class Shuffler(WindowedService):
             self.window.reject(received, str(replayed), source)
         elif self.ledger.admit(key, position, now):
             self.replay.remember(report_id, report_time, key, position, now)
-            self.window.add(value, now, source)
+            self.window.add(value, now, source, klass)
         else:
             self.window.reject(received, "contribution_limit", source)
 
@@ -430,7 +436,12 @@ class Shuffler(WindowedService):
     def _anonymity_set(self, values: list[bytes]) -> int:
         """The smallest class of well-formed reports in the window (``shuffler/inner.py``):
         what a reader of the shuffled topic cannot tell apart. Malformed values that a
-        single-layer shuffler forwards carry no report and are not counted."""
+        single-layer shuffler forwards carry no report and are not counted. A nested window
+        counts its classes as it admits reports (each inner envelope is classified then):
+        when those counts cover every value, they are used instead of a second parse."""
+        counted = self.window.classes
+        if counted and sum(counted.values()) == len(values):
+            return max(1, min(counted.values()))
         classes: dict[tuple[int, int] | tuple[str, str], int] = {}
         for value in values:
             klass = self.inner.classify(value)

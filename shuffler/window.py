@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -36,11 +37,22 @@ class ShuffleWindow:
     opened_at: float | None = None
     # next offset to commit per (topic, partition): everything below is in this window
     offsets: dict[tuple[str, int], int] = field(default_factory=dict)
+    # reports per class (what a reader of the shuffled topic can tell apart), when the caller
+    # knows each report's class as it adds it: the anonymity set without a second parse
+    classes: dict[Hashable, int] = field(default_factory=dict)
 
-    def add(self, value: bytes, now: float, source: tuple[str, int, int]) -> None:
+    def add(
+        self,
+        value: bytes,
+        now: float,
+        source: tuple[str, int, int],
+        klass: Hashable | None = None,
+    ) -> None:
         if self.opened_at is None:
             self.opened_at = now
         self.values.append(value)
+        if klass is not None:
+            self.classes[klass] = self.classes.get(klass, 0) + 1
         self._covers(source)
 
     def reject(
@@ -82,4 +94,5 @@ class ShuffleWindow:
         self.values.clear()
         self.rejected.clear()
         self.offsets.clear()
+        self.classes.clear()
         self.opened_at = None

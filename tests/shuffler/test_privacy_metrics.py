@@ -138,3 +138,24 @@ def test_the_anonymity_set_is_the_smallest_class_of_look_alike_reports() -> None
     assert shuffler._anonymity_set(values) == 12
     assert shuffler._anonymity_set([*values[:30], b"junk"]) == 30
     assert shuffler._anonymity_set([b"junk"] * 3) == 3  # nothing well-formed: no class
+
+
+def test_the_classes_counted_at_admission_give_the_same_anonymity_set() -> None:
+    """A nested window counts each admitted report's class (epoch, key id) as ``_admit``
+    classifies it; the release then reads those counts instead of parsing every inner envelope
+    again, and they must say what the second parse would have said."""
+    shuffler = make_shuffler(CollectorRegistry(), nested=True)
+    analyzer, other = KeyPair.generate(1), KeyPair.generate(2)
+    payload = bytes(shuffler.inner.lengths[1])
+    for offset, key in enumerate([analyzer] * 30 + [other] * 12):
+        value = seal(EnvelopeHeader("emoji", 1, key.key_id, version=2), payload, key.public)
+        klass = shuffler.inner.classify(value)
+        assert not isinstance(klass[0], str)
+        shuffler.window.add(value, 1e9, ("ldp.emoji.reports", 0, offset), klass)
+    values = shuffler.window.shuffled()
+    assert shuffler.window.classes == {(1, 1): 30, (1, 2): 12}
+    assert shuffler._anonymity_set(values) == 12
+    shuffler.window.classes[(1, 2)] = 99  # counts that do not cover the values: parsed again
+    assert shuffler._anonymity_set(values) == 12
+    shuffler.window.clear()
+    assert shuffler.window.classes == {}

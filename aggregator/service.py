@@ -65,6 +65,7 @@ from ldpipe.aggregator.dead_letters import DeadLetterWriter
 from ldpipe.aggregator.decoding import EpochDecoder
 from ldpipe.aggregator.deployment import DeploymentCheck, key_marks
 from ldpipe.aggregator.exceptions import AggregatorError
+from ldpipe.aggregator.memory import return_freed_memory
 from ldpipe.aggregator.metrics import AggregatorMetrics
 from ldpipe.aggregator.options import AggregatorOptions, default_member
 from ldpipe.aggregator.partitions import PartitionOwner
@@ -122,6 +123,7 @@ class Aggregator:
                 "(with the shuffler's key it could link reports to their clients)"
             )
         self.keyring = keyring
+        return_freed_memory()  # an int64 copy freed after a seal leaves the process
         self.options = opts = options or AggregatorOptions()
         self.topic = opts.topic or use_case.topics.shuffled
         self.directory = opts.checkpoint_dir or use_case.snapshot.directory

@@ -65,7 +65,7 @@ from ldpipe.aggregator.dead_letters import DeadLetterWriter
 from ldpipe.aggregator.decoding import EpochDecoder
 from ldpipe.aggregator.deployment import DeploymentCheck, key_marks
 from ldpipe.aggregator.exceptions import AggregatorError
-from ldpipe.aggregator.memory import return_freed_memory
+from ldpipe.aggregator.memory import give_back
 from ldpipe.aggregator.metrics import AggregatorMetrics
 from ldpipe.aggregator.options import AggregatorOptions, default_member
 from ldpipe.aggregator.partitions import PartitionOwner
@@ -123,7 +123,6 @@ class Aggregator:
                 "(with the shuffler's key it could link reports to their clients)"
             )
         self.keyring = keyring
-        return_freed_memory()  # an int64 copy freed after a seal leaves the process
         self.options = opts = options or AggregatorOptions()
         self.topic = opts.topic or use_case.topics.shuffled
         self.directory = opts.checkpoint_dir or use_case.snapshot.directory
@@ -421,7 +420,8 @@ class Aggregator:
         return self.data_loss.out_of_range(message, position)
 
     def _tick(self, _now: float) -> None:
-        """After every poll: positions, the periodic seal and checkpoint, the live check."""
+        """After every poll: positions, the periodic seal and checkpoint, the idle seal, the
+        live check."""
         consumer = self.loop.consumer
         self._track_positions(consumer)
         interval = self.use_case.snapshot.interval_seconds
@@ -431,6 +431,10 @@ class Aggregator:
             if self.dirty:
                 self.checkpoint(consumer)
             self._last_checkpoint = time.monotonic()
+        elif self.windows.sketches and self.partitions.all_quiet(self.use_case.store.idle_seconds):
+            # the pipeline went idle: seal now, not at the next interval (the last seal lands
+            # idle_seconds + one poll after the last record); under load no partition is quiet
+            self.seal(consumer=consumer)
         now = time.monotonic()
         if now - max(self._last_check, self.loop.last_activity) >= self.live_check_seconds:
             self._last_check = now
@@ -540,6 +544,7 @@ class Aggregator:
             self.windows.remove(key)
         self.spans.remove(sealing)
         self.sealed += len(sealing)
+        give_back()  # the int64 copies of the counters written (aggregator/memory.py)
         labels = self._labels
         self.metrics.windows_sealed.labels(**labels).inc(len(sealing))
         self.metrics.store_commit_seconds.labels(**labels).observe(time.perf_counter() - started)
@@ -575,6 +580,7 @@ class Aggregator:
             created_at=self.clock(),
         )
         self.dirty = False
+        give_back()
         labels = self._labels
         self.metrics.snapshot_seconds.labels(**labels).observe(time.perf_counter() - started)
         self.metrics.snapshot_bytes.labels(**labels).set(path.stat().st_size)

@@ -39,7 +39,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import machine_facts, progress  # noqa: E402
+from common import machine_facts, progress
 
 M = 1024
 EPSILON = 4.0
@@ -68,6 +68,7 @@ def child(k: int, windows: int, reports: int, seed: int) -> dict[str, Any]:
     """One case in this process: the interpreter's RSS, then each stage's peak."""
     from confluent_kafka import TIMESTAMP_CREATE_TIME, Message, Producer
 
+    from ldpipe.aggregator import memory  # noqa: F401  # first, as ldpipe aggregator does
     from ldpipe.aggregator.options import AggregatorOptions
     from ldpipe.aggregator.service import Aggregator
     from ldpipe.infra.runtime.kafka import KafkaSettings
@@ -117,7 +118,7 @@ def child(k: int, windows: int, reports: int, seed: int) -> dict[str, Any]:
     rng = np.random.default_rng(seed)
     items = list(emoji_dictionary())
     client = DeviceClient(use_case.name, use_case.epoch, pair.public, use_case.mechanism)
-    drawn = [items[i] for i in rng.integers(0, len(items), reports + WARM)]
+    drawn = [items[i] for i in rng.integers(0, len(items), reports * windows + WARM)]
     envelopes = client.reports(drawn, rng)
     warm, envelopes = envelopes[:WARM], envelopes[WARM:]
     aggregator = Aggregator(
@@ -128,7 +129,9 @@ def child(k: int, windows: int, reports: int, seed: int) -> dict[str, Any]:
     aggregator.partitions.take(0, base=None, offset=0)
     aggregator.checkpoints.lock_member()
     # the interpreter: every import and JIT-compiled kernel loaded (one small batch), no window
-    aggregator.process_batch(cast(list[Message], [Stub(v, i, STAMP_MS) for i, v in enumerate(warm)]))
+    aggregator.process_batch(
+        cast(list[Message], [Stub(v, i, STAMP_MS) for i, v in enumerate(warm)])
+    )
     aggregator.windows.clear()
     aggregator.spans.clear()
     interpreter = _status("VmRSS")
@@ -138,7 +141,8 @@ def child(k: int, windows: int, reports: int, seed: int) -> dict[str, Any]:
     offset = WARM
     for window in range(windows):
         stamp = STAMP_MS + window * HOUR_MS
-        batch = [Stub(v, offset + i, stamp) for i, v in enumerate(envelopes)]
+        mine = envelopes[window * reports : (window + 1) * reports]  # a digest is seen once
+        batch = [Stub(v, offset + i, stamp) for i, v in enumerate(mine)]
         aggregator.process_batch(cast(list[Message], batch))
         offset += len(batch)
     aggregator.partitions.advance(0, offset)
@@ -200,7 +204,10 @@ def run_case(k: int, windows: int, reports: int, seed: int) -> Row:
 
 
 def render(rows: list[Row]) -> str:
-    header = "| k | open windows | interpreter MiB | budget MiB | peak MiB (accumulate / checkpoint / seal) | ratio (worst stage) |"
+    header = (
+        "| k | open windows | interpreter MiB | budget MiB "
+        "| peak MiB (accumulate / checkpoint / seal) | ratio (worst stage) |"
+    )
     lines = [header, "|" + "---|" * 6]
     for r in rows:
         peaks = " / ".join(f"{r.peak_mib[s]:,.0f}" for s in ("accumulate", "checkpoint", "seal"))
@@ -218,7 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reports", type=int, default=2000, help="real reports per window")
     parser.add_argument("--seed", type=int, default=23)
     parser.add_argument("--json", action="store_true", help="last line: the results as JSON")
-    parser.add_argument("--child", nargs=2, type=int, metavar=("K", "WINDOWS"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--child", nargs=2, type=int, metavar=("K", "WINDOWS"), help=argparse.SUPPRESS
+    )
     args = parser.parse_args(argv)
     if args.child:
         print(json.dumps(child(args.child[0], args.child[1], args.reports, args.seed)))

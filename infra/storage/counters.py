@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import mmap
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Final
 

@@ -68,7 +68,7 @@ def child(k: int, windows: int, reports: int, seed: int) -> dict[str, Any]:
     """One case in this process: the interpreter's RSS, then each stage's peak."""
     from confluent_kafka import TIMESTAMP_CREATE_TIME, Message, Producer
 
-    from ldpipe.aggregator import memory  # noqa: F401  # first, as ldpipe aggregator does
+    from ldpipe.aggregator import allocator  # noqa: F401  # first, as ldpipe aggregator does
     from ldpipe.aggregator.options import AggregatorOptions
     from ldpipe.aggregator.service import Aggregator
     from ldpipe.infra.runtime.kafka import KafkaSettings

@@ -39,7 +39,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import machine_facts, progress
+from benchmarks.common import machine_facts, progress
 
 M = 1024
 EPSILON = 4.0

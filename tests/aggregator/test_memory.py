@@ -13,7 +13,10 @@ import pytest
 from ldpipe.aggregator.memory import WIDEN_IN_PLACE_BYTES, widened
 from ldpipe.aggregator.snapshot import read_snapshot, write_snapshot
 from ldpipe.aggregator.snapshot_contents import SnapshotFile, WindowSketch
+from ldpipe.infra.storage.counters import GROUP_BYTES
 from ldpipe.schemas.mechanisms import Sketch
+from tests.aggregator_helpers import emoji
+from tests.store_helpers import seal_windows
 
 M = 1024
 K = WIDEN_IN_PLACE_BYTES // (4 * M) + 3  # just over the bound, not a whole number of slices
@@ -73,3 +76,21 @@ def test_the_checkpoint_of_a_narrow_window_is_the_wide_windows_byte_for_byte(
     read = read_snapshot(files[0])
     assert np.array_equal(read.windows[0].sketch.counts, counts)
     assert counts.dtype == np.int32
+
+
+def test_a_seal_over_several_row_groups_reads_back_bit_for_bit(tmp_path: Path) -> None:
+    """A window wider than one row group (``counters.GROUP_BYTES``) is written a row group at a
+    time (``segments.segment_pieces``), with rows sliced or gathered, and sums back exactly."""
+    k = GROUP_BYTES // (8 * M) * 2 + 5  # two whole row groups and a partial one
+    config = f'[[use_case]]\nname = "emoji"\nmechanism = "cms"\nepsilon = 4.0\nk = {k}\nm = {M}\n'
+    use_case = emoji(tmp_path, config)
+    rng = np.random.default_rng(5)
+    dense = rng.integers(-1000, 1000, size=(k, M)).astype(np.int32)
+    sparse = np.zeros((k, M), dtype=np.int32)
+    sparse[::3] = dense[::3]  # rows gathered, not sliced
+    sketches = [Sketch(c, c.sum(axis=1, dtype=np.int64)) for c in (dense, sparse)]  # type: ignore[arg-type]
+    store = seal_windows(use_case, [(0, 3600, sketches[0]), (3600, 7200, sketches[1])])
+    segments = sorted(store.segments(), key=lambda s: s.window_start)
+    assert np.array_equal(store.read_sum(segments[:1]).counts, dense)
+    assert (store.last_sum.mapped, store.last_sum.decoded) == (3, 0)  # three groups, mapped
+    assert np.array_equal(store.read_sum(segments[1:]).counts, sparse)

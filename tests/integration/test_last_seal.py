@@ -6,7 +6,7 @@ clock, taken before its transaction commits); the store's segment header carries
 commit began (``created_at``, the aggregator's clock: the same machine). With the checkpoint
 interval far longer than ``idle_seconds``, the aggregator must seal once every partition has
 been quiet for ``idle_seconds`` (one poll later at most), not at its next checkpoint: the last
-seal lies within ``idle_seconds + poll + COMMIT`` of the release.
+seal lies within one fetch wait + ``idle_seconds`` + one poll + ``COMMIT`` of the release.
 """
 
 from __future__ import annotations
@@ -24,9 +24,13 @@ WARM = 100  # reports first (n_min): the first batch compiles the mechanism's ke
 IDLE = 0.5  # [use_case.store] idle_seconds
 INTERVAL = 5.0  # [use_case.snapshot] interval_seconds: the old seal waited for it
 POLL = 0.2  # the aggregator's poll timeout (aggregator/service.py, its LoopSpec)
-# after the tick that sees the quiet: the batch decoded before the quiet began, the seal's
-# plan and the store's table check before the header is stamped (one of two loaded cores)
+# librdkafka's fetch.wait.max.ms (not set: its default): the longest a fetch waits at the
+# broker, so the longest the records the shuffler just committed take to reach the aggregator
+FETCH = 0.5
+# the last batch's decode, the seal's plan and the store's table check before the header is
+# stamped, on one of two loaded cores
 COMMIT = 0.3
+BOUND = FETCH + IDLE + POLL + COMMIT  # typically 0.8-0.9 s; the code before took 3.75 s
 
 
 def test_the_last_seal_follows_the_last_release_within_idle_and_one_poll(
@@ -62,8 +66,6 @@ def test_the_last_seal_follows_the_last_release_within_idle_and_one_poll(
     assert len(shuffled) == sum(s.n for s in segments)  # every shuffled record sealed once
     released = max(m.timestamp()[1] for m in shuffled) / 1000
     sealed = max(s.created_at for s in segments)
-    assert 0 < sealed - released <= IDLE + POLL + COMMIT, (
-        f"the last seal came {sealed - released:.2f} s after the last release "
-        f"(bound {IDLE + POLL + COMMIT:.2f} s); released at {released:.3f}:\n"
-        + pipe.log_tail("aggregator-0", 40)
+    assert 0 < sealed - released <= BOUND, (
+        f"the last seal came {sealed - released:.2f} s after the last release (bound {BOUND} s)"
     )

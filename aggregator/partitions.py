@@ -134,6 +134,10 @@ class PartitionOwner:
         now = self.monotonic()
         return now - self.last_record.get(partition, now)
 
+    def all_quiet(self, seconds: float) -> bool:
+        """Every owned partition has had no record for ``seconds`` (none owned: False)."""
+        return bool(self.owned) and all(self.quiet_for(p) >= seconds for p in self.owned)
+
     def idle(self, partition: int, idle_seconds: float, consumer: Consumer | None) -> bool:
         """No record for ``idle_seconds``, and (with a consumer) nothing left to read: a
         partition whose records wait behind a slow batch is late, not idle."""

@@ -65,6 +65,7 @@ from ldpipe.aggregator.dead_letters import DeadLetterWriter
 from ldpipe.aggregator.decoding import EpochDecoder
 from ldpipe.aggregator.deployment import DeploymentCheck, key_marks
 from ldpipe.aggregator.exceptions import AggregatorError
+from ldpipe.aggregator.memory import give_back
 from ldpipe.aggregator.metrics import AggregatorMetrics
 from ldpipe.aggregator.options import AggregatorOptions, default_member
 from ldpipe.aggregator.partitions import PartitionOwner
@@ -419,7 +420,8 @@ class Aggregator:
         return self.data_loss.out_of_range(message, position)
 
     def _tick(self, _now: float) -> None:
-        """After every poll: positions, the periodic seal and checkpoint, the live check."""
+        """After every poll: positions, the periodic seal and checkpoint, the idle seal, the
+        live check."""
         consumer = self.loop.consumer
         self._track_positions(consumer)
         interval = self.use_case.snapshot.interval_seconds
@@ -429,6 +431,10 @@ class Aggregator:
             if self.dirty:
                 self.checkpoint(consumer)
             self._last_checkpoint = time.monotonic()
+        elif self.windows.sketches and self.partitions.all_quiet(self.use_case.store.idle_seconds):
+            # the pipeline went idle: seal now, not at the next interval (the last seal lands
+            # idle_seconds + one poll after the last record); under load no partition is quiet
+            self.seal(consumer=consumer)
         now = time.monotonic()
         if now - max(self._last_check, self.loop.last_activity) >= self.live_check_seconds:
             self._last_check = now
@@ -538,6 +544,7 @@ class Aggregator:
             self.windows.remove(key)
         self.spans.remove(sealing)
         self.sealed += len(sealing)
+        give_back()  # the int64 copies of the counters written (aggregator/memory.py)
         labels = self._labels
         self.metrics.windows_sealed.labels(**labels).inc(len(sealing))
         self.metrics.store_commit_seconds.labels(**labels).observe(time.perf_counter() - started)
@@ -573,6 +580,7 @@ class Aggregator:
             created_at=self.clock(),
         )
         self.dirty = False
+        give_back()
         labels = self._labels
         self.metrics.snapshot_seconds.labels(**labels).observe(time.perf_counter() - started)
         self.metrics.snapshot_bytes.labels(**labels).set(path.stat().st_size)

@@ -39,6 +39,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa  # type: ignore[import-untyped]
 
+from ldpipe.aggregator.memory import widened
 from ldpipe.aggregator.snapshot_contents import (
     WRITER_PATTERN,
     PartitionKey,
@@ -226,7 +227,8 @@ def _write_temp(path: Path, snapshot: SnapshotFile, compression: Compression) ->
         sink = _HashingSink(raw)
         with pa.ipc.new_file(pa.PythonFile(sink, mode="w"), schema, options=options) as writer:
             for window in snapshot.windows:
-                writer.write_batch(_window_batch(window))
+                with widened(window.sketch.counts) as counts:  # no int32 + int64 copy
+                    writer.write_batch(_window_batch(window, counts))
             if len(snapshot.seen):
                 writer.write_batch(_seen_batch(snapshot.seen))
         raw.flush()
@@ -240,9 +242,9 @@ def _write_temp(path: Path, snapshot: SnapshotFile, compression: Compression) ->
     return sink.position
 
 
-def _window_batch(window: WindowSketch) -> Any:
+def _window_batch(window: WindowSketch, counts: npt.NDArray[np.int64]) -> Any:
     k, m = window.sketch.shape
-    values = pa.array(np.ascontiguousarray(window.sketch.counts).reshape(-1), type=pa.int64())
+    values = pa.array(np.ascontiguousarray(counts).reshape(-1), type=pa.int64())
     offsets = pa.array(np.arange(k + 1, dtype=np.int32) * np.int32(m), type=pa.int32())
     counts = pa.ListArray.from_arrays(offsets, values, type=_SCHEMA.field("counts").type)
     totals = pa.array(window.sketch.row_totals, type=pa.int64())

@@ -946,6 +946,7 @@ def main(argv: list[str] | None = None) -> int:
         "--skip", nargs="*", default=[], choices=["processes", "e2e", "snapshot"], help="skip"
     )
     parser.add_argument("--seed", type=int, default=20260522)
+    parser.add_argument("--broker-port", type=int, help="the embedded broker's port (a free one)")
     args = parser.parse_args(argv)
     n = args.n or (8_000 if args.quick else 40_000)
     n_e2e = args.n_e2e or (10_000 if args.quick else 50_000)
@@ -992,7 +993,7 @@ def main(argv: list[str] | None = None) -> int:
     if "e2e" not in args.skip:
         report.mark("4")
         workdir = Path(tempfile.mkdtemp(prefix="ldpipe-aggbench-"))
-        broker = EmbeddedBroker(log_dir=workdir / "broker")
+        broker = EmbeddedBroker(log_dir=workdir / "broker", port=args.broker_port)
         try:
             broker.start()
             report.end_to_end = [

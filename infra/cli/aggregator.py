@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ldpipe.aggregator import allocator  # noqa: F401  # first: Arrow's allocator, before pyarrow
 from ldpipe.aggregator.deployment import foreign_key_ids
 from ldpipe.aggregator.options import AggregatorOptions
 from ldpipe.aggregator.service import Aggregator

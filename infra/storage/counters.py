@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import mmap
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -42,7 +42,7 @@ _DATA_PAGE: Final = 0  # PageType.DATA_PAGE
 _DATA_PAGE_V2: Final = 3  # PageType.DATA_PAGE_V2
 _MADV_POPULATE_READ: Final = 22  # Linux <asm-generic/mman-common.h>; not in Python's mmap yet
 #: the most counters one row group of a segment holds (a Parquet page's size is an i32)
-GROUP_BYTES: Final = 256 << 20
+GROUP_BYTES: Final = 32 << 20
 
 
 @dataclass(frozen=True)
@@ -227,7 +227,7 @@ def write_options(groups_rows: int, m: int) -> dict[str, Any]:
     }
 
 
-def write_file(fs: Any, name: str, schema: Any, pieces: Sequence[Any], widest: int) -> int:
+def write_file(fs: Any, name: str, schema: Any, pieces: Iterable[Any], widest: int) -> int:
     """Write ``pieces`` (Arrow tables: the header rows, then each segment's sketch rows) as one
     layout-v2 Parquet file ``name`` on ``fs``, each piece in row groups of its own; its size.
     A failure (a full disk) deletes the partial file and raises."""

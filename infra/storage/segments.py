@@ -10,11 +10,12 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.compute as pc  # type: ignore[import-untyped]
 
@@ -30,6 +31,8 @@ __all__ = [
     "decode_header",
     "encode_segments",
     "file_stats",
+    "segment_pieces",
+    "without_counts",
 ]
 
 #: what a segment's window is: as aggregated, or rolled up to a UTC day or month
@@ -116,6 +119,19 @@ def encode_segments(
     writer: str,
 ) -> Any:
     """Header rows first (one row group answers a listing), then each segment's non-zero rows."""
+    return pa.concat_tables(segment_pieces(segments, positions, writer))
+
+
+def segment_pieces(
+    segments: Sequence[SegmentData],
+    positions: Mapping[tuple[str, int], tuple[int | None, int]],
+    writer: str,
+    rows: int | None = None,
+) -> Iterator[Any]:
+    """:func:`encode_segments` as a stream of Arrow tables: the header rows, then each
+    segment's non-zero rows in slices of at most ``rows`` rows (None: one slice), each made
+    when asked for: a commit holds one slice's int64 counters at a time, never every window's
+    (``docs/aggregator.md``, "Memory")."""
     covers = json.dumps(
         [
             [t, p, -1 if base is None else base, end]
@@ -137,19 +153,34 @@ def encode_segments(
             ("sources", s.sources), ("created_at", now),
         ):  # fmt: skip
             headers[name].append(value)
-    batches = [pa.RecordBatch.from_pydict(headers, schema=SCHEMA)]
+    yield pa.Table.from_batches([pa.RecordBatch.from_pydict(headers, schema=SCHEMA)])
     for sid, s in zip(ids, segments, strict=True):
-        batches.append(_rows_batch(sid, s))
-    return pa.Table.from_batches(batches, schema=SCHEMA)
+        counts, totals = s.sketch.counts, s.sketch.row_totals
+        keep = np.flatnonzero(counts.any(axis=1) | (totals != 0)).astype(np.int32)
+        step = max(1, rows or len(keep))
+        for at in range(0, len(keep), step):
+            yield pa.Table.from_batches([_rows_batch(sid, s, keep[at : at + step])])
 
 
-def _rows_batch(sid: str, s: SegmentData) -> Any:
+def without_counts(pieces: Iterable[Any], kept: list[Any]) -> Iterator[Any]:
+    """Pass ``pieces`` on, keeping each without its ``counts`` in ``kept`` (for
+    :func:`file_stats`, which needs every other column, once the counters are written)."""
+    for piece in pieces:
+        kept.append(piece.drop_columns(["counts"]))
+        yield piece
+
+
+def _rows_batch(sid: str, s: SegmentData, keep: npt.NDArray[np.int32]) -> Any:
+    """The sketch rows ``keep`` of segment ``sid``: one int64 copy of their counters (rows
+    taken as a slice, not gathered, when they are consecutive)."""
     counts, totals = s.sketch.counts, s.sketch.row_totals
     _k, m = counts.shape
-    keep = np.flatnonzero(counts.any(axis=1) | (totals != 0)).astype(np.int32)
-    values = pa.array(np.ascontiguousarray(counts[keep]).reshape(-1), type=pa.int64())
-    offsets = pa.array(np.arange(len(keep) + 1, dtype=np.int32) * np.int32(m), type=pa.int32())
     n = len(keep)
+    first = int(keep[0]) if n else 0
+    dense = n and int(keep[-1]) - first == n - 1
+    chosen = counts[first : first + n] if dense else counts[keep]
+    values = pa.array(np.ascontiguousarray(chosen).reshape(-1), type=pa.int64())
+    offsets = pa.array(np.arange(n + 1, dtype=np.int32) * np.int32(m), type=pa.int32())
     columns = {
         "segment": pa.array([sid] * n, type=pa.string()),
         "epoch": pa.array(np.full(n, s.epoch, dtype=np.int32)),

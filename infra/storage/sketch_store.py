@@ -56,7 +56,7 @@ from deltalake.fs import DeltaStorageHandler
 from deltalake.transaction import AddAction, RemoveAction
 
 from ldpipe.infra.runtime.secret_refs import resolve_all
-from ldpipe.infra.storage.counters import delta_writer_properties, write_file
+from ldpipe.infra.storage.counters import delta_writer_properties, rows_per_group, write_file
 from ldpipe.infra.storage.disk import DiskFullError, disk_error_kind, disk_full_message
 from ldpipe.infra.storage.engine import first_line, is_disk_full, is_engine_panic
 from ldpipe.infra.storage.identity import StoreIdentity, reconcile
@@ -71,6 +71,8 @@ from ldpipe.infra.storage.segments import (
     decode_header,
     encode_segments,
     file_stats,
+    segment_pieces,
+    without_counts,
 )
 from ldpipe.infra.storage.summing import Accumulator, SumStats, add_files, files_holding
 from ldpipe.schemas.config import UseCase
@@ -311,8 +313,11 @@ class SketchStore:
     ) -> int:
         self._ensure_table()
         self._record_identity()
-        data = encode_segments(segments, positions, writer)
-        added = self._write_file(data, segments) if data.num_rows else []
+        # the file first (a failure, a full disk, leaves the table as it was), one row group's
+        # int64 counters in memory at a time (segments.segment_pieces)
+        widest = max((s.sketch.shape[1] for s in segments), default=1)
+        pieces = segment_pieces(segments, positions, writer, rows_per_group(widest))
+        added = [self._write_pieces(pieces, widest, data_change=True)] if segments else []
         try:
             return self._commit_log(added, len(segments), positions, writer, crash_point)
         except BaseException as exc:
@@ -380,20 +385,14 @@ class SketchStore:
             self._fs = pafs.PyFileSystem(handler)
         return self._fs
 
-    def _write_file(self, data: Any, segments: Sequence[SegmentData]) -> list[AddAction]:
-        """Write the segments' Parquet file (before any log entry names it: a failure here,
-        a full disk, leaves the table as it was, and the partial file is deleted)."""
-        widest = max((s.sketch.shape[1] for s in segments), default=1)
-        pieces = [pa.Table.from_batches([b]) for b in data.to_batches() if b.num_rows]
-        return [self._write_pieces(pieces, widest, data_change=True)]
-
-    def _write_pieces(self, pieces: Sequence[Any], widest: int, *, data_change: bool) -> Any:
+    def _write_pieces(self, pieces: Iterable[Any], widest: int, *, data_change: bool) -> Any:
         """One layout-v2 data file of ``pieces`` (header rows first, then each segment's rows:
         ``counters.write_file``), as the add action that will commit it."""
         name = f"part-{uuid.uuid4().hex}.v2.parquet"
         fs = self._filesystem()
-        size = write_file(fs, name, SCHEMA, pieces, widest)
-        stats = json.dumps(file_stats(pa.concat_tables(pieces)))  # the sum opens only these
+        kept: list[Any] = []  # the pieces without their counters, for the statistics
+        size = write_file(fs, name, SCHEMA, without_counts(pieces, kept), widest)
+        stats = json.dumps(file_stats(pa.concat_tables(kept)))  # the sum opens only these
         return AddAction(name, size, {}, int(time.time() * 1000), data_change, stats)
 
     def _discard(self, added: Sequence[AddAction]) -> None:

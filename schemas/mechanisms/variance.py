@@ -32,6 +32,8 @@ from functools import cached_property
 import numpy as np
 import numpy.typing as npt
 
+from ldpipe.schemas.mechanisms.columns import kernel
+
 __all__ = ["ContributionModel", "EstimateTerms"]
 
 FloatArray = npt.NDArray[np.float64]
@@ -176,6 +178,18 @@ class EstimateTerms:
         if t.shape == (1,):
             return self._estimate_one(float(t[0]), n, sum_sq)
         nf = float(n)
+        if t.size and (sum_sq is None or sum_sq >= 0.0) and kernel() == "numba":
+            from ldpipe.schemas.mechanisms import kernels  # numba loads on first use
+
+            flat = np.ascontiguousarray(t).reshape(-1)
+            out_est, out_std = np.empty(t.shape), np.empty(t.shape)
+            given = -1.0 if sum_sq is None else float(sum_sq)
+            terms = (self.scale, self.hit_var, self.others_var, self.alpha2, self.scale_sq)
+            shift = n * self.other_mean
+            kernels.estimate_terms(
+                flat, shift, nf, terms, given, out_est.reshape(-1), out_std.reshape(-1)
+            )
+            return out_est, out_std
         est = t - n * self.other_mean
         est /= self.scale
         plug = np.clip(est, 0.0, nf)

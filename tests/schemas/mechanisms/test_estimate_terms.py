@@ -98,3 +98,17 @@ def test_kept_moments_follow_the_sketch_version() -> None:
     assert (first.n, second.n) == (50, 120)
     copy = Sketch(sketch.counts.copy(), sketch.row_totals.copy())
     assert mech.estimate(copy, ["a"]).estimates.tobytes() == second.estimates.tobytes()
+
+
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 8, 11])
+@pytest.mark.parametrize("dtype", [np.uint16, np.uint32])
+def test_gather_cells_four_rows_at_a_time_equals_the_definition(rows: int, dtype: type) -> None:
+    from ldpipe.schemas.mechanisms import kernels
+
+    rng = np.random.default_rng(rows)
+    stack = rng.integers(-(1 << 40), 1 << 40, size=(3, rows, 97), dtype=np.int64)
+    cells = rng.integers(0, 97, size=(rows, 13)).astype(dtype)
+    acc = rng.integers(-5, 5, size=(3, 13), dtype=np.int64)
+    want = acc + np.take_along_axis(stack, cells[None].astype(np.int64), axis=2).sum(axis=1)
+    kernels.gather_cells(stack, cells, acc)
+    np.testing.assert_array_equal(acc, want)

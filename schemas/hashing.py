@@ -88,6 +88,9 @@ def item_bytes(item: str | bytes) -> bytes:
         return item_text(item).encode("utf-8")  # raises the one-line error naming the index
 
 
+_FEW_KEYS = 16  # up to this many keys are checked as Python integers
+
+
 def field_elements(keys: npt.ArrayLike) -> Keys:
     """``keys`` as a uint64 array of elements of GF(2^61 - 1), refusing anything else.
 
@@ -97,6 +100,13 @@ def field_elements(keys: npt.ArrayLike) -> Keys:
     non-integer array).
     """
     arr = _as_integers(keys, "keys")
+    if arr.dtype == np.uint64 and arr.size <= _FEW_KEYS:  # a query's few keys: no array passes
+        if arr.size and max(arr.tolist()) >= MERSENNE_61:
+            raise ValueError(
+                f"keys must be field elements in [0, 2^61 - 1) (the 61-bit keys item_keys "
+                f"returns), got {max(arr.tolist())}"
+            )
+        return arr.astype(np.uint64, copy=False)
     if arr.size:
         if arr.dtype.kind == "i" and int(arr.min()) < 0:
             raise ValueError(f"keys must be field elements in [0, 2^61 - 1), got {int(arr.min())}")

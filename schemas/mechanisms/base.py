@@ -14,6 +14,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, ClassVar
 
 import numpy as np
@@ -408,12 +409,15 @@ class Mechanism(ABC):
 
         A sketch with stored row totals suits every mechanism of its shape.
         """
+        weight = sketch.row_weight
+        fits = weight is None or weight == self.row_weight
+        if fits and sketch.counts.shape == (self.k, self.m):
+            return  # the common case, checked without building the messages
         require(
             sketch.shape == (self.k, self.m),
             f"sketch has shape {sketch.shape} but {self.name} with these parameters needs "
             f"{(self.k, self.m)}; build it with mechanism.new_sketch()",
         )
-        weight = sketch.row_weight
         require(
             weight is None or weight == self.row_weight,
             f"sketch derives row totals as counts / {weight} but every {self.name} report adds "
@@ -444,20 +448,20 @@ class Mechanism(ABC):
         epochs in one pass).
         """
         self.check_sketch(sketch)
-        n = sketch.n
-        model = self.contribution()
+        model = self._model
         if totals is None:
             totals = self.column_totals(sketch, codes)
-        est = model.estimate(totals, n)
-        plug = np.clip(est, 0.0, float(n))
-        if sum_sq is None and model.collision > 0.0:
-            sum_sq = _kept_sum_sq(self, sketch)
-        if sum_sq is None:  # no hashing (OUE): the collision term is zero whatever S is
-            others_sq = n - plug
-        else:
-            others_sq = np.maximum(float(sum_sq) - plug * plug, n - plug)
-        var = model.variance(plug, n, others_sq)
-        return FrequencyEstimates(est, np.sqrt(np.maximum(var, 0.0)), n)
+        if sum_sq is None and model.collision > 0.0:  # n and the sketch's own sum_sq, kept
+            n, sum_sq = _kept_moments(self, sketch)
+        else:  # given, or no hashing (OUE: the collision term is zero whatever S is)
+            n = sketch.n
+        est, std = model.terms.estimates(totals, n, sum_sq)
+        return FrequencyEstimates(est, std, n)
+
+    @cached_property
+    def _model(self) -> ContributionModel:
+        """``contribution()``, built once: mechanisms are frozen, so it never changes."""
+        return self.contribution()
 
     def cell_moments(self, sketch: Sketch) -> tuple[FloatArray, FloatArray]:
         """Per row, the sum and the sum of squares of the cells ``column_totals`` reads
@@ -504,17 +508,18 @@ class Mechanism(ABC):
         return self.contribution().min_rows_for_negligible_bias(n, tau, delta)
 
 
-_SUM_SQ: weakref.WeakKeyDictionary[Sketch, tuple[int, Mechanism, float]]
-_SUM_SQ = weakref.WeakKeyDictionary()  # sum_sq_estimate kept with each sketch per version
+_KEPT: weakref.WeakKeyDictionary[Sketch, tuple[int, Mechanism, int, float]]
+_KEPT = weakref.WeakKeyDictionary()  # n and sum_sq_estimate kept with each sketch per version
 
 
-def _kept_sum_sq(mechanism: Mechanism, sketch: Sketch) -> float:
-    """``sum_sq_estimate``, paid once per sketch version (issue 23: an estimate is a gather)."""
-    version, kept = sketch.version, _SUM_SQ.get(sketch)
-    if kept is None or kept[:2] != (version, mechanism):
-        kept = (version, mechanism, mechanism.sum_sq_estimate(sketch))
-        _SUM_SQ[sketch] = kept
-    return kept[2]
+def _kept_moments(mechanism: Mechanism, sketch: Sketch) -> tuple[int, float]:
+    """``(sketch.n, sum_sq_estimate)``, paid once per sketch version (issue 23: an estimate is
+    a gather). Like every value derived from a sketch, they are keyed on its ``version``."""
+    version, kept = sketch.version, _KEPT.get(sketch)
+    if kept is None or kept[0] != version or not (kept[1] is mechanism or kept[1] == mechanism):
+        kept = (version, mechanism, sketch.n, mechanism.sum_sq_estimate(sketch))
+        _KEPT[sketch] = kept
+    return kept[2], kept[3]
 
 
 @dataclass(frozen=True)

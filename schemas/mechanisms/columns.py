@@ -60,7 +60,10 @@ _SMALL_KEYS = 32  # up to this many keys are squared in Python integers (key_par
 
 def kernel() -> Kernel:
     """The estimate path in use: ``numba`` unless ``LDPIPE_KERNEL=numpy`` asks for the reference."""
-    chosen = os.environ.get(KERNEL_ENV, "numba").strip().lower() or "numba"
+    raw = os.environ.get(KERNEL_ENV)
+    if raw is None:  # the default, decided without string work (every estimate asks)
+        return "numba"
+    chosen = raw.strip().lower() or "numba"
     if chosen not in ("numba", "numpy"):
         raise ValueError(
             f"{KERNEL_ENV}={chosen!r} is not a kernel; set it to 'numba' (compiled, the default) "
@@ -197,9 +200,14 @@ def column_sums(
 
     k, m, count = family.k, family.m, len(checked)
     cells = cache.cells(family, keys_arr) if cache is not None else None
+    small = k * keys_arr.size * count < _THREAD_MIN_CELLS  # one thread whatever the cores
+    if small and cells is not None and count == 1 and not hadamard:
+        acc = np.zeros((1, keys_arr.size), dtype=np.int64)  # a dashboard's refresh: a gather
+        kernels.gather_cells(checked[0][None], cells, acc)
+        return acc
     parts = key_parts(keys_arr) if cells is None else None
     coeffs = family.coefficients
-    plan = _Plan.make(k, m, count, keys_arr.size, threads or default_threads())
+    plan = _Plan.make(k, m, count, keys_arr.size, 1 if small else threads or default_threads())
     view = count == 1 and not hadamard  # read rows in place; else copy (and transform) a block
     # in place, one kernel call per thread reads each row once when the items are one tile (or
     # their columns are cached): blocks only keep rows in cache for the next tile

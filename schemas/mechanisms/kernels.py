@@ -27,7 +27,15 @@ from typing import Any
 import numba
 import numpy as np
 
-__all__ = ["TILE", "fwht_stack", "gather_cells", "hash_cells", "hash_gather", "scatter_packed"]
+__all__ = [
+    "TILE",
+    "estimate_terms",
+    "fwht_stack",
+    "gather_cells",
+    "hash_cells",
+    "hash_gather",
+    "scatter_packed",
+]
 
 _P = np.uint64((1 << 61) - 1)
 _LOW32 = np.uint64(0xFFFFFFFF)
@@ -121,15 +129,47 @@ def hash_cells(coeffs: Any, parts: Any, m: Any, out: Any) -> None:
 
 @_jit
 def gather_cells(stack: Any, cells: Any, acc: Any) -> None:
-    """``acc[t, i] += sum_r stack[t, r, cells[r, i]]``: the gather of cached hash columns."""
+    """``acc[t, i] += sum_r stack[t, r, cells[r, i]]``: the gather of cached hash columns.
+
+    Four rows at a time: each item's accumulator is read and written once per four cells
+    instead of once per cell, and the four reads are independent, so more cache misses are in
+    flight (15-20% faster than one row at a time at k x m = 1,024 x 32,768 and 100 or more
+    items; ``benchmarks/estimate_gather.py``). Integer sums: the order never changes a bit.
+    """
     matrices, rows, _width = stack.shape
     n = cells.shape[1]
+    whole = rows - rows % 4
     for t in range(matrices):
-        for r in range(rows):
-            row = stack[t, r]
-            column = cells[r]
+        total = acc[t]
+        for r in range(0, whole, 4):
+            a, b, c, d = stack[t, r], stack[t, r + 1], stack[t, r + 2], stack[t, r + 3]
+            ca, cb, cc, cd = cells[r], cells[r + 1], cells[r + 2], cells[r + 3]
             for i in range(n):
-                acc[t, i] += np.int64(row[column[i]])
+                pair = np.int64(a[ca[i]]) + np.int64(b[cb[i]])
+                total[i] += pair + (np.int64(c[cc[i]]) + np.int64(d[cd[i]]))
+        for r in range(whole, rows):
+            row, column = stack[t, r], cells[r]
+            for i in range(n):
+                total[i] += np.int64(row[column[i]])
+
+
+@_jit
+def estimate_terms(
+    totals: Any, shift: Any, n: Any, terms: Any, sum_sq: Any, est: Any, std: Any
+) -> None:
+    """``variance.EstimateTerms.estimates`` in one pass: the same float64 operations in the
+    same order per item (no fast-math, so no reassociation or fused multiply-add), hence the
+    same bits as the numpy path; ``terms`` is ``(scale, hit_var, others_var, alpha2,
+    scale_sq)``, ``sum_sq`` negative when not given."""
+    scale, hit_var, others_var, alpha2, scale_sq = terms
+    for i in range(totals.size):
+        e = (totals[i] - shift) / scale
+        plug = min(max(e, 0.0), n)
+        others = n - plug
+        mass = others if sum_sq < 0.0 else max(sum_sq - plug * plug, others)
+        var = (plug * hit_var + others * others_var + alpha2 * mass) / scale_sq
+        est[i] = e
+        std[i] = np.sqrt(var) if var > 0.0 else 0.0
 
 
 @_jit

@@ -25,12 +25,16 @@ HCMS ``Y`` is a +-1 product with ``a = 2p - 1, b = 0``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["ContributionModel"]
+from ldpipe.schemas.mechanisms.columns import kernel
+
+__all__ = ["ContributionModel", "EstimateTerms"]
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -112,6 +116,19 @@ class ContributionModel:
         cell_mass = (centred - n_j * (self.hit_var + (m - 1.0) * self.miss_var)) / (g * g)
         return float(np.sum((cell_mass - gamma * n_j * n_j) / (1.0 - gamma)))
 
+    @cached_property
+    def terms(self) -> EstimateTerms:
+        """The constants of ``estimate`` and ``variance``, computed once (an estimate's fixed
+        cost is then a few array operations: issue 23, "estimates against a compiled gather")."""
+        return EstimateTerms(
+            self.other_mean,
+            self.scale,
+            self.hit_var,
+            self.other_var - self.alpha2,
+            self.alpha2,
+            self.scale**2,
+        )
+
     def collision_bias_variance(self, sum_sq_others: npt.ArrayLike) -> FloatArray:
         """Variance over hash draws of the bias a fixed set of k functions gives (Pan Thm 3.10)."""
         g = self.collision
@@ -129,3 +146,76 @@ class ContributionModel:
         g = self.collision
         floor_var = n * self.other_var / self.scale**2
         return float(n * n * g / ((1.0 - g) * delta * tau * floor_var))
+
+
+@dataclass(frozen=True)
+class EstimateTerms:
+    """``ContributionModel.estimate`` and ``variance`` fused, with their constants precomputed.
+
+    Every operation is the one the model performs, in the same order on the same float64
+    values, so the results are equal bit for bit (``tests/schemas/mechanisms/
+    test_estimate_terms.py``); only the number of array passes (and, for one item, the arrays
+    themselves: Python floats are IEEE doubles too) is smaller.
+    """
+
+    other_mean: float
+    scale: float
+    hit_var: float
+    others_var: float  # other_var - alpha2
+    alpha2: float
+    scale_sq: float
+
+    def estimates(
+        self, totals: npt.ArrayLike, n: int, sum_sq: float | None
+    ) -> tuple[FloatArray, FloatArray]:
+        """Estimates of the items whose column totals are ``totals`` and their standard errors.
+
+        ``sum_sq`` (the population's ``sum_d f(d)^2``) gives the other items' mass as
+        ``max(sum_sq - f^2, n - f)``; None takes the floor ``n - f`` (no collision term). The
+        variance is taken at the estimate clipped to ``[0, n]``.
+        """
+        t = np.asarray(totals, dtype=np.float64)
+        if t.shape == (1,):
+            return self._estimate_one(float(t[0]), n, sum_sq)
+        nf = float(n)
+        if t.size and (sum_sq is None or sum_sq >= 0.0) and kernel() == "numba":
+            from ldpipe.schemas.mechanisms import kernels  # numba loads on first use
+
+            flat = np.ascontiguousarray(t).reshape(-1)
+            out_est, out_std = np.empty(t.shape), np.empty(t.shape)
+            given = -1.0 if sum_sq is None else float(sum_sq)
+            terms = (self.scale, self.hit_var, self.others_var, self.alpha2, self.scale_sq)
+            shift = n * self.other_mean
+            kernels.estimate_terms(
+                flat, shift, nf, terms, given, out_est.reshape(-1), out_std.reshape(-1)
+            )
+            return out_est, out_std
+        est = t - n * self.other_mean
+        est /= self.scale
+        plug = np.clip(est, 0.0, nf)
+        others = nf - plug
+        var = plug * self.hit_var
+        var += others * self.others_var
+        if sum_sq is None:
+            var += self.alpha2 * others
+        else:
+            np.multiply(plug, plug, out=plug)
+            np.subtract(float(sum_sq), plug, out=plug)
+            var += self.alpha2 * np.maximum(plug, others, out=plug)
+        var /= self.scale_sq
+        np.maximum(var, 0.0, out=var)
+        return est, np.sqrt(var, out=var)
+
+    def _estimate_one(
+        self, total: float, n: int, sum_sq: float | None
+    ) -> tuple[FloatArray, FloatArray]:
+        """``estimates`` of one item in Python floats (a dozen array calls cost more than the
+        gather of one item)."""
+        nf = float(n)
+        est = (total - n * self.other_mean) / self.scale
+        plug = min(max(est, 0.0), nf)
+        others = nf - plug
+        mass = others if sum_sq is None else max(float(sum_sq) - plug * plug, others)
+        var = (plug * self.hit_var + others * self.others_var + self.alpha2 * mass) / self.scale_sq
+        std = math.sqrt(var) if var > 0.0 else 0.0
+        return np.array([est]), np.array([std])

@@ -70,8 +70,11 @@ def publish(
     keys: list[bytes | None],
     values: list[bytes],
     topic: str | None = None,
+    flush_seconds: float = 60.0,
 ) -> None:
-    """Publish with one key per value, to ``topic`` (default: the use case's reports topic)."""
+    """Publish with one key per value, to ``topic`` (default: the use case's reports topic);
+    every record is delivered within ``flush_seconds`` (longer than any broker pause a test
+    makes: a device keeps its reports through a pause, it does not drop them)."""
     producer = Producer(pipe.kafka.producer_config({"enable.idempotence": True}))
     for key, value in zip(keys, values, strict=True):
         while True:
@@ -80,7 +83,7 @@ def publish(
                 break
             except BufferError:
                 producer.poll(0.05)
-    assert producer.flush(60) == 0
+    assert producer.flush(flush_seconds) == 0
 
 
 def peel(pipe: LocalPipeline, values: list[bytes]) -> tuple[list[bytes], int]:

@@ -85,7 +85,7 @@ def test_a_broker_pause_longer_than_the_transaction_timeout_is_ridden_out(
         def feed() -> None:  # reports keep coming, before, during and after the pause
             for b in range(bursts):
                 lo, hi = b * size, len(work.values) if b == bursts - 1 else (b + 1) * size
-                publish(pipe, work.keys[lo:hi], work.values[lo:hi])  # type: ignore[arg-type]
+                publish(pipe, work.keys[lo:hi], work.values[lo:hi], flush_seconds=PAUSE + 60)  # type: ignore[arg-type]
                 time.sleep(0.5)  # a pace, so that reports are in flight when the broker stops
 
         publisher = threading.Thread(target=feed, name="publisher", daemon=True)

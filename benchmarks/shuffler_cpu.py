@@ -205,7 +205,8 @@ def service_pass(work: Workload) -> tuple[float, int]:
             shuffler._release(NOW)
 
     seconds = cpu(run)
-    rejected = [s for s in shuffler.metrics.reports_rejected.collect()[0].samples if s.value]
+    metric = next(iter(shuffler.metrics.reports_rejected.collect()))
+    rejected = [sample for sample in metric.samples if sample.value]
     if shuffler.window.rejected or rejected:
         raise RuntimeError(f"reports were rejected ({rejected}): the workload must be clean")
     return seconds, producer.produced

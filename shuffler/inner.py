@@ -98,7 +98,7 @@ class InnerCheck:
                 return known
             verdict = self._classify(inner)
             if len(self._known) < _KNOWN_HEADERS and not isinstance(verdict[0], str):
-                self._known[key] = verdict  # type: ignore[assignment]
+                self._known[key] = verdict
             return verdict
         return self._classify(inner)
 

@@ -25,8 +25,10 @@ from confluent_kafka import Producer
 
 from ldpipe.infra.runtime.kafka import produce
 
-__all__ = ["partition_of", "produce_shuffled"]
+__all__ = ["Headers", "partition_of", "produce_shuffled"]
 
+#: record headers as ``Producer.produce`` takes them
+Headers = list[tuple[str, str | bytes | None]]
 _HASHER: Final = hashlib.blake2b(digest_size=8, person=b"ldpipe-part")
 
 
@@ -44,7 +46,7 @@ def produce_shuffled(
     partitions: int,
     *,
     timestamp: int,
-    headers: list[tuple[str, bytes]] | None = None,
+    headers: Headers | None = None,
 ) -> None:
     """Produce every value of a window, in order, each to its :func:`partition_of`, stamped
     ``timestamp`` (milliseconds; 0: the producer's clock) and with ``headers`` (or none)."""

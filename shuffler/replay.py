@@ -297,17 +297,15 @@ class ReplayLedger:
         pending, n = self._pending, len(self._pending)
         if not n:
             return b""
-        rows = np.empty(n, dtype=_ENTRY_DTYPE)
         held = pending.values()
-        columns = (
-            np.fromiter(pending, dtype=np.uint64, count=n),
-            np.fromiter((stamp for stamp, _ in held), dtype=np.uint64, count=n),
-            np.fromiter((position[0] for _, position in held), dtype=np.uint32, count=n),
-            np.fromiter((position[1] for _, position in held), dtype=np.uint64, count=n),
-        )
-        order = np.lexsort(columns[::-1])  # by digest, stamp, partition, offset
-        for name, column in zip(_ENTRY_DTYPE.names or (), columns, strict=True):
-            rows[name] = column[order]
+        digests = np.fromiter(pending, dtype=np.uint64, count=n)
+        stamps = np.fromiter((stamp for stamp, _ in held), dtype=np.uint64, count=n)
+        partitions = np.fromiter((position[0] for _, position in held), dtype=np.uint32, count=n)
+        offsets = np.fromiter((position[1] for _, position in held), dtype=np.uint64, count=n)
+        order = np.lexsort((offsets, partitions, stamps, digests))  # digest first, then ...
+        rows: npt.NDArray[Any] = np.empty(n, dtype=_ENTRY_DTYPE)
+        rows["digest"], rows["stamp"] = digests[order], stamps[order]
+        rows["partition"], rows["offset"] = partitions[order], offsets[order]
         return rows.tobytes()
 
     def commit(self, now: float) -> None:

@@ -45,7 +45,6 @@ from ldpipe.infra.runtime.kafka import (
     EXACTLY_ONCE_CONSUMER,
     KafkaSettings,
     PipelineKafkaError,
-    message_position,
     produce,
     read_to_end,
     require_topics,
@@ -55,7 +54,7 @@ from ldpipe.infra.runtime.loop import Handlers, LoopSpec, RunLoop, WindowedServi
 from ldpipe.infra.runtime.loop_metrics import LoopMetrics
 from ldpipe.infra.runtime.observability import Readiness
 from ldpipe.schemas.config import UseCase
-from ldpipe.schemas.envelope import ENVELOPE_VERSION, NESTED_VERSION, EnvelopeError
+from ldpipe.schemas.envelope import ENVELOPE_VERSION, NESTED_VERSION
 from ldpipe.schemas.headers import (
     WINDOW_HEADER,
     dead_letter_headers,
@@ -63,7 +62,7 @@ from ldpipe.schemas.headers import (
     window_header,
 )
 from ldpipe.schemas.keys import KeyRing
-from ldpipe.schemas.outer import open_outer, outer_length
+from ldpipe.schemas.outer import outer_length
 from ldpipe.schemas.privacy.formulas import AmplificationBounds, amplification_bounds
 from ldpipe.schemas.privacy.ledger import (
     HOLDS_AGAINST_ALL_BUT_SHUFFLER,
@@ -75,10 +74,11 @@ from ldpipe.schemas.privacy.ledger import (
 )
 from ldpipe.shuffler.contributions import ContributionLedger
 from ldpipe.shuffler.exceptions import ShufflerError
-from ldpipe.shuffler.inner import InnerCheck, InnerClass, payload_lengths
+from ldpipe.shuffler.inner import InnerCheck, payload_lengths
 from ldpipe.shuffler.metrics import ShufflerMetrics
-from ldpipe.shuffler.publish import partition_of, produce_shuffled
+from ldpipe.shuffler.publish import Headers, partition_of, produce_shuffled
 from ldpipe.shuffler.replay import REPLAY_STATE_KEY, ReplayLedger
+from ldpipe.shuffler.unwrap import Unwrapped, unwrap
 from ldpipe.shuffler.window import ShuffleWindow
 
 __all__ = ["CrashPoint", "Shuffler"]
@@ -86,20 +86,6 @@ __all__ = ["CrashPoint", "Shuffler"]
 log = logging.getLogger(__name__)
 
 CrashPoint = Callable[[str], None]
-# a consumed report after ``Shuffler._unwrap``: what was received, what the window would hold,
-# (topic, partition, offset), Kafka key, report id and time, inner class, and the reason and
-# layer of a refusal ("" if none)
-_Unwrapped = tuple[
-    bytes,
-    bytes,
-    tuple[str, int, int],
-    bytes | None,
-    bytes | None,
-    int | None,
-    InnerClass | None,
-    str,
-    str,
-]
 
 
 class Shuffler(WindowedService):
@@ -340,44 +326,18 @@ class Shuffler(WindowedService):
         """Admit one report (``_process`` of a batch of one, without a release)."""
         self._take(self._unwrap([msg])[0], now)
 
-    def _unwrap(self, messages: Sequence[Message]) -> list[_Unwrapped]:
-        """Each report's fields, opened outer layer and checked inner envelope, or why it is
-        refused: what needs nothing the window, the replay or the contribution ledger hold."""
-        nested, keyring, name = self.nested, self.keyring, self.use_case.name
-        classify, limit = self.inner.classify, self.size_limit
-        unwrapped: list[_Unwrapped] = []
-        append = unwrapped.append
-        for msg in messages:
-            value = msg.value() or b""
-            source, key = message_position(msg), msg.key()
-            if len(value) > limit and len(value) > self._size_limit(fresh=True):
-                # larger than any report of the use case: refused before anything else, and
-                # its dead letter carries a digest (oversized_letter), so no transaction can
-                # fail on it
-                layer = "outer" if nested else ""
-                append((value, value, source, key, None, None, None, "too_large", layer))
-                limit = self.size_limit
-                continue
-            if not nested:
-                append((value, value, source, key, None, None, None, "", ""))
-                continue
-            assert keyring is not None
-            # a refused report's dead letter carries what was received, never the inner
-            # envelope, which beside ldpipe.source would link it to its client
-            try:
-                header, inner = open_outer(value, keyring, use_case=name)
-            except EnvelopeError as exc:
-                append((value, value, source, key, None, None, None, str(exc.reason), "outer"))
-                continue
-            checked = classify(inner)
-            if isinstance(checked[0], str):  # refused: the inner envelope would stand out
-                append((value, inner, source, key, None, None, None, str(checked[0]), "inner"))
-                continue
-            # (epoch, key id) of the inner envelope: its class in the window
-            append((value, inner, source, key, header.report_id, header.time, checked, "", ""))
-        return unwrapped
+    def _unwrap(self, messages: Sequence[Message]) -> list[Unwrapped]:
+        """The batch's reports opened and checked (``shuffler/unwrap.py``)."""
+        return unwrap(
+            messages,
+            use_case=self.use_case.name,
+            keyring=self.keyring if self.nested else None,
+            classify=self.inner.classify,
+            size_limit=self.size_limit,
+            fresh_size_limit=lambda: self._size_limit(fresh=True),
+        )
 
-    def _take(self, item: _Unwrapped, now: float) -> None:
+    def _take(self, item: Unwrapped, now: float) -> None:
         """Into the window, or refused with its reason (in input order: the replay and
         contribution ledgers count what came before)."""
         received, value, source, key, report_id, report_time, klass, refused, layer = item
@@ -401,7 +361,7 @@ class Shuffler(WindowedService):
         topics = self.use_case.topics
         values = self.window.shuffled()
         stamp = int(now * 1000)
-        marks = (
+        marks: Headers | None = (
             [
                 (
                     WINDOW_HEADER,

@@ -23,13 +23,14 @@ with other load than wall time):
    calls per consumed batch: ``Shuffler._process`` and its mid-batch ``_release``), then
    ``_due``/``_release`` as the loop does. This is the figure the stages add up to.
 2. **stages**, on another fresh ``Shuffler``'s parts, each over every report of a window before
-   the next stage: the message's fields (value, key, position), the outer open (parse + HPKE),
-   the inner check, the replay check and remember, the contribution limit, the window add
-   (with the window's first offsets); then per window: the permutation, the shuffled
-   partitions and their produce calls, the state records (contribution and replay entries),
-   the ledger record (anonymity set, amplification bounds, encoding) and the commit of both
-   ledgers. "glue" is the service figure minus the stages: the loop's and ``_admit``'s own
-   work between the calls.
+   the next stage (the functions ``shuffler/unwrap.py`` and ``Shuffler._take`` call): the
+   message's fields (value, key, position), the outer open (parse + HPKE), the inner check,
+   the replay check and remember, the contribution limit, the window add (with the window's
+   first offsets); then per window, the steps of ``Shuffler._release``: the permutation, the
+   shuffled partitions and their produce calls, the state records (contribution and replay
+   entries), the ledger record (anonymity set, amplification bounds, encoding) and the commit
+   of both ledgers. "glue" is the service figure minus the stages: the loop's and the
+   service's own work between the calls (and what running them interleaved costs).
 3. **bare open**: ``Suite(X25519, HKDF_SHA256, CHACHA20_POLY1305).decrypt`` of the same outer
    ciphertexts (``enc || ciphertext``, their header as ``info``, split off beforehand).
 
@@ -69,6 +70,7 @@ from ldpipe.schemas.emoji import emoji_dictionary
 from ldpipe.schemas.keys import KeyRing
 from ldpipe.schemas.outer import open_outer, parse_outer_header
 from ldpipe.schemas.privacy.formulas import amplification_bounds
+from ldpipe.shuffler.publish import produce_shuffled
 from ldpipe.shuffler.service import Shuffler
 
 __all__ = ["main"]
@@ -106,10 +108,8 @@ class BenchProducer:
         )
         self.produce = self.real.produce
         self.poll = self.real.poll
-        self.produced = 0
 
     def flush(self, timeout: float = -1) -> int:
-        self.produced += len(self.real)
         self.real.purge(in_queue=True, in_flight=True, blocking=False)
         return 0
 
@@ -192,9 +192,9 @@ def cpu(action: Callable[[], object]) -> float:
 
 def service_pass(work: Workload) -> tuple[float, int]:
     """CPU seconds of every batch through ``RunLoop.dispatch`` (as ``RunLoop.run``), and the
-    records the fresh shuffler produced."""
+    reports the fresh shuffler published."""
     shuffler = work.shuffler()
-    loop, producer = shuffler.loop, cast(BenchProducer, shuffler.loop.producer)
+    loop = shuffler.loop
 
     def run() -> None:
         for batch in work.batches:
@@ -209,7 +209,10 @@ def service_pass(work: Workload) -> tuple[float, int]:
     rejected = [sample for sample in metric.samples if sample.value]
     if shuffler.window.rejected or rejected:
         raise RuntimeError(f"reports were rejected ({rejected}): the workload must be clean")
-    return seconds, producer.produced
+    published = next(iter(shuffler.metrics.reports_out.collect())).samples[0].value
+    if published != len(work.messages):
+        raise RuntimeError(f"{published:,.0f} of {len(work.messages):,} reports published")
+    return seconds, int(published)
 
 
 class Stages:
@@ -264,8 +267,7 @@ def release(s: Shuffler, out: Stages) -> None:
         values = s.window.shuffled()
     with out.stage("partition + produce"):
         stamp = int(NOW * 1000)
-        for value in values:
-            s._produce(producer, topic, value, timestamp=stamp, partition=s._partition_of(value))
+        produce_shuffled(producer, topic, values, s._shuffled_partitions, timestamp=stamp)
     with out.stage("state records"):
         period, entries = s.ledger.pending_record()
         remembered = s.replay.pending_record()
@@ -325,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         service: list[float] = []
         bare: list[float] = []
         split: list[dict[str, float]] = []
-        produced = 0
+        published = 0
         service_pass(work)  # warm-up: caches, the amplification bound, the allocator
         for r in range(rounds):
             progress(f"round {r + 1} of {rounds}")
@@ -334,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
                 lambda: bare.append(bare_pass(work)),
                 lambda: split.append(stages_pass(work)),
             ]
-            seconds, produced = service_pass(work)
+            seconds, published = service_pass(work)
             service.append(seconds)
             for case in cases if r % 2 else reversed(cases):
                 case()
@@ -342,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         result: dict[str, Any] = {
             "reports": n,
             "rounds": rounds,
-            "produced": produced,
+            "published": published,
             "service_us": statistics.median(service) * us,
             "bare_open_us": statistics.median(bare) * us,
             "stages_us": {k: statistics.median(s[k] for s in split) * us for k in STAGES},
@@ -372,7 +374,7 @@ def render(result: dict[str, Any]) -> str:
         f"service (dispatch+release)  {result['service_us']:7.2f}   "
         f"non-HPKE {result['non_hpke_us']:.2f}   ratio bare/service {result['ratio']:.3f}",
         f"outer parse beyond the bare open {result['outer_parse_us']:.2f}; "
-        f"records produced per pass {result['produced']:,}",
+        f"reports published per pass {result['published']:,}",
         "",
         table(["stage", "us/report"], rows),
         f"machine: {result['machine']}",

@@ -345,6 +345,8 @@ def main(argv: list[str] | None = None) -> int:
             "reports": n,
             "rounds": rounds,
             "published": published,
+            "service_rounds_us": [seconds * us for seconds in service],
+            "bare_open_rounds_us": [seconds * us for seconds in bare],
             "service_us": statistics.median(service) * us,
             "bare_open_us": statistics.median(bare) * us,
             "stages_us": {k: statistics.median(s[k] for s in split) * us for k in STAGES},

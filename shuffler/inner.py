@@ -67,9 +67,11 @@ class InnerCheck:
     reload: Callable[[], Mapping[int, int]] | None = None
     _reloaded: float = field(default=0.0, repr=False)
     # (header bytes, envelope length) -> class of the envelopes already found well-formed: a
-    # stream carries a handful, and the verdict depends on nothing else (known epochs are only
-    # ever added, never changed); bounded, since key ids are the sender's to choose
-    _known: dict[tuple[bytes, int], InnerClass] = field(default_factory=dict, repr=False)
+    # stream carries a handful, and the verdict depends on nothing else but ``lengths`` (a
+    # reload forgets them); bounded, since key ids are the sender's to choose
+    _known: dict[tuple[bytes, int], InnerClass] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     def envelope_length(self, epoch: int) -> int | None:
         """The length of every inner envelope of ``epoch``, or ``None`` if it is unknown."""
@@ -141,4 +143,5 @@ class InnerCheck:
         self._reloaded = time.monotonic()
         before = len(self.lengths)
         self.lengths = dict(self.reload())
+        self._known.clear()  # verdicts hold for the lengths they were given
         return len(self.lengths) > before

@@ -140,6 +140,12 @@ def test_inner_classes_are_remembered_for_well_formed_headers_only() -> None:
         body = bytes(len(good) - len(header.to_bytes()))  # enc, ciphertext, tag
         assert check.classify(header.to_bytes() + body) == (1, key_id)
     assert len(check._known) == 256
+    # a reload of the published epochs forgets the verdicts given under the old lengths
+    reloading = InnerCheck("emoji", 2, {1: 30}, reload=lambda: {1: 30, 2: 30})
+    assert reloading.classify(good) == (1, 5) and len(reloading._known) == 1
+    later = seal(EnvelopeHeader("emoji", 2, 5, version=2), bytes(30), key)
+    assert reloading.classify(later) == (2, 5)
+    assert list(reloading._known.values()) == [(2, 5)]
 
 
 def test_a_batch_refuses_admits_and_publishes_as_report_by_report(

@@ -205,3 +205,17 @@ def test_threads_add_disjoint_blocks_exactly(threads: int, monkeypatch: pytest.M
         np.add(want, block, out=want)  # wraps as the accumulator does
     np.testing.assert_array_equal(acc.counts, want)
     assert acc.totals.tolist() == [len(blocks)] * k
+
+
+def test_one_segment_is_read_from_statistics_only_when_they_are_exact(tmp_path: Path) -> None:
+    """opened_files._one_segment: a row group whose ``segment`` statistics are min = max (and
+    short enough not to be a truncated prefix) holds that one segment; anything else is read."""
+    from ldpipe.infra.storage.opened_files import _one_segment
+
+    path = tmp_path / "groups.parquet"
+    long_id = "s" * 80
+    table = pa.table({"segment": ["a1", "a1", "a1", "b2", "c3", long_id, long_id]})
+    pq.write_table(table, path, row_group_size=3)  # [a1 a1 a1] [b2 c3 long] [long]
+    meta = pq.ParquetFile(path).metadata
+    found = [_one_segment(meta.row_group(i).column(0)) for i in range(meta.num_row_groups)]
+    assert found == ["a1", None, None]

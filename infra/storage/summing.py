@@ -16,7 +16,9 @@ from __future__ import annotations
 import bisect
 import itertools
 import os
+import threading
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -26,7 +28,7 @@ import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
 from ldpipe.infra.storage.opened_files import FileKey, Group, Opened, OpenedFiles, Planned, prepare
 from ldpipe.infra.storage.segments import SegmentInfo
-from ldpipe.schemas.mechanisms.columns import default_threads, run_row_ranges
+from ldpipe.schemas.mechanisms.columns import default_threads
 
 __all__ = [
     "MAX_THREADS",
@@ -98,7 +100,33 @@ class Accumulator:
 
         blocks = -(-flat.size // step)
         small = flat.size * len(sources) < self.THREAD_MIN_CELLS
-        run_row_ranges(blocks, 1 if small else self.threads, add_blocks)
+        _share_out(blocks, 1 if small else self.threads, add_blocks)
+
+
+def _share_out(count: int, threads: int, work: Callable[[int, int], None]) -> None:
+    """``work(lo, hi)`` over ``[0, count)`` in up to ``threads`` contiguous ranges: the first on
+    this thread, the others on the process's reader pool (its threads started once: starting
+    two threads per batch cost 0.15 s a query on a loaded machine, measured)."""
+    per = max(1, -(-count // max(1, min(threads, count))))
+    ranges = [(lo, min(lo + per, count)) for lo in range(per, count, per)]
+    others = [_pool().submit(work, lo, hi) for lo, hi in ranges]
+    try:
+        work(0, min(per, count))
+    finally:
+        for future in others:
+            future.result()
+
+
+_POOL: list[ThreadPoolExecutor] = []
+_POOL_LOCK: Final = threading.Lock()
+
+
+def _pool() -> ThreadPoolExecutor:
+    """The threads that add beside a sum's own (started as needed, kept for the next sum)."""
+    with _POOL_LOCK:
+        if not _POOL:
+            _POOL.append(ThreadPoolExecutor(max_workers=32, thread_name_prefix="ldpipe-sum"))
+        return _POOL[0]
 
 
 def default_read_threads() -> int:

@@ -5,8 +5,8 @@ pyarrow.parquet directly (no dataset scan, no per-batch ``is_in`` filter copies)
 ``segment`` statistics say which row groups may hold a wanted segment; a row group's small
 columns (``segment``, ``row``, ``row_total``: k values) are read with pyarrow, and its counters,
 in layout v2, are mapped whole (``counters.py``) and added with numpy into one accumulator
-(``np.add(..., out=)``, cache-blocked over batches of segments: :class:`Accumulator`; no copy,
-no concatenation). A row group in layout v1
+(``np.add(..., out=)``, cache-blocked over batches of segments, the blocks shared out to a few
+threads: :class:`Accumulator`; no copy, no concatenation). A row group in layout v1
 (zstd, dictionary, several pages) is decoded by pyarrow instead: both layouts read. What is
 learned of a file (plan, mapped counters) is kept for the next query (``opened_files.py``).
 """

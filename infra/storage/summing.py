@@ -131,7 +131,8 @@ def _pool() -> ThreadPoolExecutor:
 
 def default_read_threads() -> int:
     """Threads a sum adds with: the cores this process may run on, at most :data:`MAX_THREADS`
-    (two reach a page cache's bandwidth where one reads at about half an in-memory add's)."""
+    (measured at load 1.2 on 2 cores: 100 mapped 16 MiB segments added in 0.124 s on two
+    threads, 0.172 s on one; on busy cores no faster: docs/benchmarks.md)."""
     return min(MAX_THREADS, default_threads())
 
 

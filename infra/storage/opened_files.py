@@ -167,24 +167,43 @@ def _plan(source: Any) -> list[Planned]:
     parquet = pq.ParquetFile(source, pre_buffer=False)
     meta = parquet.metadata
     names = parquet.schema_arrow.names
-    row_col, counts_col = names.index("row"), names.index("counts")
+    segment_col, row_col = names.index("segment"), names.index("row")
+    counts_col = names.index("counts")
     out = []
     for index in range(meta.num_row_groups):
         columns = meta.row_group(index)
         if _headers_only(columns.column(row_col)):
             continue
+        one = _one_segment(columns.column(segment_col))
         small = parquet.read_row_group(
-            index, columns=["segment", "row", "row_total"], use_threads=False
+            index, columns=["row", "row_total"] if one else _SMALL, use_threads=False
         )
-        coded = small.column(0).combine_chunks().dictionary_encode()
-        group = Group(
-            coded.dictionary.to_pylist(),
-            coded.indices.to_numpy(zero_copy_only=False),
-            small.column(1).to_numpy(),
-            small.column(2).to_numpy(),
-        )
-        out.append(Planned(index, group, columns.column(counts_col)))
+        if one is not None:  # layout v2: the segment's rows are a row group of their own
+            ids, which = [one], np.zeros(small.num_rows, dtype=np.int32)
+        else:
+            coded = small.column("segment").combine_chunks().dictionary_encode()
+            ids, which = coded.dictionary.to_pylist(), coded.indices.to_numpy(zero_copy_only=False)
+        rows, totals = small.column("row").to_numpy(), small.column("row_total").to_numpy()
+        out.append(Planned(index, Group(ids, which, rows, totals), columns.column(counts_col)))
     return out
+
+
+_SMALL: Final = ["segment", "row", "row_total"]
+#: statistics of a string column longer than this may be truncated prefixes (arrow-rs, which
+#: delta-rs writes with, truncates them to 64 bytes by default): not trusted to name a segment
+_EXACT_STATISTICS: Final = 63
+
+
+def _one_segment(column: Any) -> str | None:
+    """The one segment of a row group whose ``segment`` statistics say all its rows hold it
+    (min = max, no nulls: the reader then skips decoding and hashing that column), else None."""
+    st = column.statistics
+    if st is None or not st.has_min_max or not st.has_null_count or st.null_count:
+        return None
+    low, high = st.min, st.max
+    if not isinstance(low, str) or low != high or len(low.encode()) > _EXACT_STATISTICS:
+        return None
+    return low
 
 
 def _headers_only(column: Any) -> bool:

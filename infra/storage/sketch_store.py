@@ -152,7 +152,8 @@ class SketchStore:
     """
 
     def __init__(
-        self, uri: str | Path, use_case: str, *, storage_options: Mapping[str, str] | None = None
+        self, uri: str | Path, use_case: str, *, storage_options: Mapping[str, str] | None = None,
+        read_threads: int | None = None,
     ) -> None:
         self.root = str(uri)
         self.use_case = use_case
@@ -169,6 +170,7 @@ class SketchStore:
         self.bound: StoreIdentity | None = None  # the writer's identity (bind()), if any
         self.last_sum = SumStats()  # row groups the sums read, mapped (v2) and decoded (v1)
         self.opened = OpenedFiles()  # data files' plans and mapped counters, kept between sums
+        self.read_threads = read_threads  # threads read_sum adds with (None: cores, at most 4)
 
     # ---- the table ----------------------------------------------------------------------
     def head(self) -> TableVersion | None:
@@ -514,7 +516,7 @@ class SketchStore:
         table = at.handle if at is not None else self._table()
         if table is None:
             raise StoreError(f"no sketch store at {self.uri}")
-        acc = Accumulator(first.k, first.m)
+        acc = Accumulator(first.k, first.m, threads=self.read_threads)
         wanted = {s.segment: s for s in segments}
         self.last_sum = SumStats()
         with self._engine():

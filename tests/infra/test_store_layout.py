@@ -179,3 +179,43 @@ def test_more_dense_segments_than_one_batch_sum_exactly(tmp_path: Path) -> None:
     got = store.read_sum(store.segments())
     np.testing.assert_array_equal(got.counts, np.sum([s.counts for s in sketches], axis=0))
     assert store.last_sum.mapped == count
+    for threads in (1, 2, 3):  # the blocks shared out to threads: the same bits
+        again = SketchStore(tmp_path, "emoji", read_threads=threads).read_sum(store.segments())
+        np.testing.assert_array_equal(again.counts, got.counts)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 5])
+def test_threads_add_disjoint_blocks_exactly(threads: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Accumulator.flush shares the accumulator's blocks out to threads (a last block shorter,
+    more threads than blocks): every counter added once, bit for bit."""
+    from ldpipe.infra.storage.summing import Accumulator
+
+    monkeypatch.setattr(Accumulator, "THREAD_MIN_CELLS", 0)
+    monkeypatch.setattr(Accumulator, "BLOCK_BYTES", 8 * 1000)
+    rng = np.random.default_rng(11)
+    k, m = 37, 199  # 7,363 counters: 8 blocks, the last 363
+    blocks = [rng.integers(-(2**62), 2**62, size=(k, m), dtype=np.int64) for _ in range(21)]
+    acc = Accumulator(k, m, threads=threads)
+    rows, totals = np.arange(k), np.ones(k, dtype=np.int64)
+    for block in blocks:
+        acc.add_rows(rows, block, totals)
+    acc.flush()
+    want = np.zeros((k, m), dtype=np.int64)
+    for block in blocks:
+        np.add(want, block, out=want)  # wraps as the accumulator does
+    np.testing.assert_array_equal(acc.counts, want)
+    assert acc.totals.tolist() == [len(blocks)] * k
+
+
+def test_one_segment_is_read_from_statistics_only_when_they_are_exact(tmp_path: Path) -> None:
+    """opened_files._one_segment: a row group whose ``segment`` statistics are min = max (and
+    short enough not to be a truncated prefix) holds that one segment; anything else is read."""
+    from ldpipe.infra.storage.opened_files import _one_segment
+
+    path = tmp_path / "groups.parquet"
+    long_id = "s" * 80
+    table = pa.table({"segment": ["a1", "a1", "a1", "b2", "c3", long_id, long_id]})
+    pq.write_table(table, path, row_group_size=3)  # [a1 a1 a1] [b2 c3 long] [long]
+    meta = pq.ParquetFile(path).metadata
+    found = [_one_segment(meta.row_group(i).column(0)) for i in range(meta.num_row_groups)]
+    assert found == ["a1", None, None]

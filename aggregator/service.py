@@ -459,17 +459,34 @@ class Aggregator:
 
     def process_batch(self, messages: list[Message]) -> int:
         """Dedupe, decode, dead-letter and accumulate consumed records (no consumer events:
-        the run loop handles those); returns the number of reports added to open windows."""
+        the run loop handles those); returns the number of reports added to open windows.
+
+        Each record is read once (partition, timestamp, offset, value); the rest works on the
+        batch: numpy arrays of those, one ``windows.add`` per epoch (one accumulate per window)
+        and one positions update per partition."""
         started = time.perf_counter()
-        owned = self.partitions.owned
-        good = [m for m in messages if (m.partition() or 0) in owned]
-        if not good:
+        if not messages:
             return 0
+        rows = [(m.partition() or 0, m.timestamp()[1] or 0, m.offset() or 0) for m in messages]
+        partitions = np.array([r[0] for r in rows], dtype=np.int64)
+        owned = self.partitions.owned
+        good = messages
+        if not owned.issuperset(np.unique(partitions).tolist()):
+            mine = np.flatnonzero(np.isin(partitions, list(owned)))
+            if not len(mine):
+                return 0
+            good = [messages[i] for i in mine.tolist()]
+            rows = [rows[i] for i in mine.tolist()]
+            partitions = partitions[mine]
         self.dirty = True
         labels = self._labels
         self.metrics.reports_in.labels(**labels).inc(len(good))
-        progress = [(m.partition() or 0, m.timestamp()[1] or 0) for m in good]
-        fresh = self.dedupe.fresh(good)
+        stamps = np.array([r[1] for r in rows], dtype=np.int64)
+        offsets = np.array([r[2] for r in rows], dtype=np.int64)
+        values = [m.value() for m in good]
+        fresh = self.dedupe.fresh_values(partitions.tolist(), values)
+        # noted once the batch is done (a slow batch is not idleness), of every record read
+        progress = (partitions, stamps)
         if len(fresh) < len(good):
             dropped = len(good) - len(fresh)
             log.warning("dropped %d re-published duplicate reports", dropped)
@@ -478,21 +495,22 @@ class Aggregator:
                 if i not in kept:  # = every record read
                     self.dead_letters.send(msg, "envelope", "duplicate")
             good = [good[i] for i in fresh]
-        parts, rejections = self.decoder.decode([m.value() for m in good])
+            values = [values[i] for i in fresh]
+            where = np.asarray(fresh, dtype=np.int64)
+            partitions, stamps, offsets = partitions[where], stamps[where], offsets[where]
+        parts, rejections = self.decoder.decode(values)
         accepted = 0
         for epoch, part in parts.items():
-            chosen = [good[i] for i in part.positions]
-            stamps = np.fromiter((m.timestamp()[1] for m in chosen), np.int64, len(chosen))
-            partitions = np.fromiter((m.partition() or 0 for m in chosen), np.int64, len(chosen))
-            offsets = np.fromiter((m.offset() or 0 for m in chosen), np.int64, len(chosen))
-            self.windows.add(epoch, part.reports, stamps)
-            starts = self.windows.window_of(stamps)
-            self.spans.record_batch(epoch, starts, self.windows.window_seconds, partitions, offsets)
-            accepted += len(part.positions)
+            chosen = part.positions
+            self.windows.add(epoch, part.reports, stamps[chosen])
+            starts = self.windows.window_of(stamps[chosen])
+            self.spans.record_batch(
+                epoch, starts, self.windows.window_seconds, partitions[chosen], offsets[chosen]
+            )
+            accepted += len(chosen)
         for position, layer, reason in rejections:
             self.dead_letters.send(good[position], layer, reason)
-        # noted once the batch is done: a slow batch is not idleness
-        self.partitions.note_records(progress)
+        self.partitions.note_batch(*progress)
         self.metrics.reports_aggregated.labels(**labels).inc(accepted)
         self.metrics.batch_seconds.labels(**labels).observe(time.perf_counter() - started)
         self.crash_point("aggregator.after_accumulate")

@@ -16,6 +16,7 @@ from typing import cast
 import numpy as np
 from confluent_kafka import TIMESTAMP_CREATE_TIME, Message, Producer
 
+from ldpipe.aggregator.batches import read_batch
 from ldpipe.aggregator.dedupe import SeenReports, envelope_digest, envelope_digests
 from ldpipe.aggregator.opening import open_batch
 from ldpipe.aggregator.options import AggregatorOptions
@@ -231,3 +232,19 @@ def test_process_batch_counts_the_valid_and_dead_letters_the_rest() -> None:
         uc.mechanism.accumulate(want, codec.decode_batch(mine).reports)
         np.testing.assert_array_equal(sketch.counts, want.counts)
         np.testing.assert_array_equal(sketch.row_totals, want.row_totals)
+
+
+def test_a_batch_keeps_the_records_of_owned_partitions_only() -> None:
+    messages = [
+        Message(topic="t", partition=i % 3, offset=100 + i, value=bytes([i]),
+                timestamp=(TIMESTAMP_CREATE_TIME, 5_000 + i))
+        for i in range(9)
+    ]  # fmt: skip
+    batch = read_batch(messages, {0, 2})
+    assert batch.partitions.tolist() == [0, 2, 0, 2, 0, 2]
+    assert batch.offsets.tolist() == [100, 102, 103, 105, 106, 108]
+    assert batch.stamps.tolist() == [5_000, 5_002, 5_003, 5_005, 5_006, 5_008]
+    assert batch.values == [bytes([i]) for i in (0, 2, 3, 5, 6, 8)]
+    taken = batch.take([4, 1])
+    assert taken.offsets.tolist() == [106, 102] and taken.messages == [messages[6], messages[2]]
+    assert len(read_batch(messages, set())) == 0

@@ -19,13 +19,25 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["SeenReports", "envelope_digest"]
+__all__ = ["SeenReports", "envelope_digest", "envelope_digests"]
+
+_PERSON = b"ldpipe-seen"
 
 
 def envelope_digest(value: bytes) -> int:
-    return int.from_bytes(
-        hashlib.blake2b(value, digest_size=8, person=b"ldpipe-seen").digest(), "little"
-    )
+    return int.from_bytes(hashlib.blake2b(value, digest_size=8, person=_PERSON).digest(), "little")
+
+
+def envelope_digests(values: Iterable[bytes | None]) -> list[int]:
+    """``envelope_digest`` of each value (``None``: of ``b""``), as one batch: each a copy of
+    one keyed BLAKE2b state, the digests joined and read as little-endian uint64."""
+    start = hashlib.blake2b(digest_size=8, person=_PERSON)
+    digests = []
+    for value in values:
+        state = start.copy()
+        state.update(value or b"")
+        digests.append(state.digest())
+    return np.frombuffer(b"".join(digests), dtype="<u8").tolist()  # type: ignore[no-any-return]
 
 
 class SeenReports:
@@ -55,11 +67,22 @@ class SeenReports:
         """Positions of ``values`` not seen before (first copy wins within the batch too)."""
         if self.horizon == 0:
             return list(range(len(values)))
+        return self.filter_digests(envelope_digests(values))
+
+    def filter_digests(self, digests: Iterable[int]) -> list[int]:
+        """``filter`` of values with these ``envelope_digest``s: remembered one by one, the
+        oldest forgotten as each new one passes the horizon."""
+        if self.horizon == 0:
+            return list(range(sum(1 for _ in digests)))
+        seen, order, horizon = self._set, self._order, self.horizon
+        add, append, popleft, discard = seen.add, order.append, order.popleft, seen.discard
         fresh = []
-        for i, value in enumerate(values):
-            digest = envelope_digest(value or b"")
-            if digest not in self._set:
-                self._remember(digest)
+        for i, digest in enumerate(digests):
+            if digest not in seen:
+                add(digest)
+                append(digest)
+                if len(order) > horizon:
+                    discard(popleft())
                 fresh.append(i)
         return fresh
 

@@ -22,6 +22,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+import numpy.typing as npt
 from confluent_kafka import Consumer, TopicPartition
 
 __all__ = ["STORE", "PartitionOwner", "PositionWentBackError"]
@@ -125,6 +127,22 @@ class PartitionOwner:
         now = self.monotonic()
         for p, millis in records:
             seconds = millis // 1000
+            if seconds > self.latest.get(p, -(2**62)):
+                self.latest[p] = seconds
+            self.last_record[p] = now
+
+    def note_batch(self, partitions: npt.NDArray[np.int64], millis: npt.NDArray[np.int64]) -> None:
+        """``note_records`` of a batch given as arrays: one update per partition."""
+        if not len(partitions):
+            return
+        now = self.monotonic()
+        first = int(partitions[0])
+        if (partitions == first).all():
+            groups = [(first, int(millis.max()))]
+        else:
+            groups = [(int(p), int(millis[partitions == p].max())) for p in np.unique(partitions)]
+        for p, newest in groups:
+            seconds = newest // 1000
             if seconds > self.latest.get(p, -(2**62)):
                 self.latest[p] = seconds
             self.last_record[p] = now

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from confluent_kafka import Message
 
-from ldpipe.aggregator.dedupe import SeenReports, envelope_digest
+from ldpipe.aggregator.dedupe import SeenReports, envelope_digests
 from ldpipe.infra.runtime.kafka import KafkaSettings, read_range
 
 __all__ = ["LogHistory", "RememberedReports", "log_digests"]
@@ -40,10 +40,9 @@ def log_digests(
     on Kafka no aborted record; Tansu 0.6 delivers those too, to both alike)."""
     group = f"ldpipe-aggregator-dedupe-{uuid.uuid4().hex}"
     return {
-        p: [
-            envelope_digest(m.value() or b"")
-            for m in read_range(kafka, topic, p, begin, end, group, timeout=timeout)
-        ]
+        p: envelope_digests(
+            m.value() for m in read_range(kafka, topic, p, begin, end, group, timeout=timeout)
+        )
         for p, (begin, end) in sorted(ranges.items())
     }
 
@@ -86,12 +85,20 @@ class RememberedReports:
 
     def fresh(self, messages: Sequence[Message]) -> list[int]:
         """Positions of ``messages`` whose envelope its partition has not seen recently."""
+        return self.fresh_values(
+            [m.partition() or 0 for m in messages], [m.value() for m in messages]
+        )
+
+    def fresh_values(self, partitions: Sequence[int], values: Sequence[bytes | None]) -> list[int]:
+        """``fresh`` of records given as their partitions and values, in batch order."""
+        if len(set(partitions)) <= 1:
+            return self._seen(partitions[0]).filter(values) if partitions else []
         by_partition: dict[int, list[int]] = {}
-        for i, m in enumerate(messages):
-            by_partition.setdefault(m.partition() or 0, []).append(i)
+        for i, p in enumerate(partitions):
+            by_partition.setdefault(p, []).append(i)
         fresh: list[int] = []
         for p, where in by_partition.items():
-            kept = self._seen(p).filter([messages[i].value() for i in where])
+            kept = self._seen(p).filter([values[i] for i in where])
             fresh.extend(where[j] for j in kept)
         return sorted(fresh)
 

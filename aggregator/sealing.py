@@ -55,16 +55,18 @@ class OpenSpans:
         """Record a batch's (window start, partition, offset) triples, vectorized per group."""
         if not len(offsets):
             return
-        pairs = np.stack([starts, partitions], axis=1)
-        groups, inverse = np.unique(pairs, axis=0, return_inverse=True)
-        inverse = inverse.reshape(-1)
-        lows = np.full(len(groups), np.iinfo(np.int64).max, dtype=np.int64)
-        highs = np.full(len(groups), -1, dtype=np.int64)
-        np.minimum.at(lows, inverse, offsets)
-        np.maximum.at(highs, inverse, offsets)
-        for (start, partition), low, high in zip(groups.tolist(), lows, highs, strict=True):
-            key = (epoch, int(start), int(start) + window_seconds)
-            self.record(key, int(partition), int(low), int(high))
+        # a batch holds few windows and partitions: group by each alone (1-D), then by pair
+        window_list, window_of = np.unique(starts, return_inverse=True)
+        partition_list, partition_of = np.unique(partitions, return_inverse=True)
+        pair = window_of.reshape(-1) * len(partition_list) + partition_of.reshape(-1)
+        for code in np.unique(pair).tolist():
+            chosen = (
+                offsets if len(window_list) * len(partition_list) == 1 else offsets[pair == code]
+            )
+            start = int(window_list[code // len(partition_list)])
+            partition = int(partition_list[code % len(partition_list)])
+            key = (epoch, start, start + window_seconds)
+            self.record(key, partition, int(chosen.min()), int(chosen.max()))
 
     def plan(
         self, candidates: Iterable[WindowKey], positions: Mapping[int, int]

@@ -29,9 +29,10 @@ read again, by this member or the partition's next owner.
 This module is the loop; its rooms are ``aggregator/options.py`` (how a process runs),
 ``partitions.py`` (owned partitions and their positions), ``checkpoints.py`` (the member lock,
 writing and restoring checkpoints), ``remembered.py`` (per-partition dedupe sets rebuilt from the
-log), ``decoding.py`` (envelopes of every known epoch), ``dead_letters.py`` (the records not
-counted), ``data_loss.py`` (positions outside the log) and ``commits.py`` (what one store
-commit holds). The poll loop itself is the services' shared core, ``infra/runtime/loop.py``.
+log), ``batches.py`` (a batch's records, read once), ``decoding.py`` and ``opening.py``
+(envelopes of every known epoch), ``dead_letters.py`` (the records not counted),
+``data_loss.py`` (positions outside the log) and ``commits.py`` (what one store commit holds).
+The poll loop itself is the services' shared core, ``infra/runtime/loop.py``.
 """
 
 from __future__ import annotations
@@ -42,7 +43,6 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import numpy as np
 from confluent_kafka import (
     OFFSET_BEGINNING,
     Consumer,
@@ -52,6 +52,7 @@ from confluent_kafka import (
 )
 from prometheus_client import CollectorRegistry
 
+from ldpipe.aggregator.batches import read_batch
 from ldpipe.aggregator.checkpoints import Checkpoints
 from ldpipe.aggregator.commits import commit_positions, window_segments
 from ldpipe.aggregator.data_loss import (
@@ -459,40 +460,40 @@ class Aggregator:
 
     def process_batch(self, messages: list[Message]) -> int:
         """Dedupe, decode, dead-letter and accumulate consumed records (no consumer events:
-        the run loop handles those); returns the number of reports added to open windows."""
+        the run loop handles those); returns the number of reports added to open windows.
+        Each record is read once (``aggregator/batches.py``); the rest works on arrays: one
+        ``windows.add`` per epoch and one positions update per partition."""
         started = time.perf_counter()
-        owned = self.partitions.owned
-        good = [m for m in messages if (m.partition() or 0) in owned]
-        if not good:
+        batch = read_batch(messages, self.partitions.owned)
+        if not len(batch):
             return 0
         self.dirty = True
         labels = self._labels
-        self.metrics.reports_in.labels(**labels).inc(len(good))
-        progress = [(m.partition() or 0, m.timestamp()[1] or 0) for m in good]
-        fresh = self.dedupe.fresh(good)
-        if len(fresh) < len(good):
-            dropped = len(good) - len(fresh)
-            log.warning("dropped %d re-published duplicate reports", dropped)
+        self.metrics.reports_in.labels(**labels).inc(len(batch))
+        # noted once the batch is done (a slow batch is not idleness), of every record read
+        progress = (batch.partitions, batch.stamps)
+        fresh = self.dedupe.fresh_values(batch.partitions.tolist(), batch.values)
+        if len(fresh) < len(batch):
+            log.warning("dropped %d re-published duplicate reports", len(batch) - len(fresh))
             kept = set(fresh)
-            for i, msg in enumerate(good):  # accounted for: aggregated + refused + duplicates
-                if i not in kept:  # = every record read
+            for i, msg in enumerate(batch.messages):  # accounted for: aggregated + refused
+                if i not in kept:  # + duplicates = every record read
                     self.dead_letters.send(msg, "envelope", "duplicate")
-            good = [good[i] for i in fresh]
-        parts, rejections = self.decoder.decode([m.value() for m in good])
+            batch = batch.take(fresh)
+        parts, rejections = self.decoder.decode(batch.values)
         accepted = 0
         for epoch, part in parts.items():
-            chosen = [good[i] for i in part.positions]
-            stamps = np.fromiter((m.timestamp()[1] for m in chosen), np.int64, len(chosen))
-            partitions = np.fromiter((m.partition() or 0 for m in chosen), np.int64, len(chosen))
-            offsets = np.fromiter((m.offset() or 0 for m in chosen), np.int64, len(chosen))
-            self.windows.add(epoch, part.reports, stamps)
-            starts = self.windows.window_of(stamps)
-            self.spans.record_batch(epoch, starts, self.windows.window_seconds, partitions, offsets)
-            accepted += len(part.positions)
+            chosen = part.positions
+            self.windows.add(epoch, part.reports, batch.stamps[chosen])
+            starts = self.windows.window_of(batch.stamps[chosen])
+            seconds = self.windows.window_seconds
+            self.spans.record_batch(
+                epoch, starts, seconds, batch.partitions[chosen], batch.offsets[chosen]
+            )
+            accepted += len(chosen)
         for position, layer, reason in rejections:
-            self.dead_letters.send(good[position], layer, reason)
-        # noted once the batch is done: a slow batch is not idleness
-        self.partitions.note_records(progress)
+            self.dead_letters.send(batch.messages[position], layer, reason)
+        self.partitions.note_batch(*progress)
         self.metrics.reports_aggregated.labels(**labels).inc(accepted)
         self.metrics.batch_seconds.labels(**labels).observe(time.perf_counter() - started)
         self.crash_point("aggregator.after_accumulate")

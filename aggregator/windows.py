@@ -14,7 +14,8 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
-from ldpipe.schemas.envelope import EnvelopeError, PrivateKeyLookup, open_many
+from ldpipe.aggregator.opening import open_batch
+from ldpipe.schemas.envelope import PrivateKeyLookup
 from ldpipe.schemas.mechanisms import Mechanism, Reports, Sketch
 from ldpipe.schemas.payloads import PayloadCodec
 
@@ -39,26 +40,19 @@ def decode_epochs(
     use_case: str,
     version: int | None = None,
 ) -> tuple[dict[int, DecodedBatch], list[tuple[int, str, str]]]:
-    """Open envelopes and decode each payload with its epoch's codec; never raises on bad data.
+    """Open envelopes (``aggregator/opening.py``) and decode each payload with its epoch's
+    codec; never raises on bad data.
 
     Returns the valid reports per epoch (with their batch positions) and every rejection as
     ``(position, layer, reason)``; envelopes of an epoch not in ``codecs`` are ``wrong_epoch``;
     with ``version`` (2 for a use case with nested envelopes) envelopes of the other layering
     are ``single_layer`` or ``unexpected_nested``.
     """
-    opened = open_many(values, keyring, use_case=use_case, epochs=codecs.keys(), version=version)
-    rejections: list[tuple[int, str, str]] = []
-    grouped: dict[int, tuple[list[int], list[bytes]]] = {}
-    for i, result in enumerate(opened):
-        if isinstance(result, EnvelopeError):
-            rejections.append((i, "envelope", str(result.reason)))
-        else:
-            positions, payloads = grouped.setdefault(result.header.epoch, ([], []))
-            positions.append(i)
-            payloads.append(result.payload)
+    opened = open_batch(values, keyring, use_case=use_case, epochs=codecs.keys(), version=version)
+    rejections = opened.rejections
     parts: dict[int, DecodedBatch] = {}
-    for epoch, (positions, payloads) in grouped.items():
-        decoded = codecs[epoch].decode_batch(payloads)
+    for epoch, positions in opened.positions.items():
+        decoded = codecs[epoch].decode_batch(opened.payloads[epoch])
         where = np.asarray(positions, dtype=np.int64)
         rejections.extend((int(where[j]), "payload", str(r)) for j, r in decoded.rejected)
         parts[epoch] = DecodedBatch(decoded.reports, where[decoded.accepted_index], [])

@@ -4,26 +4,13 @@ seals (the figures themselves are for ``docs/benchmarks.md``, not for a test).""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.benchmark_helpers import run_benchmark
 
 
 def test_nested_benchmark_quick_json() -> None:
-    command = ["benchmarks/nested.py", "--quick", "--json", "--n", "300", "--repeats", "1"]
-    done = subprocess.run(
-        [sys.executable, *command, "--profile"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
+    result = run_benchmark(
+        "nested.py", "--quick", "--json", "--n", "300", "--repeats", "1", "--profile", timeout=60
     )
-    assert done.returncode == 0, done.stderr
-    result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["reports"] == 300 and result["repeats"] == 1
     shuffler = result["shuffler"]
     for case in ("bare", "admit_path", "service"):

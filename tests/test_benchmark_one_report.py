@@ -5,12 +5,8 @@ test: no timed asserts)."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
+from tests.benchmark_helpers import run_benchmark
 
-ROOT = Path(__file__).resolve().parents[1]
 CASES = {
     "bare seal",
     "bare two seals",
@@ -21,17 +17,7 @@ CASES = {
 
 
 def test_one_report_benchmark_quick_json() -> None:
-    command = ["benchmarks/one_report.py", "--json", "--n", "200", "--repeats", "1"]
-    done = subprocess.run(
-        [sys.executable, *command],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = run_benchmark("one_report.py", "--json", "--n", "200", "--repeats", "1", timeout=120)
     assert result["parameters"] == {
         "mechanism": "cms",
         "epsilon": 4.0,

@@ -4,26 +4,11 @@ themselves are for ``docs/benchmarks.md``, not for a test)."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.benchmark_helpers import run_benchmark
 
 
 def test_shuffler_cpu_benchmark_json() -> None:
-    command = ["benchmarks/shuffler_cpu.py", "--json", "--n", "400", "--rounds", "1"]
-    done = subprocess.run(
-        [sys.executable, *command],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    result = json.loads(done.stdout)
+    result = run_benchmark("shuffler_cpu.py", "--json", "--n", "400", "--rounds", "1", timeout=120)
     assert result["reports"] == 400 and result["rounds"] == 1
     assert result["published"] == 400  # every report was admitted and published
     assert result["service_us"] > 0 and result["bare_open_us"] > 0

@@ -525,9 +525,9 @@ class SketchStore:
         try:
             keys = files_holding(actions, sorted(wanted), self.opened, local=local)
             add_files(self._open, keys, wanted, acc, self.last_sum, self.opened)
+            acc.flush()
         except (OSError, pa.ArrowException) as exc:
             raise self.unreadable(exc) from exc
-        acc.flush()
         counts, totals = acc.counts, acc.totals
         expected = sum(s.n for s in segments)
         if int(totals.sum()) != expected:

@@ -288,10 +288,18 @@ class RunLoop(TransactionSteps):
             if consumer is not None:
                 if self._subscribed:
                     member = consumer.memberid() or ""
-                consumer.close()
+                consumer.close()  # may raise: a revocation hook failing again (a fenced producer)
         finally:
-            if producer is not None:
-                producer.flush(self.spec.flush_timeout)
+            try:
+                if producer is not None:
+                    producer.flush(self.spec.flush_timeout)
+            finally:
+                # even when the close raised: a member that may not have left must not stay
+                # the group's leader either (the departure then leaves on its behalf)
+                self._depart(member)
+
+    def _depart(self, member: str) -> None:
+        """:func:`~ldpipe.infra.runtime.group_departure.after_close` for the closed ``member``."""
         if member:  # imported here: kafka-python takes ~0.15 s to import, and only a close needs it
             from ldpipe.infra.runtime.group_departure import after_close
 

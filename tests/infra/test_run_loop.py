@@ -270,3 +270,37 @@ def test_lag_is_the_high_watermark_minus_the_position_per_partition() -> None:
     assert registry.get_sample_value("lag", {"use_case": "u", "partition": "0"}) == 6
     lag.update(consumer, [TopicPartition("in", 0, 9)])  # type: ignore[arg-type]  # too soon
     assert registry.get_sample_value("lag", {"use_case": "u", "partition": "0"}) == 6
+
+
+def test_a_close_that_raises_still_makes_sure_the_member_left_no_leader_behind(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # a fenced shuffler: its revocation hook fails again inside consumer.close(); the departure
+    # (group_departure.after_close) must run all the same, or on the embedded broker the group
+    # may keep the departed member as its leader and stall (docs/broker.md, difference 6)
+    from ldpipe.infra.runtime import group_departure
+
+    departed: list[tuple[str, str]] = []
+    monkeypatch.setattr(
+        group_departure,
+        "after_close",
+        lambda clients, group, topics, overrides, member: departed.append((group, member)),
+    )
+    clients = FakeClients([records("in", 0, 0, 1)])
+
+    def on_revoke(consumer: object, partitions: list[TopicPartition]) -> None:
+        raise BrokenError("fenced again while revoking")
+
+    loop = RunLoop(
+        LoopSpec("svc", ("in",), "g"),
+        Handlers(
+            process=lambda m, n: None,
+            on_revoke=on_revoke,
+            finished=lambda: not clients.consumer_.batches,
+        ),
+        clients=clients,
+    )  # fmt: skip
+    with pytest.raises(BrokenError, match="fenced again"):
+        loop.run()
+    assert departed == [("g", "fake-member")]
+    assert "flush" in clients.events  # the producer is flushed too

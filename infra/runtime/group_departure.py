@@ -49,11 +49,20 @@ from kafka.protocol.parser import KafkaProtocol  # type: ignore[import-untyped]
 
 from ldpipe.infra.runtime.kafka import KafkaSettings
 
-__all__ = ["Departure", "after_close", "leave_no_leader_behind", "plaintext_bootstrap"]
+__all__ = [
+    "DEFAULT_STRATEGIES",
+    "Departure",
+    "GroupEndpoint",
+    "after_close",
+    "coordinator_connection",
+    "group_endpoint",
+    "leave_no_leader_behind",
+    "plaintext_bootstrap",
+]
 
 log = logging.getLogger(__name__)
 
-_DEFAULT_STRATEGIES: tuple[str, ...] = ("range", "roundrobin")  # librdkafka's default
+DEFAULT_STRATEGIES: tuple[str, ...] = ("range", "roundrobin")  # librdkafka's default
 _ATTEMPTS = 3  # join + sync rounds while other members keep joining (a join: ~3 s on Tansu)
 
 
@@ -104,13 +113,28 @@ def plaintext_bootstrap(config: Mapping[str, Any]) -> tuple[str, int] | None:
     return host.strip("[]"), int(port)
 
 
+def coordinator_connection(
+    bootstrap: tuple[str, int], group: str, timeout: float
+) -> _Connection | None:
+    """A connection to ``group``'s coordinator (FindCoordinator v1 through ``bootstrap``), or
+    None when the broker names none; network errors propagate."""
+    first = _Connection(*bootstrap, timeout=timeout)
+    try:
+        found = first.request(FindCoordinatorRequest_v1(key=group, key_type=0))
+    finally:
+        first.close()
+    if found.error_code:
+        return None
+    return _Connection(found.host, found.port, timeout=timeout)
+
+
 def leave_no_leader_behind(
     bootstrap: tuple[str, int],
     group: str,
     member_id: str,
     topics: Sequence[str],
     *,
-    strategies: Sequence[str] = _DEFAULT_STRATEGIES,
+    strategies: Sequence[str] = DEFAULT_STRATEGIES,
     session_timeout_ms: int = 6000,
 ) -> Departure:
     """Make sure ``group`` does not keep the closed member ``member_id`` as its leader (module
@@ -119,14 +143,9 @@ def leave_no_leader_behind(
     if not member_id:
         return Departure("skipped")
     timeout = session_timeout_ms / 1000 + 5.0
-    first = _Connection(*bootstrap, timeout=timeout)
-    try:
-        found = first.request(FindCoordinatorRequest_v1(key=group, key_type=0))
-    finally:
-        first.close()
-    if found.error_code:
+    coordinator = coordinator_connection(bootstrap, group, timeout)
+    if coordinator is None:
         return Departure("gone")
-    coordinator = _Connection(found.host, found.port, timeout=timeout)
     try:
         metadata = ConsumerProtocolMemberMetadata_v0(
             version=0, topics=list(topics), user_data=b""
@@ -178,29 +197,51 @@ def leave_no_leader_behind(
         coordinator.close()
 
 
+@dataclass(frozen=True)
+class GroupEndpoint:
+    """Where and how a run loop's group is reached by these checks: the plaintext
+    ``bootstrap``, the consumer's assignment ``strategies`` and ``session_timeout_ms``."""
+
+    bootstrap: tuple[str, int]
+    strategies: tuple[str, ...]
+    session_timeout_ms: int
+
+
+def group_endpoint(
+    clients: object, group: str, overrides: Mapping[str, Any]
+) -> GroupEndpoint | None:
+    """The :class:`GroupEndpoint` of a run loop's consumer: ``clients`` is its client factory
+    (only the real one, which has ``settings``, reaches a broker); None for a fake factory or a
+    listener that is not plaintext (a real Kafka)."""
+    settings = getattr(clients, "settings", None)
+    if not isinstance(settings, KafkaSettings):
+        return None
+    config = settings.consumer_config(group, overrides)
+    bootstrap = plaintext_bootstrap(config)
+    if bootstrap is None:
+        return None
+    strategy = str(config.get("partition.assignment.strategy", "")).strip()
+    strategies = tuple(s.strip() for s in strategy.split(",") if s.strip()) or DEFAULT_STRATEGIES
+    return GroupEndpoint(bootstrap, strategies, int(config.get("session.timeout.ms", 6000)))
+
+
 def after_close(
     clients: object, group: str, topics: Sequence[str], overrides: Mapping[str, Any], member_id: str
 ) -> Departure:
     """:func:`leave_no_leader_behind` for a run loop whose consumer (``member_id``, read before
-    ``close()``) just closed; ``clients`` is its client factory (only the real one, which has
-    ``settings``, reaches a broker). Never raises: a failure is one warning line."""
-    settings = getattr(clients, "settings", None)
-    if not member_id or not isinstance(settings, KafkaSettings):
+    ``close()``) just closed (``clients``: its client factory, :func:`group_endpoint`). Never
+    raises: a failure is one warning line."""
+    endpoint = group_endpoint(clients, group, overrides)
+    if not member_id or endpoint is None:
         return Departure("skipped")
-    config = settings.consumer_config(group, overrides)
-    bootstrap = plaintext_bootstrap(config)
-    if bootstrap is None:
-        return Departure("skipped")
-    strategy = str(config.get("partition.assignment.strategy", "")).strip()
-    strategies = [s.strip() for s in strategy.split(",") if s.strip()] or _DEFAULT_STRATEGIES
     try:
         return leave_no_leader_behind(
-            bootstrap,
+            endpoint.bootstrap,
             group,
             member_id,
             topics,
-            strategies=strategies,
-            session_timeout_ms=int(config.get("session.timeout.ms", 6000)),
+            strategies=endpoint.strategies,
+            session_timeout_ms=endpoint.session_timeout_ms,
         )
     except (OSError, ValueError, KafkaError) as exc:
         log.warning(

@@ -237,7 +237,7 @@ class RunLoop(TransactionSteps):
             metrics=metrics,
             clock=monotonic,
         )
-        self._probed = monotonic()
+        self._probed = self._examined = monotonic()
         self._watch = {"error_cb": self.serving.error_cb}  # the broker's reachability
         self.assigned: set[tuple[str, int]] = set()
         self.at_end: set[tuple[str, int]] = set()  # partitions whose EOF event came last
@@ -469,6 +469,23 @@ class RunLoop(TransactionSteps):
             if over is not None:
                 raise over
         self.serving.check()
+        bound = self.serving.unowned_seconds
+        if self._subscribed and self.serving.unowned_for() > bound and now - self._examined > bound:
+            self._examined = now
+            self._examine_group()
+
+    def _examine_group(self) -> None:
+        """Owning nothing past the bound: ask the coordinator why and clear a ghost leader the
+        embedded broker may keep (``group_doctor.py``); what it found is logged."""
+        from ldpipe.infra.runtime.group_departure import group_endpoint  # kafka-python: lazy
+        from ldpipe.infra.runtime.group_doctor import examine_quietly
+
+        endpoint = group_endpoint(self.clients, self.spec.group, self._consumer_overrides)
+        if endpoint is None:
+            return
+        found = examine_quietly(endpoint, self.spec.group, self.spec.topics)
+        level = logging.INFO if found.state == "Stable" else logging.WARNING
+        log.log(level, "%s owns nothing: %s", self.spec.name, found.describe(self.spec.group))
 
 
 class WindowedService(ABC):

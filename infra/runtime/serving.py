@@ -280,11 +280,14 @@ class Serving:
             code=KafkaError._TIMED_OUT,
         )
 
+    def unowned_for(self) -> float:
+        """Seconds this subscribed service has owned no partition (0 while it owns one)."""
+        return 0.0 if self.unowned_since is None else self.clock() - self.unowned_since
+
     def check(self) -> None:
         """Set readiness and the gauges from what is known now; warn once when the service has
         owned nothing for longer than the bound."""
-        now = self.clock()
-        unowned = 0.0 if self.unowned_since is None else now - self.unowned_since
+        unowned = self.unowned_for()
         # a stalled group may never call on_assign: owning nothing counts from the subscription
         # (the loop's start), not from the first assignment
         stalled = not self.started and unowned > self.unowned_seconds

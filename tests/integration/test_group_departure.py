@@ -11,6 +11,7 @@ the run loop's owning bound; measured: 4.1 s.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable
 
@@ -28,12 +29,16 @@ from kafka.protocol.old.group import (  # type: ignore[import-untyped]
 )
 
 from ldpipe.infra.runtime import group_departure
+from ldpipe.infra.runtime.clients import KafkaClients
 from ldpipe.infra.runtime.group_departure import (
     after_close,
+    group_endpoint,
     leave_no_leader_behind,
     plaintext_bootstrap,
 )
+from ldpipe.infra.runtime.group_doctor import describe_group, examine
 from ldpipe.infra.runtime.kafka import CONSUMER_DEFAULTS, KafkaSettings
+from ldpipe.infra.runtime.loop import Handlers, LoopSpec, RunLoop
 from tests.integration.conftest import EXTERNAL_ENV
 
 SESSION_MS = int(CONSUMER_DEFAULTS["session.timeout.ms"])
@@ -140,3 +145,65 @@ def test_a_member_that_closes_leaves_its_partitions_to_the_one_that_stays(
     assert departure.outcome in {"gone", "removed", "handed-over"}, departure
     took = _owned_within(stays, BOUND_S, 4)
     assert took is not None, f"the member that stays did not own all 4 within {BOUND_S:g} s"
+
+
+@pytest.mark.skipif(bool(os.environ.get(EXTERNAL_ENV)), reason="reproduces a Tansu 0.6 fault")
+def test_a_live_member_that_owns_nothing_clears_a_ghost_leader_it_did_not_make(
+    broker: KafkaSettings,
+    topic_factory: Callable[..., str],
+    consumer_factory: Callable[..., Consumer],
+    group_id: str,
+) -> None:
+    # the departed member never ran its check (killed after its LeaveGroup, or the check timed
+    # out): the stalled member's own examination finds the ghost and clears it
+    topic = topic_factory(partitions=2)
+    ghost = _make_ghost_leader(broker, group_id, topic)
+    consumer = consumer_factory(COOPERATIVE)
+    consumer.subscribe([topic])
+    assert _owned_within(consumer, 2 * SESSION_MS / 1000, 2) is None  # stalled
+    endpoint = group_endpoint(KafkaClients(broker), group_id, COOPERATIVE)
+    assert endpoint is not None
+    found = examine(endpoint, group_id, [topic])
+    assert (found.state, found.leader, found.outcome) == ("Unknown", ghost, "cleared"), found
+    assert ghost not in found.members and consumer.memberid() in found.members
+    took = _owned_within(consumer, BOUND_S, 2)
+    assert took is not None, f"not assigned within {BOUND_S:g} s after the examination"
+    print(f"assigned {took:.1f} s after the examination")
+    # a formed group: nothing to clear, nothing touched (its member keeps both partitions)
+    again = examine(endpoint, group_id, [topic])
+    assert (again.state, again.outcome) == ("Stable", "no ghost"), again
+    assert describe_group(endpoint.bootstrap, group_id, 10.0)[1] == [consumer.memberid()]
+    assert _owned_within(consumer, 1.0, 2) is not None
+
+
+@pytest.mark.skipif(bool(os.environ.get(EXTERNAL_ENV)), reason="reproduces a Tansu 0.6 fault")
+def test_a_run_loop_stalled_by_a_ghost_leader_heals_itself_past_its_owning_bound(
+    broker: KafkaSettings, topic_factory: Callable[..., str], group_id: str
+) -> None:
+    topic = topic_factory(partitions=2)
+    ghost = _make_ghost_leader(broker, group_id, topic)
+    bound = 2 * SESSION_MS / 1000  # the stall is permanent: two sessions show it is there
+    owned = threading.Event()
+    stop = threading.Event()
+    loop = RunLoop(
+        LoopSpec("healer", (topic,), group_id, consumer_config=COOPERATIVE, unowned_seconds=bound),
+        Handlers(
+            process=lambda messages, now: None,
+            on_assign=lambda consumer, partitions: owned.set() if partitions else None,
+        ),
+        clients=KafkaClients(broker),
+    )  # fmt: skip
+    runner = threading.Thread(target=loop.run, args=(stop,), daemon=True)
+    began = time.monotonic()
+    runner.start()
+    try:
+        # the loop examines the group once it has owned nothing for ``bound``; the examination
+        # holds two JoinGroups (half a session each) and the hand-over, then a rebalance
+        limit = bound + 3 * SESSION_MS / 1000 + BOUND_S
+        assert owned.wait(limit), f"{ghost} still stalls the group after {limit:g} s"
+        took = time.monotonic() - began
+        assert took > bound, f"assigned after {took:.1f} s: the ghost did not stall it"
+        print(f"the run loop owned its partitions {took:.1f} s after it started")
+    finally:
+        stop.set()
+        runner.join(30)

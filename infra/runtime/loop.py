@@ -470,13 +470,15 @@ class RunLoop(TransactionSteps):
                 raise over
         self.serving.check()
         bound = self.serving.unowned_seconds
-        if self._subscribed and self.serving.unowned_for() > bound and now - self._examined > bound:
+        stalled = self.serving.down_since is None and self.serving.unowned_for() > bound
+        if self._subscribed and stalled and now - self._examined > bound:
             self._examined = now
             self._examine_group()
 
     def _examine_group(self) -> None:
-        """Owning nothing past the bound: ask the coordinator why and clear a ghost leader the
-        embedded broker may keep (``group_doctor.py``); what it found is logged."""
+        """Owning nothing past the bound while the broker answers: ask the coordinator why and
+        clear a ghost leader the embedded broker may keep (``group_doctor.py``); what it found
+        is logged. Blocks the loop a few seconds (two JoinGroups), only while it owns nothing."""
         from ldpipe.infra.runtime.group_departure import group_endpoint  # kafka-python: lazy
         from ldpipe.infra.runtime.group_doctor import examine_quietly
 

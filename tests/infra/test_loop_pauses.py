@@ -280,6 +280,33 @@ def test_a_member_owning_nothing_past_the_bound_is_not_ready_warns_once_and_show
     assert len(warnings) == 1
 
 
+def test_a_member_owning_nothing_examines_its_group_once_per_bound_not_while_the_broker_is_silent(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clients = FakeClients([])  # the group gives this member no partition
+    spec = LoopSpec("svc", ("in",), "g", consumer_config={"session.timeout.ms": 6000})
+    echo = Echo(clients, spec)
+    examined: list[float] = []
+    monkeypatch.setattr(echo.loop, "_examine_group", lambda: examined.append(echo.clock.t))
+    polls = Polls(echo, 100, 1.0)
+    echo.loop.handlers = Handlers(process=echo.process, finished=polls.finished)
+    echo.loop.run()
+    # the bound is 18 s: examined after it, then once per bound (group_doctor.py)
+    assert [round(t - examined[0]) for t in examined] == [0, 19, 38, 57, 76]
+    assert 18.0 < examined[0] - 1000.0 <= 20.0
+
+    silent = FakeClients([])
+    echo = Echo(silent, LoopSpec("svc", ("in",), "g", outage_seconds=300.0))
+    examined.clear()
+    monkeypatch.setattr(echo.loop, "_examine_group", lambda: examined.append(echo.clock.t))
+    polls = Polls(echo, 60, 1.0)
+    echo.loop.handlers = Handlers(process=echo.process, finished=polls.finished)
+    echo.loop.serving.error_cb(FakeError(KafkaError._TRANSPORT))  # type: ignore[arg-type]
+    silent.consumer_.reachable = False
+    echo.loop.run()
+    assert examined == []  # a silent broker explains owning nothing; requests would hang
+
+
 def test_a_fixed_assignment_is_never_owning_nothing() -> None:
     clients = FakeClients([])
     echo = Echo(clients, LoopSpec("svc", ("in",), "g"))

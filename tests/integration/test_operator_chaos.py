@@ -203,11 +203,13 @@ def scenario_broker_pause(d: Deployment) -> list[str]:
 def scenario_fenced_instance(d: Deployment) -> None:
     """(b) A second shuffler with the same instance name takes over."""
     before = d.rows()[SHUFFLER]
-    intruder = subprocess.Popen(
-        [*CLI, "shuffler", "--config", str(d.config), "--use-case", "emoji",
-         "--metrics-port", str(MAIN["intruder"])],
-        cwd=d.root, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    log = d.root / "intruder.log"  # kept with the deployment: what the intruder said, whole
+    with log.open("w") as sink:
+        intruder = subprocess.Popen(
+            [*CLI, "shuffler", "--config", str(d.config), "--use-case", "emoji",
+             "--metrics-port", str(MAIN["intruder"])],
+            cwd=d.root, stdout=subprocess.DEVNULL, stderr=sink, text=True,
+        )  # fmt: skip
     try:
         wait_for(lambda: readyz(MAIN["intruder"]) is not None, STARTUP, "the intruder", d.log)
         d.produce(BATCH, seed=4)  # the running shuffler's next transaction finds it fenced
@@ -223,7 +225,8 @@ def scenario_fenced_instance(d: Deployment) -> None:
         assert d.rows()[SHUFFLER].last_exit == 1
         # the restarted one fences the intruder in turn: it exits with one line too
         d.produce(BATCH, seed=5)
-        _, stderr = intruder.communicate(timeout=STALL)
+        intruder.wait(timeout=STALL)
+        stderr = log.read_text(errors="replace")
         assert intruder.returncode == 1, stderr
         line = one_line(stderr)
         assert line.startswith("ldpipe shuffler: error: ") and "took over" in line, line

@@ -100,6 +100,30 @@ class _Connection:
     def close(self) -> None:
         self._sock.close()
 
+    def join(
+        self,
+        group: str,
+        member_id: str,
+        topics: Sequence[str],
+        strategies: Sequence[str],
+        session_timeout_ms: int,
+    ) -> Any:
+        """A consumer-protocol JoinGroup v2 for ``member_id`` (KIP-62's rebalance timeout set to
+        the session timeout), offering ``strategies`` with the subscription ``topics``."""
+        metadata = ConsumerProtocolMemberMetadata_v0(
+            version=0, topics=list(topics), user_data=b""
+        ).encode()
+        return self.request(
+            JoinGroupRequest_v2(
+                group_id=group,
+                session_timeout_ms=session_timeout_ms,
+                rebalance_timeout_ms=session_timeout_ms,
+                member_id=member_id,
+                protocol_type="consumer",
+                protocols=[(name, metadata) for name in strategies],
+            )
+        )
+
 
 def plaintext_bootstrap(config: Mapping[str, Any]) -> tuple[str, int] | None:
     """The first bootstrap ``(host, port)`` of a librdkafka ``config`` if its listener is
@@ -147,23 +171,11 @@ def leave_no_leader_behind(
     if coordinator is None:
         return Departure("gone")
     try:
-        metadata = ConsumerProtocolMemberMetadata_v0(
-            version=0, topics=list(topics), user_data=b""
-        ).encode()
         nothing = ConsumerProtocolMemberAssignment_v0(
             version=0, assignment=[], user_data=b""
         ).encode()
         for _attempt in range(_ATTEMPTS):
-            joined = coordinator.request(
-                JoinGroupRequest_v2(
-                    group_id=group,
-                    session_timeout_ms=session_timeout_ms,
-                    rebalance_timeout_ms=session_timeout_ms,
-                    member_id=member_id,
-                    protocol_type="consumer",
-                    protocols=[(name, metadata) for name in strategies],
-                )
-            )
+            joined = coordinator.join(group, member_id, topics, strategies, session_timeout_ms)
             if joined.error_code:  # Kafka: UNKNOWN_MEMBER_ID, the member left as it should
                 return Departure("gone")
             if joined.leader != member_id:  # someone else leads: undo the re-add

@@ -36,13 +36,7 @@ from typing import Any
 
 from kafka.errors import KafkaError  # type: ignore[import-untyped]
 from kafka.protocol.old.admin import DescribeGroupsRequest_v0  # type: ignore[import-untyped]
-from kafka.protocol.old.consumer_protocol import (  # type: ignore[import-untyped]
-    ConsumerProtocolMemberMetadata_v0,
-)
-from kafka.protocol.old.group import (  # type: ignore[import-untyped]
-    JoinGroupRequest_v2,
-    LeaveGroupRequest_v1,
-)
+from kafka.protocol.old.group import LeaveGroupRequest_v1  # type: ignore[import-untyped]
 
 from ldpipe.infra.runtime.group_departure import (
     GroupEndpoint,
@@ -105,24 +99,13 @@ def examine(endpoint: GroupEndpoint, group: str, topics: Sequence[str]) -> Exami
     state, members = describe_group(bootstrap, group, timeout)
     if state != FORMING_WITH_LEADER:
         return Examination(state, tuple(members))
-    metadata = ConsumerProtocolMemberMetadata_v0(version=0, topics=list(topics), user_data=b"")
-    protocols = [(name, metadata.encode()) for name in strategies]
     connection = coordinator_connection(bootstrap, group, timeout)
     if connection is None:
         return Examination(state, tuple(members), outcome="failed")
     try:
 
         def join(member: str) -> Any:
-            return connection.request(
-                JoinGroupRequest_v2(
-                    group_id=group,
-                    session_timeout_ms=session_timeout_ms,
-                    rebalance_timeout_ms=session_timeout_ms,
-                    member_id=member,
-                    protocol_type="consumer",
-                    protocols=protocols,
-                )
-            )
+            return connection.join(group, member, topics, strategies, session_timeout_ms)
 
         asked = join("")
         if asked.error_code != MEMBER_ID_REQUIRED:

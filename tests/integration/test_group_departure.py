@@ -14,24 +14,16 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from confluent_kafka import Consumer
-from kafka.protocol.old.consumer_protocol import (  # type: ignore[import-untyped]
-    ConsumerProtocolMemberMetadata_v0,
-)
-from kafka.protocol.old.find_coordinator import (  # type: ignore[import-untyped]
-    FindCoordinatorRequest_v1,
-)
-from kafka.protocol.old.group import (  # type: ignore[import-untyped]
-    JoinGroupRequest_v2,
-    LeaveGroupRequest_v1,
-)
+from kafka.protocol.old.group import LeaveGroupRequest_v1  # type: ignore[import-untyped]
 
-from ldpipe.infra.runtime import group_departure
 from ldpipe.infra.runtime.clients import KafkaClients
 from ldpipe.infra.runtime.group_departure import (
     after_close,
+    coordinator_connection,
     group_endpoint,
     leave_no_leader_behind,
     plaintext_bootstrap,
@@ -60,26 +52,12 @@ def _make_ghost_leader(broker: KafkaSettings, group: str, topic: str) -> str:
     """A member that joins the forming group ``group`` (so leads it) and leaves before syncing."""
     bootstrap = plaintext_bootstrap(broker.consumer_config(group))
     assert bootstrap is not None
-    first = group_departure._Connection(*bootstrap, timeout=SESSION_MS / 1000 + 5)
-    found = first.request(FindCoordinatorRequest_v1(key=group, key_type=0))
-    first.close()
-    conn = group_departure._Connection(found.host, found.port, timeout=SESSION_MS / 1000 + 5)
+    conn = coordinator_connection(bootstrap, group, SESSION_MS / 1000 + 5)
+    assert conn is not None
     try:
-        metadata = ConsumerProtocolMemberMetadata_v0(
-            version=0, topics=[topic], user_data=b""
-        ).encode()
 
-        def join(member: str) -> object:
-            return conn.request(
-                JoinGroupRequest_v2(
-                    group_id=group,
-                    session_timeout_ms=SESSION_MS,
-                    rebalance_timeout_ms=SESSION_MS,
-                    member_id=member,
-                    protocol_type="consumer",
-                    protocols=[("cooperative-sticky", metadata)],
-                )
-            )
+        def join(member: str) -> Any:
+            return conn.join(group, member, [topic], ["cooperative-sticky"], SESSION_MS)
 
         asked = join("")  # MEMBER_ID_REQUIRED (79) names the id to join with
         assert asked.error_code == 79, asked
@@ -92,19 +70,28 @@ def _make_ghost_leader(broker: KafkaSettings, group: str, topic: str) -> str:
         conn.close()
 
 
-@pytest.mark.skipif(bool(os.environ.get(EXTERNAL_ENV)), reason="reproduces a Tansu 0.6 fault")
-def test_a_ghost_leader_stalls_the_group_until_the_departed_member_hands_over(
+@pytest.fixture
+def stalled(
     broker: KafkaSettings,
     topic_factory: Callable[..., str],
     consumer_factory: Callable[..., Consumer],
     group_id: str,
-) -> None:
+) -> tuple[str, str, Consumer]:
+    """A 2-partition topic, a ghost leader of ``group_id`` and a live consumer stalled behind it:
+    ``(topic, ghost, consumer)``; the consumer is not assigned in two session timeouts."""
     topic = topic_factory(partitions=2)
     ghost = _make_ghost_leader(broker, group_id, topic)
     consumer = consumer_factory(COOPERATIVE)
     consumer.subscribe([topic])
-    # before: the group names the ghost leader; the live member is not assigned in 2 sessions
     assert _owned_within(consumer, 2 * SESSION_MS / 1000, 2) is None
+    return topic, ghost, consumer
+
+
+@pytest.mark.skipif(bool(os.environ.get(EXTERNAL_ENV)), reason="reproduces a Tansu 0.6 fault")
+def test_a_ghost_leader_stalls_the_group_until_the_departed_member_hands_over(
+    stalled: tuple[str, str, Consumer], broker: KafkaSettings, group_id: str
+) -> None:
+    topic, ghost, consumer = stalled
     bootstrap = plaintext_bootstrap(broker.consumer_config(group_id))
     assert bootstrap is not None
     departure = leave_no_leader_behind(
@@ -149,18 +136,11 @@ def test_a_member_that_closes_leaves_its_partitions_to_the_one_that_stays(
 
 @pytest.mark.skipif(bool(os.environ.get(EXTERNAL_ENV)), reason="reproduces a Tansu 0.6 fault")
 def test_a_live_member_that_owns_nothing_clears_a_ghost_leader_it_did_not_make(
-    broker: KafkaSettings,
-    topic_factory: Callable[..., str],
-    consumer_factory: Callable[..., Consumer],
-    group_id: str,
+    stalled: tuple[str, str, Consumer], broker: KafkaSettings, group_id: str
 ) -> None:
     # the departed member never ran its check (killed after its LeaveGroup, or the check timed
     # out): the stalled member's own examination finds the ghost and clears it
-    topic = topic_factory(partitions=2)
-    ghost = _make_ghost_leader(broker, group_id, topic)
-    consumer = consumer_factory(COOPERATIVE)
-    consumer.subscribe([topic])
-    assert _owned_within(consumer, 2 * SESSION_MS / 1000, 2) is None  # stalled
+    topic, ghost, consumer = stalled
     endpoint = group_endpoint(KafkaClients(broker), group_id, COOPERATIVE)
     assert endpoint is not None
     found = examine(endpoint, group_id, [topic])

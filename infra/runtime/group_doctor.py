@@ -56,7 +56,8 @@ FORMING_WITH_LEADER = "Unknown"  # the embedded broker's DescribeGroups state fo
 class Examination:
     """What :func:`examine` found: the group's ``state`` and ``members`` as described first,
     the ``leader`` a probe was told (when it asked), and ``outcome``: ``"no ghost"`` (nothing
-    to clear), ``"live leader"`` (the leader is a member: a rebalance in progress),
+    to clear), ``"leader gone"`` (by the probe's join the group had no leader: the probe was
+    made it, and departed), ``"live leader"`` (the leader is a member: a rebalance in progress),
     ``"cleared"`` (a ghost leader departed on its behalf), ``"not the embedded broker"``
     (the probe was accepted as a member: it left again) or ``"failed"``."""
 
@@ -72,6 +73,8 @@ class Examination:
             return f"{found}; its leader {self.leader} was no member (a ghost): cleared it"
         if self.outcome == "live leader":
             return f"{found}; its leader {self.leader} is a member: a rebalance in progress"
+        if self.outcome == "leader gone":
+            return f"{found}; its leader was gone by the probe's join: nothing to clear"
         return f"{found} ({self.outcome})"
 
 
@@ -124,7 +127,8 @@ def examine(endpoint: GroupEndpoint, group: str, topics: Sequence[str]) -> Exami
             bootstrap, group, probe, topics,
             strategies=strategies, session_timeout_ms=session_timeout_ms,
         )  # fmt: skip
-        return Examination(state, tuple(members), leader)
+        outcome = "leader gone" if leader else "failed"  # the one it had was evicted meanwhile
+        return Examination(state, tuple(members), leader, outcome)
     if leader in describe_group(bootstrap, group, timeout)[1]:
         return Examination(state, tuple(members), leader, "live leader")
     leave_no_leader_behind(

@@ -223,7 +223,12 @@ def scenario_fenced_instance(d: Deployment) -> None:
         ]  # fmt: skip
         assert fenced and "ldpipe-shuffler-emoji-0" in fenced[0], fenced
         assert d.rows()[SHUFFLER].last_exit == 1
-        # the restarted one fences the intruder in turn: it exits with one line too
+        # the restarted one fences the intruder in turn (its init_transactions, before it joins
+        # the group): the intruder meets the fence at its next transaction and exits with one
+        # line too. So the next reports go in once the restarted one owns a partition: sent
+        # before its fence, they would all be the intruder's, committed, and the intruder,
+        # with nothing more to do, would never learn it was fenced
+        wait_for(_ready(d, SHUFFLER), STARTUP, "the restarted shuffler ready", d.log)
         d.produce(BATCH, seed=5)
         intruder.wait(timeout=STALL)
         stderr = log.read_text(errors="replace")

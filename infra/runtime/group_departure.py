@@ -52,6 +52,7 @@ from ldpipe.infra.runtime.kafka import KafkaSettings
 __all__ = [
     "DEFAULT_STRATEGIES",
     "Departure",
+    "GroupConnection",
     "GroupEndpoint",
     "after_close",
     "coordinator_connection",
@@ -79,7 +80,7 @@ class Departure:
     leader: str = ""
 
 
-class _Connection:
+class GroupConnection:
     """One blocking connection speaking the Kafka protocol through kafka-python's codec."""
 
     def __init__(self, host: str, port: int, timeout: float) -> None:
@@ -139,17 +140,17 @@ def plaintext_bootstrap(config: Mapping[str, Any]) -> tuple[str, int] | None:
 
 def coordinator_connection(
     bootstrap: tuple[str, int], group: str, timeout: float
-) -> _Connection | None:
+) -> GroupConnection | None:
     """A connection to ``group``'s coordinator (FindCoordinator v1 through ``bootstrap``), or
     None when the broker names none; network errors propagate."""
-    first = _Connection(*bootstrap, timeout=timeout)
+    first = GroupConnection(*bootstrap, timeout=timeout)
     try:
         found = first.request(FindCoordinatorRequest_v1(key=group, key_type=0))
     finally:
         first.close()
     if found.error_code:
         return None
-    return _Connection(found.host, found.port, timeout=timeout)
+    return GroupConnection(found.host, found.port, timeout=timeout)
 
 
 def leave_no_leader_behind(

@@ -7,16 +7,23 @@ opens of the same nested reports on the same cores, measured in one run (issue 2
 
 Use case: ``LocalPipeline``'s default (CMS, eps = 4, k = m = 1,024, nested envelopes, 2
 partitions, max_reports = 10,000; n_min = 1 so that every shuffler's last window is released
-after max_wait whatever its size), a fresh one per configuration. The N reports
-are Zipf(1.1) emoji sealed beforehand by the pipeline's ``DeviceClient`` (outer layer to the
-shuffler, inner to the analyzer), each with its own 16-byte client token.
+after max_wait whatever its size), a fresh one per configuration, with the product's
+defaults wherever the demo's differ for the demo's sake only: the aggregators checkpoint every
+``[use_case.snapshot] interval_seconds`` of the config schema (``SnapshotConfig``, 5 s), not
+the demo's 0.5 s (a checkpoint costs the same whatever the load, so the demo's interval would
+be a fixed cost measured as if it were the pipeline's). The demo's latency settings stay,
+because the figures time them: shuffle windows released after max_wait_seconds = 2 s, a store
+window sealed once every partition has been idle idle_seconds = 1 s, grace_seconds = 0.
+The N reports are Zipf(1.1) emoji sealed beforehand by the pipeline's ``DeviceClient`` (outer
+layer to the shuffler, inner to the analyzer), each with its own 16-byte client token.
 
 1. **ceiling**: ``Suite(X25519, HKDF_SHA256, CHACHA20_POLY1305).decrypt`` of both layers of the
    same N reports (outer with the shuffler's key, inner with the analyzer's; ciphertexts and
    headers split off beforehand), in 2 forked processes (one per core) started at a barrier;
    reports/s = N / (last end - first start) = opens/s / 2. Best of ``--repeats``.
-2. **pipeline**: an ``EmbeddedBroker`` (ports 33000-33999 unless ``--port``) and ``ldpipe``
-   subprocesses: shufflers (``--instance``) + aggregators (``--member``) in the configurations
+2. **pipeline**: an ``EmbeddedBroker`` (a free port in 33000-33999, or ``--port``; the
+   services' metrics ports are free ones in the same thousand) and ``ldpipe`` subprocesses:
+   shufflers (``--instance``) + aggregators (``--member``) in the configurations
    1+1, 1+2, 2+1, 2+2. Warm-up reports trickle in first, until every shuffler consumed some
    and every aggregator owns a partition (the rebalances are over), then N reports are
    produced by one ``confluent_kafka.Producer``. Produce -> sealed = seconds from the first
@@ -41,7 +48,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime
 from multiprocessing.connection import Connection
 from multiprocessing.synchronize import Barrier
@@ -60,6 +67,7 @@ from benchmarks.aggregator import SUITE, produce, sample_items, split_for_hpke, 
 from benchmarks.common import machine_facts, progress
 from ldpipe.infra.cli.pipeline import LocalPipeline, PipelineSettings
 from ldpipe.infra.runtime.broker import EmbeddedBroker
+from ldpipe.schemas.config_tables import SnapshotConfig
 from ldpipe.schemas.emoji import emoji_dictionary
 from ldpipe.schemas.keys import KeyRing
 from ldpipe.schemas.outer import open_outer, parse_outer_header
@@ -68,7 +76,11 @@ __all__ = ["CONFIGURATIONS", "main", "process_cpu_seconds"]
 
 CONFIGURATIONS: tuple[tuple[int, int], ...] = ((1, 1), (1, 2), (2, 1), (2, 2))
 BENCH = "polls"  # this process's CPU apart from producing: the benchmark's own measuring
-PORTS = range(33000, 34000)  # this benchmark's broker port range
+PORTS = range(33000, 34000)  # this benchmark's ports (broker and metrics) without --port
+#: the checkpoint interval a deployment gets when it sets none (the demo's 0.5 s is for the demo)
+PRODUCT_SNAPSHOT_INTERVAL = next(
+    f.default for f in fields(SnapshotConfig) if f.name == "interval_seconds"
+)
 TICKS = os.sysconf("SC_CLK_TCK")
 _HTTP = httpx.Client(timeout=5.0)  # one keep-alive client for every scrape
 Sealed = list[tuple[bytes, bytes]]  # (enc || ciphertext, info) per layer
@@ -186,9 +198,30 @@ class PipelineRun:
         return sum(v for k, v in self.cpu_seconds.items() if k != BENCH) / self.reports
 
 
+# ``python -c _PROFILED OUT ldpipe-args...``: ``ldpipe``'s ``main()`` under cProfile, the
+# profile written when it returns, then the exit ``entry()`` makes. Not ``python -m cProfile``:
+# once the sketch store was used, ``entry()`` leaves with ``os._exit`` (delta-rs's threads race
+# in their destructors at interpreter exit), which skips cProfile's write: the aggregator left
+# no profile.
+_PROFILED = """\
+import cProfile, sys
+from ldpipe.infra.cli import main as cli
+out, sys.argv = sys.argv[1], ["ldpipe", *sys.argv[2:]]
+profile = cProfile.Profile()
+profile.enable()
+try:
+    code = cli.main()
+finally:
+    profile.disable()
+    profile.dump_stats(out)
+cli.main = lambda argv=None: code
+cli.entry()
+"""
+
+
 class ProfiledPipeline(LocalPipeline):
     """A ``LocalPipeline`` whose services run under cProfile (``--profile DIR``): each writes
-    ``<DIR>/<service>-<pid>.prof`` when it stops (SIGTERM ends it cleanly)."""
+    ``<DIR>/<service>-<ns>.prof`` when it stops (SIGTERM ends it cleanly), the aggregator too."""
 
     profile_dir: Path | None = None
 
@@ -197,7 +230,8 @@ class ProfiledPipeline(LocalPipeline):
         if self.profile_dir is None:
             return command
         out = self.profile_dir / f"{args[0]}-{time.time_ns()}.prof"
-        return [command[0], "-m", "cProfile", "-o", str(out), *command[1:]]
+        assert command[1:3] == ["-m", "ldpipe.infra.cli"], command
+        return [command[0], "-c", _PROFILED, str(out), *command[3:]]
 
 
 def scrape(port: int, metric: str) -> float:
@@ -256,7 +290,7 @@ def pipeline_run(
     name = f"ceil{shufflers}x{aggregators}t{time.time_ns() % 10**9}"
     # n_min = 1: a shuffler's last window is released after max_wait whatever its size (with
     # the default 1,000, a tail of fewer reports than that would never be released)
-    settings = PipelineSettings(name=name, n_min=1)
+    settings = PipelineSettings(name=name, n_min=1, snapshot_interval=PRODUCT_SNAPSHOT_INTERVAL)
     pipe = ProfiledPipeline(workdir / name, broker.bootstrap_servers, settings)
     pipe.profile_dir = profile_dir
     pipe.create_topics()
@@ -422,13 +456,27 @@ def free_ports(count: int, ports: range = PORTS, taken: Sequence[int] = ()) -> l
     raise RuntimeError(f"fewer than {count} free ports in {ports.start}-{ports.stop - 1}")
 
 
+def port_range(port: int | None) -> range:
+    """The ports of this run: ``PORTS``, or the thousand around ``--port`` (38123: 38000-38999),
+    for the broker and every service's metrics alike."""
+    if port is None:
+        return PORTS
+    start = port - port % 1000
+    return range(start, start + 1000)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="N = 15,000; a few minutes")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     parser.add_argument("--n", type=int, help="reports per configuration (40,000; quick 15,000)")
     parser.add_argument("--repeats", type=int, default=3, help="ceiling: best of (3)")
-    parser.add_argument("--port", type=int, help="broker port (a free one in 33000-33999)")
+    parser.add_argument(
+        "--port",
+        type=int,
+        help="broker port (a free one in 33000-33999); the services' metrics ports are free "
+        "ones in the same thousand",
+    )
     parser.add_argument(
         "--only", nargs="*", default=[], help="configurations as S+A, e.g. 1+1 2+2 (all four)"
     )
@@ -439,8 +487,9 @@ def main(argv: list[str] | None = None) -> int:
     wanted = [tuple(int(x) for x in c.split("+")) for c in args.only] or list(CONFIGURATIONS)
     report = Report(date=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), reports=n)
     workdir = Path(tempfile.mkdtemp(prefix="ldpipe-ceiling-"))
-    broker_port = args.port or free_ports(1)[0]
-    metrics_ports = free_ports(4, taken=[broker_port])
+    ports = port_range(args.port)
+    broker_port = args.port or free_ports(1, ports)[0]
+    metrics_ports = free_ports(4, ports, taken=[broker_port])
     broker = EmbeddedBroker(log_dir=workdir / "broker", port=broker_port)
     try:
         broker.start()

@@ -43,7 +43,9 @@ import json
 import multiprocessing
 import os
 import shutil
+import signal
 import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -72,7 +74,7 @@ from ldpipe.schemas.emoji import emoji_dictionary
 from ldpipe.schemas.keys import KeyRing
 from ldpipe.schemas.outer import open_outer, parse_outer_header
 
-__all__ = ["CONFIGURATIONS", "main", "process_cpu_seconds"]
+__all__ = ["CONFIGURATIONS", "main", "process_cpu_seconds", "thread_cpu_seconds"]
 
 CONFIGURATIONS: tuple[tuple[int, int], ...] = ((1, 1), (1, 2), (2, 1), (2, 2))
 BENCH = "polls"  # this process's CPU apart from producing: the benchmark's own measuring
@@ -82,7 +84,8 @@ PRODUCT_SNAPSHOT_INTERVAL = next(
     f.default for f in fields(SnapshotConfig) if f.name == "interval_seconds"
 )
 TICKS = os.sysconf("SC_CLK_TCK")
-_HTTP = httpx.Client(timeout=5.0)  # one keep-alive client for every scrape
+# one keep-alive client for every scrape; identity: a gzip'ed page would cost the services CPU
+_HTTP = httpx.Client(timeout=5.0, headers={"Accept-Encoding": "identity"})
 Sealed = list[tuple[bytes, bytes]]  # (enc || ciphertext, info) per layer
 
 
@@ -94,6 +97,27 @@ def process_cpu_seconds(pid: int) -> float:
         return 0.0
     fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "; field 3 is fields[0]
     return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def thread_cpu_seconds(pid: int) -> dict[str, float]:
+    """utime + stime of each thread of ``pid``, summed by kind: ``main`` (the interpreter's
+    main thread, where a service's loop runs), else the thread's name without its digits
+    (librdkafka's ``rdk:main``, ``rdk:broker``; other Python threads are ``python``)."""
+    kinds: dict[str, float] = {}
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return kinds
+    for task in tasks:
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:
+            continue
+        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields_ = stat[stat.rindex(")") + 2 :].split()
+        kind = "main" if task.name == str(pid) else comm.rstrip("0123456789")
+        kinds[kind] = kinds.get(kind, 0.0) + (int(fields_[11]) + int(fields_[12])) / TICKS
+    return kinds
 
 
 # ---- 1. the ceiling --------------------------------------------------------------------------
@@ -176,6 +200,7 @@ class PipelineRun:
     produce_seconds: float  # first produce -> the producer's flush returned
     marks: dict[str, float]  # first produce -> each stage holds all N (see ``timeline``)
     cpu_seconds: dict[str, float]  # per process over the timed part
+    thread_seconds: dict[str, dict[str, float]]  # per service process, by thread kind
     counted: dict[str, float]  # reports each service counted, warm-up included (the split)
     load_average: float
 
@@ -198,16 +223,18 @@ class PipelineRun:
         return sum(v for k, v in self.cpu_seconds.items() if k != BENCH) / self.reports
 
 
-# ``python -c _PROFILED OUT ldpipe-args...``: ``ldpipe``'s ``main()`` under cProfile, the
-# profile written when it returns, then the exit ``entry()`` makes. Not ``python -m cProfile``:
+# ``python -c _PROFILED OUT ldpipe-args...``: ``ldpipe``'s ``main()`` under cProfile, timed by
+# the main thread's CPU (``time.thread_time``: waiting in ``consume`` costs nothing, and
+# librdkafka's threads are not in it), the profile written when it returns, then the exit
+# ``entry()`` makes. Not ``python -m cProfile``:
 # once the sketch store was used, ``entry()`` leaves with ``os._exit`` (delta-rs's threads race
 # in their destructors at interpreter exit), which skips cProfile's write: the aggregator left
 # no profile.
 _PROFILED = """\
-import cProfile, sys
+import cProfile, sys, time
 from ldpipe.infra.cli import main as cli
 out, sys.argv = sys.argv[1], ["ldpipe", *sys.argv[2:]]
-profile = cProfile.Profile()
+profile = cProfile.Profile(time.thread_time)
 profile.enable()
 try:
     code = cli.main()
@@ -234,17 +261,41 @@ class ProfiledPipeline(LocalPipeline):
         return [command[0], "-c", _PROFILED, str(out), *command[3:]]
 
 
-def scrape(port: int, metric: str) -> float:
-    """The sum of ``metric``'s samples on a service's ``/metrics`` (0 while it does not answer)."""
+def spy(folder: Path, name: str, pid: int) -> subprocess.Popen[bytes]:
+    """``py-spy record`` of process ``pid`` (every thread, active samples only, 200 Hz) into
+    ``<folder>/<name>-<pid>.txt`` as collapsed stacks, until it is sent SIGINT; ``py-spy``
+    from ``$PY_SPY`` or the ``PATH``."""
+    program = os.environ.get("PY_SPY") or shutil.which("py-spy")
+    if program is None:
+        raise SystemExit("pipeline_ceiling: --py-spy needs py-spy (pip install py-spy, or $PY_SPY)")
+    folder.mkdir(parents=True, exist_ok=True)
+    out = folder / f"{name}-{pid}.txt"
+    command = [program, "record", "--pid", str(pid), "--rate", "200", "--format", "raw"]
+    command += ["--nonblocking", "--output", str(out)]
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def page(port: int) -> str:
+    """A service's ``/metrics`` page ("" while it does not answer). Each page costs the service
+    CPU in the timed part (its registry rendered), so a poll reads it once per service."""
     try:
-        text = _HTTP.get(f"http://127.0.0.1:{port}/metrics").text
+        return _HTTP.get(f"http://127.0.0.1:{port}/metrics").text
     except httpx.HTTPError:
-        return 0.0
+        return ""
+
+
+def metric_sum(text: str, metric: str) -> float:
+    """The sum of ``metric``'s samples on a ``/metrics`` page."""
     return sum(
         float(line.rsplit(" ", 1)[1])
         for line in text.splitlines()
         if line.startswith(metric) and line[len(metric)] in " {"
     )
+
+
+def scrape(port: int, metric: str) -> float:
+    """The sum of ``metric``'s samples on a service's ``/metrics`` (0 while it does not answer)."""
+    return metric_sum(page(port), metric)
 
 
 def warm_up(
@@ -285,12 +336,14 @@ def pipeline_run(
     seed: int,
     ports_from: Sequence[int],
     profile_dir: Path | None = None,
+    snapshot_interval: float = PRODUCT_SNAPSHOT_INTERVAL,
+    spy_dir: Path | None = None,
 ) -> tuple[PipelineRun, LocalPipeline, list[bytes]]:
     """One fresh use case through ``shufflers`` + ``aggregators`` processes; N reports timed."""
     name = f"ceil{shufflers}x{aggregators}t{time.time_ns() % 10**9}"
     # n_min = 1: a shuffler's last window is released after max_wait whatever its size (with
     # the default 1,000, a tail of fewer reports than that would never be released)
-    settings = PipelineSettings(name=name, n_min=1, snapshot_interval=PRODUCT_SNAPSHOT_INTERVAL)
+    settings = PipelineSettings(name=name, n_min=1, snapshot_interval=snapshot_interval)
     pipe = ProfiledPipeline(workdir / name, broker.bootstrap_servers, settings)
     pipe.profile_dir = profile_dir
     pipe.create_topics()
@@ -334,19 +387,35 @@ def pipeline_run(
         pids["broker"] = broker.pid or 0
         pids[BENCH] = os.getpid()
         cpu0 = {name: process_cpu_seconds(pid) for name, pid in pids.items()}
+        threads0 = {name: thread_cpu_seconds(p.pid) for name, p in pipe.processes.items()}
         load = os.getloadavg()[0]
+        spies = [spy(spy_dir, name, p.pid) for name, p in pipe.processes.items()] if spy_dir else []
         started, producer_cpu = time.perf_counter(), time.process_time()
         produce(producer, topic, keys, reports)
         produced, producer_cpu = time.perf_counter() - started, time.process_time() - producer_cpu
         marks = timeline(pipe, ports, sent + n, started, 60 + n / 500)
+        for sampler in spies:  # SIGINT: py-spy writes what it sampled and exits
+            sampler.send_signal(signal.SIGINT)
+        for sampler in spies:
+            sampler.wait(30)
         cpu = {name: round(process_cpu_seconds(pid) - cpu0[name], 2) for name, pid in pids.items()}
+        threads = {
+            name: {
+                kind: round(seconds - threads0[name].get(kind, 0.0), 2)
+                for kind, seconds in thread_cpu_seconds(p.pid).items()
+                if seconds - threads0[name].get(kind, 0.0) >= 0.01
+            }
+            for name, p in pipe.processes.items()
+        }
         cpu["producer"] = round(producer_cpu, 2)  # the bench process's produce() ...
         cpu[BENCH] = round(cpu[BENCH] - producer_cpu, 2)  # ... and its polls
         counted = {
             name: scrape(port, STAGES[0 if "shuffler" in name else 2][2])
             for name, port in ports.items()
         }
-        run = PipelineRun(shufflers, aggregators, n, produced, marks, cpu, counted, round(load, 2))
+        run = PipelineRun(
+            shufflers, aggregators, n, produced, marks, cpu, threads, counted, round(load, 2)
+        )
     finally:
         pipe.stop_all()
     return run, pipe, reports
@@ -369,9 +438,13 @@ def timeline(
 
     def reached() -> bool:
         now = time.perf_counter() - started
+        pages: dict[str, str] = {}
         for stage, kind, metric in STAGES:
             if stage not in marks:
-                done = sum(scrape(port, metric) for name, port in ports.items() if kind in name)
+                for name, port in ports.items():
+                    if kind in name and name not in pages:
+                        pages[name] = page(port)
+                done = sum(metric_sum(pages[name], metric) for name in ports if kind in name)
                 if done < total:
                     return False
                 marks[stage] = now
@@ -431,6 +504,11 @@ def render(report: Report) -> str:
     for r in report.runs:
         parts = ", ".join(f"{k} {v:.2f}" for k, v in r["cpu_seconds"].items())
         lines.append(f"  {r['shufflers']}+{r['aggregators']}: {parts}")
+    lines += ["", "of which, by thread (main: the service's loop; rdk: librdkafka's threads):"]
+    for r in report.runs:
+        for name, kinds in r["thread_seconds"].items():
+            parts = ", ".join(f"{k} {v:.2f}" for k, v in sorted(kinds.items()))
+            lines.append(f"  {r['shufflers']}+{r['aggregators']} {name}: {parts}")
     lines += ["", "reports each service counted (warm-up included): how the partitions split"]
     for r in report.runs:
         parts = ", ".join(f"{k} {v:,.0f}" for k, v in r["counted"].items())
@@ -481,6 +559,18 @@ def main(argv: list[str] | None = None) -> int:
         "--only", nargs="*", default=[], help="configurations as S+A, e.g. 1+1 2+2 (all four)"
     )
     parser.add_argument("--profile", type=Path, help="cProfile every service into this folder")
+    parser.add_argument(
+        "--py-spy",
+        type=Path,
+        help="py-spy every service over the timed part into this folder (collapsed stacks)",
+    )
+    parser.add_argument(
+        "--snapshot-interval",
+        type=float,
+        default=PRODUCT_SNAPSHOT_INTERVAL,
+        help=f"the aggregators' checkpoint interval (the product's default, "
+        f"{PRODUCT_SNAPSHOT_INTERVAL:g} s; the demo's is 0.5 s)",
+    )
     parser.add_argument("--seed", type=int, default=20261127)
     args = parser.parse_args(argv)
     n = args.n or (15_000 if args.quick else 40_000)
@@ -503,6 +593,8 @@ def main(argv: list[str] | None = None) -> int:
                 args.seed + number,
                 metrics_ports,
                 args.profile,
+                args.snapshot_interval,
+                args.py_spy,
             )
             report.runs.append(
                 {

@@ -338,6 +338,7 @@ def pipeline_run(
     profile_dir: Path | None = None,
     snapshot_interval: float = PRODUCT_SNAPSHOT_INTERVAL,
     spy_dir: Path | None = None,
+    kafka_extra: dict[str, str] | None = None,
 ) -> tuple[PipelineRun, LocalPipeline, list[bytes]]:
     """One fresh use case through ``shufflers`` + ``aggregators`` processes; N reports timed."""
     name = f"ceil{shufflers}x{aggregators}t{time.time_ns() % 10**9}"
@@ -346,6 +347,10 @@ def pipeline_run(
     settings = PipelineSettings(name=name, n_min=1, snapshot_interval=snapshot_interval)
     pipe = ProfiledPipeline(workdir / name, broker.bootstrap_servers, settings)
     pipe.profile_dir = profile_dir
+    if kafka_extra:  # librdkafka settings for every service's clients ([kafka] extra)
+        lines = [f"{json.dumps(key)} = {json.dumps(value)}" for key, value in kafka_extra.items()]
+        with pipe.config_path.open("a", encoding="utf-8") as config:
+            config.write("\n".join(["[kafka.extra]", *lines, ""]))
     pipe.create_topics()
     rng = np.random.default_rng(seed)
     warm = 3000  # at most this many warm-up reports
@@ -571,6 +576,13 @@ def main(argv: list[str] | None = None) -> int:
         help=f"the aggregators' checkpoint interval (the product's default, "
         f"{PRODUCT_SNAPSHOT_INTERVAL:g} s; the demo's is 0.5 s)",
     )
+    parser.add_argument(
+        "--kafka-extra",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a librdkafka setting for every service's clients ([kafka] extra); repeatable",
+    )
     parser.add_argument("--seed", type=int, default=20261127)
     args = parser.parse_args(argv)
     n = args.n or (15_000 if args.quick else 40_000)
@@ -595,6 +607,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.profile,
                 args.snapshot_interval,
                 args.py_spy,
+                dict(item.split("=", 1) for item in args.kafka_extra),
             )
             report.runs.append(
                 {

@@ -50,7 +50,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from multiprocessing.connection import Connection
 from multiprocessing.synchronize import Barrier
@@ -80,9 +80,7 @@ CONFIGURATIONS: tuple[tuple[int, int], ...] = ((1, 1), (1, 2), (2, 1), (2, 2))
 BENCH = "polls"  # this process's CPU apart from producing: the benchmark's own measuring
 PORTS = range(33000, 34000)  # this benchmark's ports (broker and metrics) without --port
 #: the checkpoint interval a deployment gets when it sets none (the demo's 0.5 s is for the demo)
-PRODUCT_SNAPSHOT_INTERVAL = next(
-    f.default for f in fields(SnapshotConfig) if f.name == "interval_seconds"
-)
+PRODUCT_SNAPSHOT_INTERVAL: float = SnapshotConfig(directory=Path()).interval_seconds
 TICKS = os.sysconf("SC_CLK_TCK")
 # one keep-alive client for every scrape; identity: a gzip'ed page would cost the services CPU
 _HTTP = httpx.Client(timeout=5.0, headers={"Accept-Encoding": "identity"})

@@ -199,6 +199,7 @@ class PipelineRun:
     marks: dict[str, float]  # first produce -> each stage holds all N (see ``timeline``)
     cpu_seconds: dict[str, float]  # per process over the timed part
     thread_seconds: dict[str, dict[str, float]]  # per service process, by thread kind
+    work: dict[str, dict[str, float]]  # per aggregator: seconds in batches, checkpoints, seals
     counted: dict[str, float]  # reports each service counted, warm-up included (the split)
     load_average: float
 
@@ -389,6 +390,8 @@ def pipeline_run(
         pids = {name: p.pid for name, p in pipe.processes.items()}
         pids["broker"] = broker.pid or 0
         pids[BENCH] = os.getpid()
+        aggregator_ports = [(name, port) for name, port in ports.items() if "aggregator" in name]
+        work0 = {name: aggregator_work(port) for name, port in aggregator_ports}
         cpu0 = {name: process_cpu_seconds(pid) for name, pid in pids.items()}
         threads0 = {name: thread_cpu_seconds(p.pid) for name, p in pipe.processes.items()}
         load = os.getloadavg()[0]
@@ -416,12 +419,42 @@ def pipeline_run(
             name: scrape(port, STAGES[0 if "shuffler" in name else 2][2])
             for name, port in ports.items()
         }
+        spent = {name: aggregator_work(port, work0[name]) for name, port in aggregator_ports}
         run = PipelineRun(
-            shufflers, aggregators, n, produced, marks, cpu, threads, counted, round(load, 2)
+            shufflers,
+            aggregators,
+            n,
+            produced,
+            marks,
+            cpu,
+            threads,
+            spent,
+            counted,
+            round(load, 2),
         )
     finally:
         pipe.stop_all()
     return run, pipe, reports
+
+
+#: an aggregator's time by kind of work, from its histograms: ``<kind>`` seconds, ``<kind> n``
+WORK = (
+    ("batches", "ldpipe_aggregator_batch_seconds"),
+    ("checkpoints", "ldpipe_aggregator_snapshot_seconds"),
+    ("seals", "ldpipe_aggregator_store_commit_seconds"),
+)
+
+
+def aggregator_work(port: int, since: dict[str, float] | None = None) -> dict[str, float]:
+    """Wall seconds an aggregator spent in each kind of :data:`WORK` and how many (``<kind>
+    n``), less ``since`` (an earlier reading): checkpoints and seals are the work that depends
+    on time, not on reports."""
+    text = page(port)
+    now: dict[str, float] = {}
+    for kind, metric in WORK:
+        now[kind] = metric_sum(text, metric + "_sum")
+        now[f"{kind} n"] = metric_sum(text, metric + "_count")
+    return {k: round(v - (since or {}).get(k, 0.0), 3) for k, v in now.items()}
 
 
 STAGES = (
@@ -512,6 +545,17 @@ def render(report: Report) -> str:
         for name, kinds in r["thread_seconds"].items():
             parts = ", ".join(f"{k} {v:.2f}" for k, v in sorted(kinds.items()))
             lines.append(f"  {r['shufflers']}+{r['aggregators']} {name}: {parts}")
+    lines += [
+        "",
+        "aggregators' wall seconds over the timed part (batches; checkpoints, seals: count)",
+    ]
+    for r in report.runs:
+        for name, w in r["work"].items():
+            lines.append(
+                f"  {r['shufflers']}+{r['aggregators']} {name}: batches {w['batches']:.2f} s, "
+                f"checkpoints {w['checkpoints']:.3f} s ({w['checkpoints n']:.0f}), "
+                f"seals {w['seals']:.3f} s ({w['seals n']:.0f})"
+            )
     lines += ["", "reports each service counted (warm-up included): how the partitions split"]
     for r in report.runs:
         parts = ", ".join(f"{k} {v:,.0f}" for k, v in r["counted"].items())

@@ -33,7 +33,10 @@ layer to the shuffler, inner to the analyzer), each with its own 16-byte client 
    idle ``idle_seconds`` (1 s), so that second is in every figure.
 3. **ratio** = pipeline reports/s / ceiling reports/s.
 4. **CPU**: utime + stime of every service process, the broker and this process (the producer
-   and the poll) from ``/proc/<pid>/stat`` over the timed part, and their sum per report.
+   and the poll) from ``/proc/<pid>/stat`` over the timed part, and their sum per report; each
+   service's split by thread (its loop's main thread, librdkafka's, the others), and each
+   aggregator's wall seconds in batches, checkpoints and seals (its histograms): checkpoints
+   and seals are the work that depends on time, not on reports.
 """
 
 from __future__ import annotations

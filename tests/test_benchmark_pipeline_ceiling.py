@@ -1,6 +1,7 @@
-"""``benchmarks/pipeline_ceiling.py``: its CPU reading from ``/proc``, and (slow: a broker and
-``ldpipe`` subprocesses) one small run whose JSON holds the figures ``docs/benchmarks-pipeline.md``
-documents, with every report accounted for (the figures themselves are for the docs)."""
+"""``benchmarks/pipeline_ceiling.py``: its CPU readings from ``/proc`` (``service_probes.py``),
+its port range and checkpoint interval, and (slow: a broker and ``ldpipe`` subprocesses) one
+small run whose JSON holds the figures ``docs/benchmarks-pipeline.md`` documents, with every
+report accounted for and every service's profile written (the figures are for the docs)."""
 
 from __future__ import annotations
 
@@ -13,13 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.pipeline_ceiling import (
-    PORTS,
-    PRODUCT_SNAPSHOT_INTERVAL,
-    port_range,
-    process_cpu_seconds,
-    thread_cpu_seconds,
-)
+from benchmarks.pipeline_ceiling import PORTS, PRODUCT_SNAPSHOT_INTERVAL, port_range
+from benchmarks.service_probes import process_cpu_seconds, thread_cpu_seconds
 from ldpipe.schemas.config_tables import SnapshotConfig
 
 ROOT = Path(__file__).resolve().parents[1]

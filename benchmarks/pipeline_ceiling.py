@@ -7,16 +7,23 @@ opens of the same nested reports on the same cores, measured in one run (issue 2
 
 Use case: ``LocalPipeline``'s default (CMS, eps = 4, k = m = 1,024, nested envelopes, 2
 partitions, max_reports = 10,000; n_min = 1 so that every shuffler's last window is released
-after max_wait whatever its size), a fresh one per configuration. The N reports
-are Zipf(1.1) emoji sealed beforehand by the pipeline's ``DeviceClient`` (outer layer to the
-shuffler, inner to the analyzer), each with its own 16-byte client token.
+after max_wait whatever its size), a fresh one per configuration, with the product's
+defaults wherever the demo's differ for the demo's sake only: the aggregators checkpoint every
+``[use_case.snapshot] interval_seconds`` of the config schema (``SnapshotConfig``, 5 s), not
+the demo's 0.5 s (a checkpoint costs the same whatever the load, so the demo's interval would
+be a fixed cost measured as if it were the pipeline's). The demo's latency settings stay,
+because the figures time them: shuffle windows released after max_wait_seconds = 2 s, a store
+window sealed once every partition has been idle idle_seconds = 1 s, grace_seconds = 0.
+The N reports are Zipf(1.1) emoji sealed beforehand by the pipeline's ``DeviceClient`` (outer
+layer to the shuffler, inner to the analyzer), each with its own 16-byte client token.
 
 1. **ceiling**: ``Suite(X25519, HKDF_SHA256, CHACHA20_POLY1305).decrypt`` of both layers of the
    same N reports (outer with the shuffler's key, inner with the analyzer's; ciphertexts and
    headers split off beforehand), in 2 forked processes (one per core) started at a barrier;
    reports/s = N / (last end - first start) = opens/s / 2. Best of ``--repeats``.
-2. **pipeline**: an ``EmbeddedBroker`` (ports 33000-33999 unless ``--port``) and ``ldpipe``
-   subprocesses: shufflers (``--instance``) + aggregators (``--member``) in the configurations
+2. **pipeline**: an ``EmbeddedBroker`` (a free port in 33000-33999, or ``--port``; the
+   services' metrics ports are free ones in the same thousand) and ``ldpipe`` subprocesses:
+   shufflers (``--instance``) + aggregators (``--member``) in the configurations
    1+1, 1+2, 2+1, 2+2. Warm-up reports trickle in first, until every shuffler consumed some
    and every aggregator owns a partition (the rebalances are over), then N reports are
    produced by one ``confluent_kafka.Producer``. Produce -> sealed = seconds from the first
@@ -26,7 +33,10 @@ shuffler, inner to the analyzer), each with its own 16-byte client token.
    idle ``idle_seconds`` (1 s), so that second is in every figure.
 3. **ratio** = pipeline reports/s / ceiling reports/s.
 4. **CPU**: utime + stime of every service process, the broker and this process (the producer
-   and the poll) from ``/proc/<pid>/stat`` over the timed part, and their sum per report.
+   and the poll) from ``/proc/<pid>/stat`` over the timed part, and their sum per report; each
+   service's split by thread (its loop's main thread, librdkafka's, the others), and each
+   aggregator's wall seconds in batches, checkpoints and seals (its histograms): checkpoints
+   and seals are the work that depends on time, not on reports.
 """
 
 from __future__ import annotations
@@ -36,6 +46,7 @@ import json
 import multiprocessing
 import os
 import shutil
+import signal
 import socket
 import sys
 import tempfile
@@ -48,7 +59,6 @@ from multiprocessing.synchronize import Barrier
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -58,30 +68,31 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from benchmarks.aggregator import SUITE, produce, sample_items, split_for_hpke, table
 from benchmarks.common import machine_facts, progress
+from benchmarks.service_probes import (
+    ProfiledPipeline,
+    aggregator_work,
+    metric_sum,
+    page,
+    process_cpu_seconds,
+    scrape,
+    spy,
+    thread_cpu_seconds,
+)
 from ldpipe.infra.cli.pipeline import LocalPipeline, PipelineSettings
 from ldpipe.infra.runtime.broker import EmbeddedBroker
+from ldpipe.schemas.config_tables import SnapshotConfig
 from ldpipe.schemas.emoji import emoji_dictionary
 from ldpipe.schemas.keys import KeyRing
 from ldpipe.schemas.outer import open_outer, parse_outer_header
 
-__all__ = ["CONFIGURATIONS", "main", "process_cpu_seconds"]
+__all__ = ["CONFIGURATIONS", "PRODUCT_SNAPSHOT_INTERVAL", "main", "port_range"]
 
 CONFIGURATIONS: tuple[tuple[int, int], ...] = ((1, 1), (1, 2), (2, 1), (2, 2))
 BENCH = "polls"  # this process's CPU apart from producing: the benchmark's own measuring
-PORTS = range(33000, 34000)  # this benchmark's broker port range
-TICKS = os.sysconf("SC_CLK_TCK")
-_HTTP = httpx.Client(timeout=5.0)  # one keep-alive client for every scrape
+PORTS = range(33000, 34000)  # this benchmark's ports (broker and metrics) without --port
+#: the checkpoint interval a deployment gets when it sets none (the demo's 0.5 s is for the demo)
+PRODUCT_SNAPSHOT_INTERVAL: float = SnapshotConfig(directory=Path()).interval_seconds
 Sealed = list[tuple[bytes, bytes]]  # (enc || ciphertext, info) per layer
-
-
-def process_cpu_seconds(pid: int) -> float:
-    """utime + stime of process ``pid`` (all its threads) from ``/proc/<pid>/stat``; 0 if gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return 0.0
-    fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "; field 3 is fields[0]
-    return (int(fields[11]) + int(fields[12])) / TICKS
 
 
 # ---- 1. the ceiling --------------------------------------------------------------------------
@@ -164,6 +175,8 @@ class PipelineRun:
     produce_seconds: float  # first produce -> the producer's flush returned
     marks: dict[str, float]  # first produce -> each stage holds all N (see ``timeline``)
     cpu_seconds: dict[str, float]  # per process over the timed part
+    thread_seconds: dict[str, dict[str, float]]  # per service process, by thread kind
+    work: dict[str, dict[str, float]]  # per aggregator: seconds in batches, checkpoints, seals
     counted: dict[str, float]  # reports each service counted, warm-up included (the split)
     load_average: float
 
@@ -184,33 +197,6 @@ class PipelineRun:
         """CPU seconds per report of the pipeline: services, broker and producer (not the
         benchmark's polls)."""
         return sum(v for k, v in self.cpu_seconds.items() if k != BENCH) / self.reports
-
-
-class ProfiledPipeline(LocalPipeline):
-    """A ``LocalPipeline`` whose services run under cProfile (``--profile DIR``): each writes
-    ``<DIR>/<service>-<pid>.prof`` when it stops (SIGTERM ends it cleanly)."""
-
-    profile_dir: Path | None = None
-
-    def command(self, *args: str) -> list[str]:
-        command = super().command(*args)
-        if self.profile_dir is None:
-            return command
-        out = self.profile_dir / f"{args[0]}-{time.time_ns()}.prof"
-        return [command[0], "-m", "cProfile", "-o", str(out), *command[1:]]
-
-
-def scrape(port: int, metric: str) -> float:
-    """The sum of ``metric``'s samples on a service's ``/metrics`` (0 while it does not answer)."""
-    try:
-        text = _HTTP.get(f"http://127.0.0.1:{port}/metrics").text
-    except httpx.HTTPError:
-        return 0.0
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith(metric) and line[len(metric)] in " {"
-    )
 
 
 def warm_up(
@@ -251,14 +237,21 @@ def pipeline_run(
     seed: int,
     ports_from: Sequence[int],
     profile_dir: Path | None = None,
+    snapshot_interval: float = PRODUCT_SNAPSHOT_INTERVAL,
+    spy_dir: Path | None = None,
+    kafka_extra: dict[str, str] | None = None,
 ) -> tuple[PipelineRun, LocalPipeline, list[bytes]]:
     """One fresh use case through ``shufflers`` + ``aggregators`` processes; N reports timed."""
     name = f"ceil{shufflers}x{aggregators}t{time.time_ns() % 10**9}"
     # n_min = 1: a shuffler's last window is released after max_wait whatever its size (with
     # the default 1,000, a tail of fewer reports than that would never be released)
-    settings = PipelineSettings(name=name, n_min=1)
+    settings = PipelineSettings(name=name, n_min=1, snapshot_interval=snapshot_interval)
     pipe = ProfiledPipeline(workdir / name, broker.bootstrap_servers, settings)
     pipe.profile_dir = profile_dir
+    if kafka_extra:  # librdkafka settings for every service's clients ([kafka] extra)
+        lines = [f"{json.dumps(key)} = {json.dumps(value)}" for key, value in kafka_extra.items()]
+        with pipe.config_path.open("a", encoding="utf-8") as config:
+            config.write("\n".join(["[kafka.extra]", *lines, ""]))
     pipe.create_topics()
     rng = np.random.default_rng(seed)
     warm = 3000  # at most this many warm-up reports
@@ -299,20 +292,48 @@ def pipeline_run(
         pids = {name: p.pid for name, p in pipe.processes.items()}
         pids["broker"] = broker.pid or 0
         pids[BENCH] = os.getpid()
+        aggregator_ports = [(name, port) for name, port in ports.items() if "aggregator" in name]
+        work0 = {name: aggregator_work(port) for name, port in aggregator_ports}
         cpu0 = {name: process_cpu_seconds(pid) for name, pid in pids.items()}
+        threads0 = {name: thread_cpu_seconds(p.pid) for name, p in pipe.processes.items()}
         load = os.getloadavg()[0]
+        spies = [spy(spy_dir, name, p.pid) for name, p in pipe.processes.items()] if spy_dir else []
         started, producer_cpu = time.perf_counter(), time.process_time()
         produce(producer, topic, keys, reports)
         produced, producer_cpu = time.perf_counter() - started, time.process_time() - producer_cpu
         marks = timeline(pipe, ports, sent + n, started, 60 + n / 500)
+        for sampler in spies:  # SIGINT: py-spy writes what it sampled and exits
+            sampler.send_signal(signal.SIGINT)
+        for sampler in spies:
+            sampler.wait(30)
         cpu = {name: round(process_cpu_seconds(pid) - cpu0[name], 2) for name, pid in pids.items()}
+        threads = {
+            name: {
+                kind: round(seconds - threads0[name].get(kind, 0.0), 2)
+                for kind, seconds in thread_cpu_seconds(p.pid).items()
+                if seconds - threads0[name].get(kind, 0.0) >= 0.01
+            }
+            for name, p in pipe.processes.items()
+        }
         cpu["producer"] = round(producer_cpu, 2)  # the bench process's produce() ...
         cpu[BENCH] = round(cpu[BENCH] - producer_cpu, 2)  # ... and its polls
         counted = {
             name: scrape(port, STAGES[0 if "shuffler" in name else 2][2])
             for name, port in ports.items()
         }
-        run = PipelineRun(shufflers, aggregators, n, produced, marks, cpu, counted, round(load, 2))
+        spent = {name: aggregator_work(port, work0[name]) for name, port in aggregator_ports}
+        run = PipelineRun(
+            shufflers,
+            aggregators,
+            n,
+            produced,
+            marks,
+            cpu,
+            threads,
+            spent,
+            counted,
+            round(load, 2),
+        )
     finally:
         pipe.stop_all()
     return run, pipe, reports
@@ -335,9 +356,13 @@ def timeline(
 
     def reached() -> bool:
         now = time.perf_counter() - started
+        pages: dict[str, str] = {}
         for stage, kind, metric in STAGES:
             if stage not in marks:
-                done = sum(scrape(port, metric) for name, port in ports.items() if kind in name)
+                for name, port in ports.items():
+                    if kind in name and name not in pages:
+                        pages[name] = page(port)
+                done = sum(metric_sum(pages[name], metric) for name in ports if kind in name)
                 if done < total:
                     return False
                 marks[stage] = now
@@ -397,6 +422,22 @@ def render(report: Report) -> str:
     for r in report.runs:
         parts = ", ".join(f"{k} {v:.2f}" for k, v in r["cpu_seconds"].items())
         lines.append(f"  {r['shufflers']}+{r['aggregators']}: {parts}")
+    lines += ["", "of which, by thread (main: the service's loop; rdk: librdkafka's threads):"]
+    for r in report.runs:
+        for name, kinds in r["thread_seconds"].items():
+            parts = ", ".join(f"{k} {v:.2f}" for k, v in sorted(kinds.items()))
+            lines.append(f"  {r['shufflers']}+{r['aggregators']} {name}: {parts}")
+    lines += [
+        "",
+        "aggregators' wall seconds over the timed part (batches; checkpoints, seals: count)",
+    ]
+    for r in report.runs:
+        for name, w in r["work"].items():
+            lines.append(
+                f"  {r['shufflers']}+{r['aggregators']} {name}: batches {w['batches']:.2f} s, "
+                f"checkpoints {w['checkpoints']:.3f} s ({w['checkpoints n']:.0f}), "
+                f"seals {w['seals']:.3f} s ({w['seals n']:.0f})"
+            )
     lines += ["", "reports each service counted (warm-up included): how the partitions split"]
     for r in report.runs:
         parts = ", ".join(f"{k} {v:,.0f}" for k, v in r["counted"].items())
@@ -422,25 +463,59 @@ def free_ports(count: int, ports: range = PORTS, taken: Sequence[int] = ()) -> l
     raise RuntimeError(f"fewer than {count} free ports in {ports.start}-{ports.stop - 1}")
 
 
+def port_range(port: int | None) -> range:
+    """The ports of this run: ``PORTS``, or the thousand around ``--port`` (38123: 38000-38999),
+    for the broker and every service's metrics alike."""
+    if port is None:
+        return PORTS
+    start = port - port % 1000
+    return range(start, start + 1000)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="N = 15,000; a few minutes")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     parser.add_argument("--n", type=int, help="reports per configuration (40,000; quick 15,000)")
     parser.add_argument("--repeats", type=int, default=3, help="ceiling: best of (3)")
-    parser.add_argument("--port", type=int, help="broker port (a free one in 33000-33999)")
+    parser.add_argument(
+        "--port",
+        type=int,
+        help="broker port (a free one in 33000-33999); the services' metrics ports are free "
+        "ones in the same thousand",
+    )
     parser.add_argument(
         "--only", nargs="*", default=[], help="configurations as S+A, e.g. 1+1 2+2 (all four)"
     )
     parser.add_argument("--profile", type=Path, help="cProfile every service into this folder")
+    parser.add_argument(
+        "--py-spy",
+        type=Path,
+        help="py-spy every service over the timed part into this folder (collapsed stacks)",
+    )
+    parser.add_argument(
+        "--snapshot-interval",
+        type=float,
+        default=PRODUCT_SNAPSHOT_INTERVAL,
+        help=f"the aggregators' checkpoint interval (the product's default, "
+        f"{PRODUCT_SNAPSHOT_INTERVAL:g} s; the demo's is 0.5 s)",
+    )
+    parser.add_argument(
+        "--kafka-extra",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a librdkafka setting for every service's clients ([kafka] extra); repeatable",
+    )
     parser.add_argument("--seed", type=int, default=20261127)
     args = parser.parse_args(argv)
     n = args.n or (15_000 if args.quick else 40_000)
     wanted = [tuple(int(x) for x in c.split("+")) for c in args.only] or list(CONFIGURATIONS)
     report = Report(date=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), reports=n)
     workdir = Path(tempfile.mkdtemp(prefix="ldpipe-ceiling-"))
-    broker_port = args.port or free_ports(1)[0]
-    metrics_ports = free_ports(4, taken=[broker_port])
+    ports = port_range(args.port)
+    broker_port = args.port or free_ports(1, ports)[0]
+    metrics_ports = free_ports(4, ports, taken=[broker_port])
     broker = EmbeddedBroker(log_dir=workdir / "broker", port=broker_port)
     try:
         broker.start()
@@ -454,6 +529,9 @@ def main(argv: list[str] | None = None) -> int:
                 args.seed + number,
                 metrics_ports,
                 args.profile,
+                args.snapshot_interval,
+                args.py_spy,
+                dict(item.split("=", 1) for item in args.kafka_extra),
             )
             report.runs.append(
                 {

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import faulthandler
 import importlib
 import logging
 import os
@@ -310,7 +311,13 @@ def entry() -> None:
     when the sketch store was used. delta-rs's runtime threads and Arrow's thread pools can
     race in their destructors at interpreter exit (``terminate called without an active
     exception``, delta-io/delta-rs#2184), turning a finished command into a SIGABRT; every
-    output is flushed first, and nothing of ours runs at exit."""
+    output is flushed first, and nothing of ours runs at exit.
+
+    A fatal signal in native code (SIGSEGV, SIGBUS, SIGABRT, ...) would end a service with
+    nothing in its log but its exit status; :mod:`faulthandler` first writes every thread's
+    Python stack to stderr, so that the crash names where it happened (the status is the
+    same)."""
+    faulthandler.enable()
     code = main()
     if engine_loaded():
         logging.shutdown()

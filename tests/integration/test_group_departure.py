@@ -144,7 +144,13 @@ def test_a_live_member_that_owns_nothing_clears_a_ghost_leader_it_did_not_make(
     endpoint = group_endpoint(KafkaClients(broker), group_id, COOPERATIVE)
     assert endpoint is not None
     found = examine(endpoint, group_id, [topic])
-    assert (found.state, found.leader, found.outcome) == ("Unknown", ghost, "cleared"), found
+    # the ghost is cleared by the examination, or, when the live member's own JoinGroup collided
+    # with the probe's (the broker then rebuilds the group from storage, which drops a leader
+    # that is no member), already gone by the probe's join, which then made the probe leader
+    assert found.state == "Unknown", found
+    assert (found.leader, found.outcome) == (ghost, "cleared") or found.outcome == "leader gone", (
+        found
+    )
     assert ghost not in found.members and consumer.memberid() in found.members
     took = _owned_within(consumer, BOUND_S, 2)
     assert took is not None, f"not assigned within {BOUND_S:g} s after the examination"

@@ -139,9 +139,14 @@ def examine(endpoint: GroupEndpoint, group: str, topics: Sequence[str]) -> Exami
 
 
 def examine_quietly(endpoint: GroupEndpoint, group: str, topics: Sequence[str]) -> Examination:
-    """:func:`examine`, a network failure as ``outcome="failed"`` (and a debug line)."""
+    """:func:`examine`, a failure as ``outcome="failed"`` (and a debug line): the examination
+    is a diagnosis, so nothing it meets (a network error, an answer the codec cannot decode)
+    may stop the service that asked."""
     try:
         return examine(endpoint, group, topics)
     except (OSError, ValueError, KafkaError) as exc:
         log.debug("group %s: could not examine it: %s", group, exc)
         return Examination("unknown (the coordinator did not answer)", outcome="failed")
+    except Exception as exc:  # an undecodable answer: a diagnosis, never fatal
+        log.debug("group %s: could not examine it: %r", group, exc, exc_info=True)
+        return Examination("unknown (an answer that could not be read)", outcome="failed")

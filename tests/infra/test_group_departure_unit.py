@@ -46,3 +46,20 @@ def test_a_broker_that_is_gone_is_one_warning_never_an_exception(
     with caplog.at_level(logging.WARNING):
         assert after_close(Real(), "g", ["t"], {}, "m") == Departure("skipped")
     assert "could not check that m left no leader behind" in caplog.text
+
+
+def test_an_examination_that_fails_in_any_way_is_an_outcome_never_an_exception(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from ldpipe.infra.runtime import group_doctor
+    from ldpipe.infra.runtime.group_departure import GroupEndpoint
+
+    endpoint = GroupEndpoint(("127.0.0.1", 9), ("range",), 6000)
+    for failure in (ConnectionRefusedError("refused"), IndexError("no group in the answer")):
+
+        def fail(*_args: object, exc: BaseException = failure) -> None:
+            raise exc
+
+        monkeypatch.setattr(group_doctor, "describe_group", fail)
+        found = group_doctor.examine_quietly(endpoint, "g", ["t"])
+        assert found.outcome == "failed" and found.state.startswith("unknown"), found
